@@ -1,0 +1,197 @@
+// Gradient codecs: turn a span of fp32 values into bytes and back.
+//
+// A Codec is immutable after construction and safe to use from many threads at once. Anything
+// that changes from call to call lives outside it: per-tensor state (error-feedback residuals,
+// DGC momentum, PowerSGD's Q) in a CodecState the caller owns, and scratch memory in a
+// Workspace the caller owns and reuses across calls.
+//
+// Every encoding starts with a 24-byte header (see wire.h in src/codecs/) holding the codec id,
+// a digest of its parameters, the element count and the payload length. decode() checks all of
+// it and never reads or writes out of bounds, whatever bytes it is given: a bad payload raises
+// DecodeError.
+//
+// Non-finite input policy: encode() of any lossy codec throws InvalidArgument when the input
+// holds NaN or +-Inf, naming the first offending index; the check is fused into the codec's
+// own pass over the data. The lossless "none" codec applies the same rule so that every codec
+// behaves alike.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "terse/error.h"
+#include "terse/spec.h"
+
+namespace terse {
+
+struct CodecTraits {
+  bool lossless = false;    // decode(encode(x)) == x bit for bit
+  bool unbiased = false;    // E[decode(encode(x))] == x over the RNG
+  bool summable = false;    // encodings of equal length add in the compressed domain (combine)
+  bool stochastic = false;  // draws from the RNG keyed by EncodeContext
+  bool stateful = false;    // make_state() returns state that must persist per tensor
+  bool sparse = false;      // sends a subset of elements (indices or a shared-seed mask)
+  bool multi_round = false;  // a RoundCodec: needs sums across ranks between its phases
+};
+
+enum class DecodeMode {
+  kOverwrite,   // y = decoded
+  kAccumulate,  // y += decoded
+};
+
+// Per-tensor state owned by the caller. save()/load() round-trip it exactly, so a resumed run
+// continues bit for bit.
+class CodecState {
+ public:
+  virtual ~CodecState() = default;
+  virtual void save(std::vector<std::byte>& out) const = 0;
+  // Throws DecodeError if the bytes were not produced by save() of the same kind and size.
+  virtual void load(std::span<const std::byte> in) = 0;
+};
+
+// Reusable scratch memory. A codec asks for slot k of n elements of T; the memory stays
+// allocated (and its pages touched) between calls, so hot paths do not pay for fresh pages.
+// Not thread-safe: give each worker thread its own.
+class Workspace {
+ public:
+  // Codecs use slots [0, kWrapperSlot); wrappers (error feedback) use kWrapperSlot and above,
+  // so a wrapper's buffers survive the wrapped codec's use of its own.
+  static constexpr std::size_t kWrapperSlot = 16;
+
+  template <typename T>
+  std::span<T> get(std::size_t slot, std::size_t n) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    std::byte* p = raw(slot, n * sizeof(T), alignof(T) > 64 ? alignof(T) : 64);
+    return {reinterpret_cast<T*>(p), n};
+  }
+
+ private:
+  std::byte* raw(std::size_t slot, std::size_t bytes, std::size_t align);
+  struct Block {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t size = 0;
+  };
+  std::vector<Block> blocks_;
+};
+
+struct EncodeContext {
+  std::uint64_t seed = 0;    // shared by all ranks of a job
+  std::uint64_t step = 0;    // training step (advances the RNG stream)
+  std::uint64_t tensor = 0;  // stable id of the tensor, e.g. fnv1a64(name)
+  std::uint64_t rank = 0;    // this rank; stochastic codecs mix it in unless told to share
+  CodecState* state = nullptr;  // required when traits().stateful
+  Workspace* workspace = nullptr;  // optional; codecs fall back to a thread-local one
+
+  // The key of the RNG stream shared by all ranks for this (seed, step, tensor).
+  std::uint64_t shared_key() const;
+  // The key of this rank's own stream: independent noise on each rank.
+  std::uint64_t rank_key() const;
+  Workspace& scratch() const;
+};
+
+// What a payload header says, for callers that route payloads without decoding them.
+struct PayloadInfo {
+  std::uint8_t codec_id = 0;
+  std::uint32_t param_digest = 0;
+  std::uint64_t elements = 0;
+  std::uint64_t payload_bytes = 0;  // after the header
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  Codec(const Codec&) = delete;
+  Codec& operator=(const Codec&) = delete;
+
+  const std::string& name() const { return name_; }
+  // Canonical spec with every parameter: equal on all ranks iff they use the same codec.
+  const std::string& spec() const { return spec_; }
+  std::uint8_t id() const { return id_; }
+  std::uint32_t param_digest() const { return digest_; }
+  virtual CodecTraits traits() const = 0;
+
+  // Upper bound on encode()'s output for n elements, header included.
+  std::size_t max_encoded_bytes(std::size_t n) const;
+  // Encodes x into out (at least max_encoded_bytes(x.size()) long); returns the bytes written.
+  std::size_t encode(std::span<const float> x, std::span<std::byte> out,
+                     EncodeContext& ctx) const;
+  // Decodes a payload of exactly y.size() elements into y. Throws DecodeError on anything the
+  // encoder of this codec, with these parameters, could not have produced.
+  void decode(std::span<const std::byte> in, std::span<float> y,
+              DecodeMode mode = DecodeMode::kOverwrite) const;
+
+  // Fresh per-tensor state for a tensor of n elements (null for stateless codecs).
+  virtual std::unique_ptr<CodecState> make_state(std::size_t n) const;
+  // Summable codecs: acc <- acc + in, both full encodings of this codec of the same tensor and
+  // step. Throws InvalidArgument for codecs that are not summable.
+  virtual void combine(std::span<const std::byte> in, std::span<std::byte> acc) const;
+
+  // Reads and checks a header (magic, version, sizes) without decoding.
+  static PayloadInfo peek(std::span<const std::byte> in);
+
+ protected:
+  Codec(std::string name, std::uint8_t id, std::string canonical_spec);
+  // For wrappers that encode exactly like another codec (error feedback): same id and digest,
+  // so their payloads decode with the wrapped codec, while spec() tells the two apart.
+  Codec(std::string name, std::uint8_t id, std::string canonical_spec, std::uint32_t digest);
+
+  virtual std::size_t max_payload_bytes(std::size_t n) const = 0;
+  // x is finite-checked by the codec itself (see the policy above).
+  virtual std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
+                                     EncodeContext& ctx) const = 0;
+  // in is exactly the payload the header announced; y has the announced element count.
+  virtual void decode_payload(std::span<const std::byte> in, std::span<float> y,
+                              DecodeMode mode) const = 0;
+
+  // Checks a header for this codec and returns the payload; used by combine() overrides.
+  std::span<const std::byte> checked_payload(std::span<const std::byte> in,
+                                             std::size_t elements) const;
+
+ private:
+  std::string name_;
+  std::string spec_;
+  std::uint8_t id_;
+  std::uint32_t digest_;
+
+  friend class ErrorFeedbackCodec;  // runs the wrapped codec's payload coder directly
+};
+
+// Codecs whose compression needs the sum across ranks between phases (PowerSGD). The caller
+// runs, for r = 0 .. rounds()-1: contribution = encode_round(r, x); sum the contributions of
+// all ranks element-wise (they are plain fp32 arrays); absorb_round(r, sum). Then finish()
+// writes the reconstructed sum of all ranks' inputs. On one rank the sum is the contribution.
+class RoundCodec {
+ public:
+  virtual ~RoundCodec() = default;
+  virtual int rounds() const = 0;
+  // Elements of round r's contribution for a tensor of n elements.
+  virtual std::size_t round_elements(int r, std::size_t n) const = 0;
+  virtual void encode_round(int r, std::span<const float> x, std::span<float> contribution,
+                            EncodeContext& ctx) const = 0;
+  virtual void absorb_round(int r, std::span<const float> sum, EncodeContext& ctx) const = 0;
+  virtual void finish(std::span<float> y, EncodeContext& ctx) const = 0;
+};
+
+// ---- Registry ---------------------------------------------------------------------------
+
+struct CodecInfo {
+  std::string name;
+  std::uint8_t id = 0;      // on the wire; unique, never reused
+  std::string summary;      // one line for `terse codecs` and error messages
+  std::function<std::unique_ptr<Codec>(SpecReader&)> make;
+};
+
+// Called from each codec's own file through a static registrar. Throws on a duplicate.
+bool register_codec(CodecInfo info);
+// Builds a codec from a spec such as "topk:ratio=0.01" or "onebit:ef=1". Unknown names or keys
+// throw SpecError listing what is allowed. "ef=1" wraps any lossy codec in error feedback.
+std::unique_ptr<Codec> make_codec(std::string_view spec);
+std::vector<CodecInfo> registered_codecs();  // sorted by name
+
+}  // namespace terse

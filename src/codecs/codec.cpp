@@ -1,0 +1,221 @@
+// The Codec base class (header handling), Workspace, EncodeContext and the codec registry.
+#include "terse/codec.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "codecs/wire.h"
+#include "kit/hash.h"
+
+namespace terse {
+
+// ---- Workspace ----------------------------------------------------------------------------
+
+std::byte* Workspace::raw(std::size_t slot, std::size_t bytes, std::size_t align) {
+  if (slot >= blocks_.size()) blocks_.resize(slot + 1);
+  Block& b = blocks_[slot];
+  std::size_t need = bytes + align;
+  if (b.size < need) {
+    // Grow geometrically so a tensor that grows a little does not reallocate every call.
+    std::size_t size = std::max(need, b.size + b.size / 2);
+    b.data = std::make_unique_for_overwrite<std::byte[]>(size);
+    b.size = size;
+  }
+  auto addr = reinterpret_cast<std::uintptr_t>(b.data.get());
+  std::uintptr_t aligned = (addr + align - 1) / align * align;
+  return b.data.get() + (aligned - addr);
+}
+
+// ---- EncodeContext ------------------------------------------------------------------------
+
+std::uint64_t EncodeContext::shared_key() const {
+  return kit::combine_keys(kit::combine_keys(seed, step), tensor);
+}
+
+std::uint64_t EncodeContext::rank_key() const {
+  return kit::combine_keys(shared_key(), rank + 0x5bd1e995ull);
+}
+
+Workspace& EncodeContext::scratch() const {
+  if (workspace) return *workspace;
+  thread_local Workspace fallback;
+  return fallback;
+}
+
+// ---- Codec --------------------------------------------------------------------------------
+
+Codec::Codec(std::string name, std::uint8_t id, std::string canonical_spec)
+    : Codec(std::move(name), id, canonical_spec, fnv1a32(canonical_spec)) {}
+
+Codec::Codec(std::string name, std::uint8_t id, std::string canonical_spec, std::uint32_t digest)
+    : name_(std::move(name)), spec_(std::move(canonical_spec)), id_(id), digest_(digest) {}
+
+std::size_t Codec::max_encoded_bytes(std::size_t n) const {
+  return wire::kHeaderBytes + max_payload_bytes(n);
+}
+
+std::size_t Codec::encode(std::span<const float> x, std::span<std::byte> out,
+                          EncodeContext& ctx) const {
+  if (out.size() < max_encoded_bytes(x.size())) {
+    throw InvalidArgument(fmt::format("terse: {}: output buffer of {} bytes is smaller than "
+                                      "max_encoded_bytes({}) = {}",
+                                      spec_, out.size(), x.size(), max_encoded_bytes(x.size())));
+  }
+  if (traits().stateful && ctx.state == nullptr) {
+    throw InvalidArgument(fmt::format("terse: {} is stateful and needs EncodeContext::state",
+                                      spec_));
+  }
+  std::size_t payload =
+      encode_payload(x, out.subspan(wire::kHeaderBytes), ctx);
+  wire::Writer w(out.first(wire::kHeaderBytes));
+  w.put(wire::kMagic);
+  w.put(wire::kVersion);
+  w.put(id_);
+  w.put(digest_);
+  w.put(static_cast<std::uint64_t>(x.size()));
+  w.put(static_cast<std::uint64_t>(payload));
+  return wire::kHeaderBytes + payload;
+}
+
+PayloadInfo Codec::peek(std::span<const std::byte> in) {
+  wire::Reader r(in, "terse");
+  if (in.size() < wire::kHeaderBytes) {
+    throw DecodeError(fmt::format("terse: payload of {} bytes is shorter than the {}-byte header",
+                                  in.size(), wire::kHeaderBytes));
+  }
+  auto magic = r.get<std::uint16_t>();
+  auto version = r.get<std::uint8_t>();
+  if (magic != wire::kMagic) {
+    throw DecodeError(fmt::format("terse: not a terse payload (magic 0x{:04x})", magic));
+  }
+  if (version != wire::kVersion) {
+    throw DecodeError(fmt::format("terse: payload version {} is not supported (this build "
+                                  "reads version {})", version, wire::kVersion));
+  }
+  PayloadInfo info;
+  info.codec_id = r.get<std::uint8_t>();
+  info.param_digest = r.get<std::uint32_t>();
+  info.elements = r.get<std::uint64_t>();
+  info.payload_bytes = r.get<std::uint64_t>();
+  if (info.payload_bytes != r.remaining()) {
+    throw DecodeError(fmt::format("terse: header announces {} payload bytes but {} follow",
+                                  info.payload_bytes, r.remaining()));
+  }
+  return info;
+}
+
+std::span<const std::byte> Codec::checked_payload(std::span<const std::byte> in,
+                                                  std::size_t elements) const {
+  PayloadInfo info = peek(in);
+  if (info.codec_id != id_) {
+    std::string other = fmt::format("id {}", info.codec_id);
+    for (const auto& c : registered_codecs()) {
+      if (c.id == info.codec_id) other = c.name;
+    }
+    throw DecodeError(fmt::format("terse: {} cannot decode a payload of codec {}", spec_, other));
+  }
+  if (info.param_digest != digest_) {
+    throw DecodeError(fmt::format("terse: {}: payload was encoded with other parameters "
+                                  "(digest {:08x}, expected {:08x})",
+                                  spec_, info.param_digest, digest_));
+  }
+  if (info.elements != elements) {
+    throw DecodeError(fmt::format("terse: {}: payload holds {} elements, destination has {}",
+                                  spec_, info.elements, elements));
+  }
+  if (info.payload_bytes > max_payload_bytes(elements)) {
+    throw DecodeError(fmt::format("terse: {}: payload of {} bytes exceeds the maximum {} for {} "
+                                  "elements", spec_, info.payload_bytes,
+                                  max_payload_bytes(elements), elements));
+  }
+  return in.subspan(wire::kHeaderBytes);
+}
+
+void Codec::decode(std::span<const std::byte> in, std::span<float> y, DecodeMode mode) const {
+  decode_payload(checked_payload(in, y.size()), y, mode);
+}
+
+std::unique_ptr<CodecState> Codec::make_state(std::size_t) const { return nullptr; }
+
+void Codec::combine(std::span<const std::byte>, std::span<std::byte>) const {
+  throw InvalidArgument(fmt::format("terse: {} is not summable; its encodings cannot be added "
+                                    "without decoding", spec_));
+}
+
+// ---- Registry -----------------------------------------------------------------------------
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, CodecInfo, std::less<>> by_name;
+};
+
+Registry& registry() {
+  static Registry r;  // function-local: safe from any static initializer
+  return r;
+}
+
+}  // namespace
+
+// Defined in error_feedback.cpp.
+std::unique_ptr<Codec> wrap_error_feedback(std::unique_ptr<Codec> inner);
+
+bool register_codec(CodecInfo info) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  for (const auto& [name, other] : r.by_name) {
+    if (other.id == info.id) {
+      throw std::logic_error(fmt::format("terse: codecs '{}' and '{}' share wire id {}", name,
+                                         info.name, info.id));
+    }
+  }
+  std::string name = info.name;
+  if (!r.by_name.emplace(name, std::move(info)).second) {
+    throw std::logic_error(fmt::format("terse: codec '{}' registered twice", name));
+  }
+  return true;
+}
+
+std::vector<CodecInfo> registered_codecs() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  std::vector<CodecInfo> out;
+  for (const auto& [name, info] : r.by_name) out.push_back(info);
+  return out;
+}
+
+std::unique_ptr<Codec> make_codec(std::string_view text) {
+  Spec spec = Spec::parse(text);
+  CodecInfo info;
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    auto it = r.by_name.find(spec.name());
+    if (it == r.by_name.end()) {
+      std::vector<std::string> names;
+      for (const auto& [n, i] : r.by_name) names.push_back(n);
+      throw SpecError(fmt::format("terse: unknown codec '{}'; available: {}", spec.name(),
+                                  fmt::join(names, ", ")));
+    }
+    info = it->second;
+  }
+  SpecReader reader(spec);
+  bool ef = reader.take_flag("ef", false);
+  std::unique_ptr<Codec> codec = info.make(reader);
+  reader.finish();
+  if (ef) {
+    if (codec->traits().lossless) {
+      throw SpecError(fmt::format("terse: ef=1 is meaningless for lossless codec '{}'",
+                                  codec->name()));
+    }
+    codec = wrap_error_feedback(std::move(codec));
+  }
+  return codec;
+}
+
+}  // namespace terse

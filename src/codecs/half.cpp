@@ -1,0 +1,101 @@
+// fp16 and bf16: casts to 16-bit floats with round-to-nearest-even (Micikevicius et al., "Mixed
+// Precision Training", 2018; bfloat16 as in Kalamkar et al., 2019).
+// Wire format: header, then n little-endian 16-bit values (IEEE binary16 or bfloat16).
+// Finite inputs beyond the format's range saturate to its largest finite value.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
+#include "codecs/wire.h"
+#include "kit/basic.h"
+#include "terse/codec.h"
+
+namespace terse {
+namespace {
+
+struct Fp16Format {
+  static constexpr const char* kName = "fp16";
+  static constexpr std::uint8_t kId = 1;
+  static bool to(std::span<const float> x, std::uint16_t* out) { return kit::to_fp16(x, out); }
+  static void from(const std::uint16_t* in, std::span<float> y, bool acc) {
+    kit::from_fp16(in, y, acc);
+  }
+};
+
+struct Bf16Format {
+  static constexpr const char* kName = "bf16";
+  static constexpr std::uint8_t kId = 2;
+  static bool to(std::span<const float> x, std::uint16_t* out) { return kit::to_bf16(x, out); }
+  static void from(const std::uint16_t* in, std::span<float> y, bool acc) {
+    kit::from_bf16(in, y, acc);
+  }
+};
+
+template <class Format>
+class HalfCodec final : public Codec {
+ public:
+  explicit HalfCodec(const SpecReader& r) : Codec(Format::kName, Format::kId, r.canonical()) {}
+
+  CodecTraits traits() const override {
+    CodecTraits t;
+    t.summable = true;
+    return t;
+  }
+
+  // Sums two encodings in fp32 and rounds once, block by block, so the result equals
+  // encode(decode(acc) + decode(in)).
+  void combine(std::span<const std::byte> in, std::span<std::byte> acc) const override {
+    std::size_t n = peek(acc).elements;
+    auto src = checked_payload(in, n);
+    auto dst = checked_payload(acc, n);
+    check_size(src.size(), n);
+    check_size(dst.size(), n);
+    const auto* a = reinterpret_cast<const std::uint16_t*>(src.data());
+    auto* b = reinterpret_cast<std::uint16_t*>(const_cast<std::byte*>(dst.data()));
+    std::array<float, 2048> buf;
+    for (std::size_t i = 0; i < n; i += buf.size()) {
+      std::size_t m = std::min(buf.size(), n - i);
+      std::span<float> block(buf.data(), m);
+      Format::from(b + i, block, false);
+      Format::from(a + i, block, true);
+      if (!Format::to(block, b + i)) kit::throw_non_finite(block, spec());
+    }
+  }
+
+ protected:
+  std::size_t max_payload_bytes(std::size_t n) const override { return n * 2; }
+
+  std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
+                             EncodeContext&) const override {
+    if (!Format::to(x, reinterpret_cast<std::uint16_t*>(out.data()))) {
+      kit::throw_non_finite(x, spec());
+    }
+    return x.size() * 2;
+  }
+
+  void decode_payload(std::span<const std::byte> in, std::span<float> y,
+                      DecodeMode mode) const override {
+    check_size(in.size(), y.size());
+    Format::from(reinterpret_cast<const std::uint16_t*>(in.data()), y,
+                 mode == DecodeMode::kAccumulate);
+  }
+
+ private:
+  void check_size(std::size_t bytes, std::size_t n) const {
+    if (bytes != n * 2) {
+      throw DecodeError(
+          fmt::format("terse: {}: payload of {} bytes for {} elements", Format::kName, bytes, n));
+    }
+  }
+};
+
+const bool registered_fp16 = register_codec(
+    {"fp16", Fp16Format::kId, "IEEE half precision, round to nearest even (2 bytes/element)",
+     [](SpecReader& r) { return std::make_unique<HalfCodec<Fp16Format>>(r); }});
+const bool registered_bf16 = register_codec(
+    {"bf16", Bf16Format::kId, "bfloat16, round to nearest even (2 bytes/element)",
+     [](SpecReader& r) { return std::make_unique<HalfCodec<Bf16Format>>(r); }});
+
+}  // namespace
+}  // namespace terse

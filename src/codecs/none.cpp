@@ -1,0 +1,64 @@
+// Identity codec: the fp32 baseline that every compressed codec is measured against.
+// Wire format: header, then n little-endian fp32 values.
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "codecs/wire.h"
+#include "kit/basic.h"
+#include "terse/codec.h"
+
+namespace terse {
+namespace {
+
+class NoneCodec final : public Codec {
+ public:
+  explicit NoneCodec(const SpecReader& r) : Codec("none", 0, r.canonical()) {}
+
+  CodecTraits traits() const override {
+    CodecTraits t;
+    t.lossless = true;
+    t.unbiased = true;
+    t.summable = true;
+    return t;
+  }
+
+  void combine(std::span<const std::byte> in, std::span<std::byte> acc) const override {
+    std::size_t n = peek(acc).elements;
+    auto src = checked_payload(in, n);
+    auto dst = checked_payload(acc, n);
+    if (src.size() != n * 4 || dst.size() != n * 4) {
+      throw DecodeError(fmt::format("terse: none: payload is not {} fp32 values", n));
+    }
+    kit::add({reinterpret_cast<const float*>(src.data()), n},
+             {reinterpret_cast<float*>(const_cast<std::byte*>(dst.data())), n});
+  }
+
+ protected:
+  std::size_t max_payload_bytes(std::size_t n) const override { return n * sizeof(float); }
+
+  std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
+                             EncodeContext&) const override {
+    if (!kit::copy_finite(x, reinterpret_cast<float*>(out.data()))) {
+      kit::throw_non_finite(x, spec());
+    }
+    return x.size() * sizeof(float);
+  }
+
+  void decode_payload(std::span<const std::byte> in, std::span<float> y,
+                      DecodeMode mode) const override {
+    if (in.size() != y.size() * sizeof(float)) {
+      throw DecodeError(fmt::format("terse: none: payload of {} bytes for {} elements",
+                                    in.size(), y.size()));
+    }
+    kit::store_or_add(reinterpret_cast<const float*>(in.data()), y,
+                      mode == DecodeMode::kAccumulate);
+  }
+};
+
+const bool registered = register_codec(
+    {"none", 0, "fp32 identity, the uncompressed baseline",
+     [](SpecReader& r) { return std::make_unique<NoneCodec>(r); }});
+
+}  // namespace
+}  // namespace terse

@@ -1,0 +1,13 @@
+// Subcommands of the `terse` tool. Each lives in its own file and adds itself to the app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace terse::tools {
+
+// terse codecs: list the registered codecs.
+void add_codecs_command(CLI::App& app);
+// terse bench codecs: single-thread codec throughput against a memory copy.
+void add_bench_codecs_command(CLI::App& bench);
+
+}  // namespace terse::tools
