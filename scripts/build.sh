@@ -11,7 +11,7 @@ case "$flavour" in
   release) ;;
   asan) args=(-G Ninja -DCMAKE_BUILD_TYPE=Debug -DTERSE_SANITIZE=ON
               -DCMAKE_CXX_FLAGS=-O1) ;;
-  fuzz) args=(-G Ninja -DCMAKE_BUILD_TYPE=Debug -DTERSE_FUZZ=ON -DTERSE_TESTS=OFF
+  fuzz) args=(-G Ninja -DCMAKE_BUILD_TYPE=Debug -DTERSE_FUZZ=ON -DTERSE_TESTS=OFF -DTERSE_SANITIZE=ON
               -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS=-O1) ;;
   *) echo "unknown flavour $flavour" >&2; exit 2 ;;
 esac

@@ -10,6 +10,10 @@
 // it and never reads or writes out of bounds, whatever bytes it is given: a bad payload raises
 // DecodeError.
 //
+// A payload holding NaN or Inf values (which no encoder produces) is rejected the same way. When
+// decode() throws, the destination's contents are unspecified: callers decode into their own
+// buffers and copy results to the user's tensor only once every payload decoded.
+//
 // Non-finite input policy: encode() of any lossy codec throws InvalidArgument when the input
 // holds NaN or +-Inf, naming the first offending index; the check is fused into the codec's
 // own pass over the data. The lossless "none" codec applies the same rule so that every codec

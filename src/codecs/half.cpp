@@ -18,8 +18,8 @@ struct Fp16Format {
   static constexpr const char* kName = "fp16";
   static constexpr std::uint8_t kId = 1;
   static bool to(std::span<const float> x, std::uint16_t* out) { return kit::to_fp16(x, out); }
-  static void from(const std::uint16_t* in, std::span<float> y, bool acc) {
-    kit::from_fp16(in, y, acc);
+  static bool from(const std::uint16_t* in, std::span<float> y, bool acc) {
+    return kit::from_fp16(in, y, acc);
   }
 };
 
@@ -27,8 +27,8 @@ struct Bf16Format {
   static constexpr const char* kName = "bf16";
   static constexpr std::uint8_t kId = 2;
   static bool to(std::span<const float> x, std::uint16_t* out) { return kit::to_bf16(x, out); }
-  static void from(const std::uint16_t* in, std::span<float> y, bool acc) {
-    kit::from_bf16(in, y, acc);
+  static bool from(const std::uint16_t* in, std::span<float> y, bool acc) {
+    return kit::from_bf16(in, y, acc);
   }
 };
 
@@ -57,9 +57,10 @@ class HalfCodec final : public Codec {
     for (std::size_t i = 0; i < n; i += buf.size()) {
       std::size_t m = std::min(buf.size(), n - i);
       std::span<float> block(buf.data(), m);
-      Format::from(b + i, block, false);
-      Format::from(a + i, block, true);
-      if (!Format::to(block, b + i)) kit::throw_non_finite(block, spec());
+      if (!Format::from(b + i, block, false) || !Format::from(a + i, block, true)) {
+        throw_non_finite_payload();
+      }
+      Format::to(block, b + i);  // finite sums saturate; cannot fail
     }
   }
 
@@ -77,11 +78,17 @@ class HalfCodec final : public Codec {
   void decode_payload(std::span<const std::byte> in, std::span<float> y,
                       DecodeMode mode) const override {
     check_size(in.size(), y.size());
-    Format::from(reinterpret_cast<const std::uint16_t*>(in.data()), y,
-                 mode == DecodeMode::kAccumulate);
+    if (!Format::from(reinterpret_cast<const std::uint16_t*>(in.data()), y,
+                      mode == DecodeMode::kAccumulate)) {
+      throw_non_finite_payload();
+    }
   }
 
  private:
+  [[noreturn]] void throw_non_finite_payload() const {
+    throw DecodeError(fmt::format("terse: {}: payload holds NaN or Inf, which the encoder never "
+                                  "produces", Format::kName));
+  }
   void check_size(std::size_t bytes, std::size_t n) const {
     if (bytes != n * 2) {
       throw DecodeError(

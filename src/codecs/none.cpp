@@ -30,8 +30,11 @@ class NoneCodec final : public Codec {
     if (src.size() != n * 4 || dst.size() != n * 4) {
       throw DecodeError(fmt::format("terse: none: payload is not {} fp32 values", n));
     }
-    kit::add({reinterpret_cast<const float*>(src.data()), n},
-             {reinterpret_cast<float*>(const_cast<std::byte*>(dst.data())), n});
+    if (!kit::store_or_add(reinterpret_cast<const float*>(src.data()),
+                           {reinterpret_cast<float*>(const_cast<std::byte*>(dst.data())), n},
+                           true)) {
+      throw DecodeError("terse: none: payload holds NaN or Inf, which the encoder never produces");
+    }
   }
 
  protected:
@@ -51,8 +54,10 @@ class NoneCodec final : public Codec {
       throw DecodeError(fmt::format("terse: none: payload of {} bytes for {} elements",
                                     in.size(), y.size()));
     }
-    kit::store_or_add(reinterpret_cast<const float*>(in.data()), y,
-                      mode == DecodeMode::kAccumulate);
+    if (!kit::store_or_add(reinterpret_cast<const float*>(in.data()), y,
+                           mode == DecodeMode::kAccumulate)) {
+      throw DecodeError("terse: none: payload holds NaN or Inf, which the encoder never produces");
+    }
   }
 };
 

@@ -169,12 +169,23 @@ bool CopyFinite(const float* HWY_RESTRICT x, float* HWY_RESTRICT out, size_t n) 
   return ok;
 }
 
-void StoreOrAdd(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n, bool accumulate) {
-  if (accumulate) {
-    Add(x, y, n);
-  } else {
-    __builtin_memcpy(y, x, n * sizeof(float));
+bool StoreOrAdd(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n, bool accumulate) {
+  const DF d;
+  const DU du;
+  const size_t N = hn::Lanes(d);
+  auto e = hn::Zero(du);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    auto v = hn::LoadU(d, x + i);
+    e = TrackExponent(e, v);
+    hn::StoreU(accumulate ? hn::Add(v, hn::LoadU(d, y + i)) : v, d, y + i);
   }
+  bool ok = ExponentAllFinite(e);
+  for (; i < n; ++i) {
+    ok &= (x[i] - x[i]) == 0.0f;
+    y[i] = accumulate ? y[i] + x[i] : x[i];
+  }
+  return ok;
 }
 
 // ---- half precision ----
@@ -209,24 +220,32 @@ bool ToFp16(const float* HWY_RESTRICT x, uint16_t* HWY_RESTRICT out, size_t n) {
   return ok;
 }
 
-void FromFp16(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT y, size_t n, bool accumulate) {
+bool FromFp16(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT y, size_t n, bool accumulate) {
   const DF d;
+  const DU du;
   const hn::Rebind<hwy::float16_t, DF> dh;
   const size_t N = hn::Lanes(d);
   const auto* h = reinterpret_cast<const hwy::float16_t*>(in);
+  auto e = hn::Zero(du);
   size_t i = 0;
   for (; i + N <= n; i += N) {
     auto v = hn::PromoteTo(d, hn::LoadU(dh, h + i));
+    e = TrackExponent(e, v);
     if (accumulate) v = hn::Add(v, hn::LoadU(d, y + i));
     hn::StoreU(v, d, y + i);
   }
+  bool ok = ExponentAllFinite(e);
   if (i < n) {
     HWY_ALIGN hwy::float16_t hb[hn::MaxLanes(d)] = {};
     HWY_ALIGN float buf[hn::MaxLanes(d)];
     for (size_t j = i; j < n; ++j) hb[j - i] = h[j];
     hn::Store(hn::PromoteTo(d, hn::Load(dh, hb)), d, buf);
-    for (size_t j = i; j < n; ++j) y[j] = accumulate ? y[j] + buf[j - i] : buf[j - i];
+    for (size_t j = i; j < n; ++j) {
+      ok &= (buf[j - i] - buf[j - i]) == 0.0f;
+      y[j] = accumulate ? y[j] + buf[j - i] : buf[j - i];
+    }
   }
+  return ok;
 }
 
 // bfloat16 by integer arithmetic so rounding is round-to-nearest-even on every target.
@@ -268,23 +287,28 @@ bool ToBf16(const float* HWY_RESTRICT x, uint16_t* HWY_RESTRICT out, size_t n) {
   return ok;
 }
 
-void FromBf16(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT y, size_t n, bool accumulate) {
+bool FromBf16(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT y, size_t n, bool accumulate) {
   const DF d;
   const DU du;
   const hn::Rebind<uint16_t, DF> d16;
   const size_t N = hn::Lanes(d);
+  auto e = hn::Zero(du);
   size_t i = 0;
   for (; i + N <= n; i += N) {
     auto v = hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, in + i))));
+    e = TrackExponent(e, v);
     if (accumulate) v = hn::Add(v, hn::LoadU(d, y + i));
     hn::StoreU(v, d, y + i);
   }
+  bool ok = ExponentAllFinite(e);
   for (; i < n; ++i) {
     uint32_t b = static_cast<uint32_t>(in[i]) << 16;
+    ok &= (b & 0x7f800000u) != 0x7f800000u;
     float f;
     __builtin_memcpy(&f, &b, 4);
     y[i] = accumulate ? y[i] + f : f;
   }
+  return ok;
 }
 
 }  // namespace HWY_NAMESPACE
@@ -367,20 +391,20 @@ void scale(std::span<float> y, float a) { HWY_DYNAMIC_DISPATCH(Scale)(y.data(), 
 bool copy_finite(std::span<const float> x, float* out) {
   return HWY_DYNAMIC_DISPATCH(CopyFinite)(x.data(), out, x.size());
 }
-void store_or_add(const float* x, std::span<float> y, bool accumulate) {
-  HWY_DYNAMIC_DISPATCH(StoreOrAdd)(x, y.data(), y.size(), accumulate);
+bool store_or_add(const float* x, std::span<float> y, bool accumulate) {
+  return HWY_DYNAMIC_DISPATCH(StoreOrAdd)(x, y.data(), y.size(), accumulate);
 }
 bool to_fp16(std::span<const float> x, std::uint16_t* out) {
   return HWY_DYNAMIC_DISPATCH(ToFp16)(x.data(), out, x.size());
 }
-void from_fp16(const std::uint16_t* in, std::span<float> y, bool accumulate) {
-  HWY_DYNAMIC_DISPATCH(FromFp16)(in, y.data(), y.size(), accumulate);
+bool from_fp16(const std::uint16_t* in, std::span<float> y, bool accumulate) {
+  return HWY_DYNAMIC_DISPATCH(FromFp16)(in, y.data(), y.size(), accumulate);
 }
 bool to_bf16(std::span<const float> x, std::uint16_t* out) {
   return HWY_DYNAMIC_DISPATCH(ToBf16)(x.data(), out, x.size());
 }
-void from_bf16(const std::uint16_t* in, std::span<float> y, bool accumulate) {
-  HWY_DYNAMIC_DISPATCH(FromBf16)(in, y.data(), y.size(), accumulate);
+bool from_bf16(const std::uint16_t* in, std::span<float> y, bool accumulate) {
+  return HWY_DYNAMIC_DISPATCH(FromBf16)(in, y.data(), y.size(), accumulate);
 }
 
 }  // namespace terse::kit

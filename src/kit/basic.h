@@ -40,15 +40,17 @@ void difference(std::span<const float> x, std::span<const float> y, std::span<fl
 void scale(std::span<float> y, float a);
 // out = x, returning false (out fully written regardless) if x held NaN or Inf.
 bool copy_finite(std::span<const float> x, float* out);
-// y = x (accumulate=false) or y += x (accumulate=true), x read from unaligned memory.
-void store_or_add(const float* x, std::span<float> y, bool accumulate);
+// y = x (accumulate=false) or y += x (accumulate=true). Returns false if x held NaN or Inf
+// (y is then fully written but unspecified).
+bool store_or_add(const float* x, std::span<float> y, bool accumulate);
 
 // fp32 -> IEEE binary16, round to nearest even, finite values beyond +-65504 saturate to it.
 // Returns false if x held NaN or Inf (out is then unspecified).
 bool to_fp16(std::span<const float> x, std::uint16_t* out);
-void from_fp16(const std::uint16_t* in, std::span<float> y, bool accumulate);
+// Decoders: return false if the input held NaN or Inf (y is then unspecified).
+bool from_fp16(const std::uint16_t* in, std::span<float> y, bool accumulate);
 // fp32 -> bfloat16, round to nearest even, finite values beyond the largest bfloat16 saturate.
 bool to_bf16(std::span<const float> x, std::uint16_t* out);
-void from_bf16(const std::uint16_t* in, std::span<float> y, bool accumulate);
+bool from_bf16(const std::uint16_t* in, std::span<float> y, bool accumulate);
 
 }  // namespace terse::kit
