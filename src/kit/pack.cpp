@@ -604,9 +604,11 @@ void dequantize_range(const std::uint8_t* codes, float lo, float hi, unsigned le
   HWY_DYNAMIC_DISPATCH(DequantizeRange)(codes, y.size(), lo, hi, levels, y.data(), accumulate);
 }
 void pack_bits(const std::uint8_t* codes, std::size_t n, unsigned bits, std::uint8_t* out) {
+  if (n == 0) return;
   HWY_DYNAMIC_DISPATCH(PackBits)(codes, n, bits, out);
 }
 void unpack_bits(const std::uint8_t* in, std::size_t n, unsigned bits, std::uint8_t* codes) {
+  if (n == 0) return;
   HWY_DYNAMIC_DISPATCH(UnpackBits)(in, n, bits, codes);
 }
 bool threshold_pack2(std::span<const float> x, float tau, std::uint8_t* out) {
