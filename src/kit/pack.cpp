@@ -84,17 +84,27 @@ bool MinMaxFinite(const float* HWY_RESTRICT x, size_t n, float* mn, float* mx) {
   uint32_t e = 0;
   size_t i = 0;
   if (n >= N) {
-    auto vlo = hn::LoadU(d, x), vhi = vlo;
-    auto ve = hn::And(hn::BitCast(du, vlo), exp_mask);
-    for (i = N; i + N <= n; i += N) {
+    auto vlo = hn::LoadU(d, x), vhi = vlo, vlo2 = vlo, vhi2 = vlo;
+    auto ve = hn::And(hn::BitCast(du, vlo), exp_mask), ve2 = ve;
+    // Two independent chains per reduction hide the latency of min/max.
+    for (i = N; i + 2 * N <= n; i += 2 * N) {
+      auto v = hn::LoadU(d, x + i), w = hn::LoadU(d, x + i + N);
+      vlo = hn::Min(vlo, v);
+      vhi = hn::Max(vhi, v);
+      ve = hn::Max(ve, hn::And(hn::BitCast(du, v), exp_mask));
+      vlo2 = hn::Min(vlo2, w);
+      vhi2 = hn::Max(vhi2, w);
+      ve2 = hn::Max(ve2, hn::And(hn::BitCast(du, w), exp_mask));
+    }
+    for (; i + N <= n; i += N) {
       auto v = hn::LoadU(d, x + i);
       vlo = hn::Min(vlo, v);
       vhi = hn::Max(vhi, v);
       ve = hn::Max(ve, hn::And(hn::BitCast(du, v), exp_mask));
     }
-    lo = hn::GetLane(hn::MinOfLanes(d, vlo));
-    hi = hn::GetLane(hn::MaxOfLanes(d, vhi));
-    e = hn::GetLane(hn::MaxOfLanes(du, ve));
+    lo = hn::GetLane(hn::MinOfLanes(d, hn::Min(vlo, vlo2)));
+    hi = hn::GetLane(hn::MaxOfLanes(d, hn::Max(vhi, vhi2)));
+    e = hn::GetLane(hn::MaxOfLanes(du, hn::Max(ve, ve2)));
   }
   for (; i < n; ++i) {
     uint32_t b;
