@@ -1,0 +1,132 @@
+// Min-max linear quantization per chunk (ByteGrad-style b-bit quantization, as in BytePS and
+// "ZipML"/"8-bit approximations" lines of work): codes = round((x - min) / step), b bits each.
+// Wire format: header, ceil(n/chunk) pairs of fp32 (min, max), then ceil(n*bits/8) bytes of
+// b-bit codes packed LSB-first (element i at bit i*bits of the stream; padding bits 0).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "codecs/wire.h"
+#include "kit/basic.h"
+#include "kit/pack.h"
+#include "terse/codec.h"
+
+namespace terse {
+namespace {
+
+struct MinMaxParams {
+  unsigned bits = 8;
+  std::size_t chunk = 4096;
+};
+
+MinMaxParams read_params(SpecReader& r) {
+  MinMaxParams p;
+  p.bits = static_cast<unsigned>(r.integer("bits", 8, 1, 8));
+  auto chunk = r.integer("chunk", 4096, 8, std::int64_t{1} << 30);
+  if (chunk % 8 != 0) {
+    throw SpecError(
+        fmt::format("terse: codec 'minmax8': chunk={} must be a multiple of 8", chunk));
+  }
+  p.chunk = static_cast<std::size_t>(chunk);
+  return p;
+}
+
+// Codes of sub-blocks go through a stack buffer (sized to stay in L1) when bits < 8.
+constexpr std::size_t kBlock = 4096;
+
+class MinMaxCodec final : public Codec {
+ public:
+  explicit MinMaxCodec(SpecReader& r) : MinMaxCodec(read_params(r), r) {}
+
+  CodecTraits traits() const override { return {}; }  // deterministic rounding: biased
+
+ protected:
+  std::size_t max_payload_bytes(std::size_t n) const override {
+    return 8 * chunks(n) + kit::packed_bytes(n, p_.bits);
+  }
+
+  std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
+                             EncodeContext&) const override {
+    const std::size_t n = x.size(), nc = chunks(n);
+    auto* ranges = out.data();
+    auto* codes = reinterpret_cast<std::uint8_t*>(out.data() + 8 * nc);
+    const unsigned levels = (1u << p_.bits) - 1;
+    for (std::size_t c = 0; c < nc; ++c) {
+      const std::size_t start = c * p_.chunk;
+      auto xs = x.subspan(start, std::min(p_.chunk, n - start));
+      float lo, hi;
+      if (!kit::min_max_finite(xs, &lo, &hi)) kit::throw_non_finite(x, spec());
+      std::memcpy(ranges + 8 * c, &lo, 4);
+      std::memcpy(ranges + 8 * c + 4, &hi, 4);
+      if (p_.bits == 8) {
+        kit::quantize_range(xs, lo, hi, levels, codes + start);
+        continue;
+      }
+      alignas(64) std::uint8_t buf[kBlock];
+      for (std::size_t b = 0; b < xs.size(); b += kBlock) {
+        auto xb = xs.subspan(b, std::min(kBlock, xs.size() - b));
+        kit::quantize_range(xb, lo, hi, levels, buf);
+        kit::pack_bits(buf, xb.size(), p_.bits, codes + (start + b) / 8 * p_.bits);
+      }
+    }
+    return max_payload_bytes(n);
+  }
+
+  void decode_payload(std::span<const std::byte> in, std::span<float> y,
+                      DecodeMode mode) const override {
+    const std::size_t n = y.size(), nc = chunks(n);
+    if (in.size() != max_payload_bytes(n)) {
+      throw DecodeError(fmt::format("terse: {}: payload of {} bytes for {} elements (expected {})",
+                                    spec(), in.size(), n, max_payload_bytes(n)));
+    }
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(in.data() + 8 * nc);
+    const std::size_t total_bits = n * p_.bits;
+    if (total_bits % 8 != 0 && (codes[total_bits / 8] >> (total_bits % 8)) != 0) {
+      throw DecodeError(fmt::format("terse: {}: nonzero padding bits", spec()));
+    }
+    for (std::size_t c = 0; c < nc; ++c) {  // validate every range before writing anything
+      float lo, hi;
+      std::memcpy(&lo, in.data() + 8 * c, 4);
+      std::memcpy(&hi, in.data() + 8 * c + 4, 4);
+      if (!std::isfinite(lo) || !std::isfinite(hi) || !(lo <= hi)) {
+        throw DecodeError(
+            fmt::format("terse: {}: chunk {} has invalid range [{}, {}]", spec(), c, lo, hi));
+      }
+    }
+    const unsigned levels = (1u << p_.bits) - 1;
+    const bool acc = mode == DecodeMode::kAccumulate;
+    for (std::size_t c = 0; c < nc; ++c) {
+      float lo, hi;
+      std::memcpy(&lo, in.data() + 8 * c, 4);
+      std::memcpy(&hi, in.data() + 8 * c + 4, 4);
+      const std::size_t start = c * p_.chunk;
+      auto ys = y.subspan(start, std::min(p_.chunk, n - start));
+      if (p_.bits == 8) {
+        kit::dequantize_range(codes + start, lo, hi, levels, ys, acc);
+        continue;
+      }
+      alignas(64) std::uint8_t buf[kBlock];
+      for (std::size_t b = 0; b < ys.size(); b += kBlock) {
+        auto yb = ys.subspan(b, std::min(kBlock, ys.size() - b));
+        kit::unpack_bits(codes + (start + b) / 8 * p_.bits, yb.size(), p_.bits, buf);
+        kit::dequantize_range(buf, lo, hi, levels, yb, acc);
+      }
+    }
+  }
+
+ private:
+  MinMaxCodec(MinMaxParams p, SpecReader& r) : Codec("minmax8", 7, r.canonical()), p_(p) {}
+
+  std::size_t chunks(std::size_t n) const { return (n + p_.chunk - 1) / p_.chunk; }
+
+  MinMaxParams p_;
+};
+
+const bool registered = register_codec(
+    {"minmax8", 7, "per-chunk min-max linear quantization to b bits (default 8), round to nearest",
+     [](SpecReader& r) { return std::make_unique<MinMaxCodec>(r); }});
+
+}  // namespace
+}  // namespace terse
