@@ -205,7 +205,7 @@ TEST_P(CodecContract, ErrorFeedbackAccountingIsExact) {
     std::memcpy(r_new.data(), saved.data() + 20, 4000);  // magic, n, inner size, residual
     for (std::size_t i = 0; i < x.size(); ++i) {
       float t = x[i] + residual[i];
-      ASSERT_NEAR(t, y[i] + r_new[i], 1e-6f * (std::fabs(t) + 1e-6f)) << "step " << step;
+      ASSERT_NEAR(t, y[i] + r_new[i], 1e-6f * (std::fabs(t) + std::fabs(y[i]) + 1e-6f)) << "step " << step;
     }
     residual = r_new;
   }
