@@ -317,6 +317,7 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
     // residual = M - scale * P_hat (Q/scale)^T, what decode() reconstructs.
     kit::sgemm(true, false, l.rows, l.cols, l.rank, -scale, p.data(), l.rows, qs.data(), l.cols,
                1.0f, m.data(), l.cols);
+    if (may_overflow(l, scale)) saturate(m);
     std::memcpy(st.residual.data(), m.data(), l.n * sizeof(float));
     if (warm_) keep_warm_start(st, qs, ctx);
     ++st.steps;
@@ -371,16 +372,23 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
     }
     kit::sgemm(true, false, l.rows, l.cols, l.rank, scale, p.data(), l.rows, q.data(), l.cols,
                accumulate ? 1.0f : 0.0f, y.data(), l.cols);
-    // |y_ij| <= scale * rank * max|P| * max|Q|: saturate only when that could overflow.
-    if (static_cast<double>(scale) * static_cast<double>(l.rank) * kSlack * q_bound >=
-        static_cast<double>(std::numeric_limits<float>::max())) {
-      for (float& v : y) {
-        if (std::isinf(v)) v = std::copysign(std::numeric_limits<float>::max(), v);
-      }
-    }
+    if (may_overflow(l, scale)) saturate(y);
   }
 
  private:
+  // |scale * P_hat Q^T| <= scale * rank * max|P| * max|Q|: only inputs within a factor of
+  // about 2 rank sqrt(rows) of FLT_MAX can overflow, and then results saturate.
+  static bool may_overflow(const Layout& l, float scale) {
+    double bound = static_cast<double>(scale) * static_cast<double>(l.rank) * kSlack * 2.0 *
+                   std::sqrt(static_cast<double>(l.rows)) * kSlack;
+    return bound >= static_cast<double>(std::numeric_limits<float>::max()) / 2;
+  }
+  static void saturate(std::span<float> v) {
+    for (float& a : v) {
+      if (std::isinf(a)) a = std::copysign(std::numeric_limits<float>::max(), a);
+    }
+  }
+
   Layout layout(std::size_t n) const {
     Layout l;
     l.n = n;
