@@ -297,27 +297,32 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
     float top = kit::abs_max(m);
     if (!std::isfinite(top)) reject(x);
     const float scale = top >= 2.0f ? std::ldexp(1.0f, std::ilogb(top)) : 1.0f;
-    const float inv = 1.0f / scale;  // exact: a power of two
+    // BLAS applies alpha after accumulating, so M itself is scaled (exact: a power of two;
+    // only values already near the subnormal range lose bits). Gradients rarely reach 2.
+    if (scale != 1.0f) kit::scale(m, 1.0f / scale);
     w.put(scale);
 
     std::span<float> fresh = ws.get<float>(1, l.q_len());
     const float* q = start_q(st, fresh, ctx);
     std::span<float> p = ws.get<float>(2, l.p_len());
-    kit::sgemm(false, true, l.rank, l.rows, l.cols, inv, q, l.cols, m.data(), l.cols, 0.0f,
+    kit::sgemm(false, true, l.rank, l.rows, l.cols, 1.0f, q, l.cols, m.data(), l.cols, 0.0f,
                p.data(), l.rows);
     // kit::abs_max may miss a NaN (x86 max drops it); the product cannot: NaN spreads into P.
     if (kit::find_non_finite(p) != p.size()) reject(x);
     kit::orthonormalize(p.data(), l.rank, l.rows, nullptr);
     std::span<float> qs = ws.get<float>(3, l.q_len());
-    kit::sgemm(false, false, l.rank, l.cols, l.rows, inv, p.data(), l.rows, m.data(), l.cols,
+    kit::sgemm(false, false, l.rank, l.cols, l.rows, 1.0f, p.data(), l.rows, m.data(), l.cols,
                0.0f, qs.data(), l.cols);
     std::memcpy(w.take(p.size() * 4).data(), p.data(), p.size() * 4);
     std::memcpy(w.take(qs.size() * 4).data(), qs.data(), qs.size() * 4);
 
     // residual = M - scale * P_hat (Q/scale)^T, what decode() reconstructs.
-    kit::sgemm(true, false, l.rows, l.cols, l.rank, -scale, p.data(), l.rows, qs.data(), l.cols,
+    kit::sgemm(true, false, l.rows, l.cols, l.rank, -1.0f, p.data(), l.rows, qs.data(), l.cols,
                1.0f, m.data(), l.cols);
-    if (may_overflow(l, scale)) saturate(m);
+    if (scale != 1.0f) {
+      kit::scale(m, scale);
+      if (may_overflow(l, scale)) saturate(m);
+    }
     std::memcpy(st.residual.data(), m.data(), l.n * sizeof(float));
     if (warm_) keep_warm_start(st, qs, ctx);
     ++st.steps;
