@@ -359,7 +359,7 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
       if (std::size_t bad = kit::find_non_finite(v); bad != v.size()) {
         throw DecodeError(fmt::format("terse: {}: raw value {} is not finite", spec(), bad));
       }
-      kit::store_or_add(data, y, accumulate);
+      if (l.n != 0) kit::store_or_add(data, y, accumulate);  // n == 0: data may be null
       return;
     }
     int e = 0;
