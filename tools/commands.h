@@ -9,5 +9,7 @@ namespace terse::tools {
 void add_codecs_command(CLI::App& app);
 // terse bench codecs: single-thread codec throughput against a memory copy.
 void add_bench_codecs_command(CLI::App& bench);
+// terse bench powersgd: PowerSGD step time against the BLAS's sgemm peak.
+void add_bench_powersgd_command(CLI::App& bench);
 
 }  // namespace terse::tools

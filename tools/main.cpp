@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Run a benchmark");
   bench->require_subcommand(1);
   terse::tools::add_bench_codecs_command(*bench);
+  terse::tools::add_bench_powersgd_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
