@@ -9,5 +9,7 @@ namespace terse::tools {
 void add_codecs_command(CLI::App& app);
 // terse bench codecs: single-thread codec throughput against a memory copy.
 void add_bench_codecs_command(CLI::App& bench);
+// terse run: the local launcher (N ranks with torchrun's environment).
+void add_run_command(CLI::App& app);
 
 }  // namespace terse::tools
