@@ -267,6 +267,7 @@ int run(const Launch& opt) {
           fmt::print(stderr, "terse run: rank {} failed ({}); stopping the other ranks\n", i,
                      describe_status(status));
           signal_all(SIGTERM);
+          signal_all(SIGCONT);  // a stopped rank only sees SIGTERM once it runs again
           kill_at = Clock::now() + grace;
         }
       }
@@ -307,10 +308,15 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("program", opt->command, "PROGRAM ARGS... (after --)")->expected(-1);
   cmd->prefix_command();
   cmd->callback([opt, cmd] {
-    // Without "--", parsing stops at the program; its own options arrive as leftovers.
-    for (auto& extra : cmd->remaining()) opt->command.push_back(extra);
-    if (!opt->command.empty() && opt->command.front() == "--") {
-      opt->command.erase(opt->command.begin());
+    // Without "--", parsing stops at the program and its own options arrive as leftovers;
+    // with it, CLI11 files the "--" itself among the leftovers.
+    bool separator_seen = false;
+    for (auto& extra : cmd->remaining()) {
+      if (extra == "--" && !separator_seen) {
+        separator_seen = true;
+        continue;
+      }
+      opt->command.push_back(extra);
     }
     const int code = run(*opt);
     if (code != 0) throw CLI::RuntimeError(code);
