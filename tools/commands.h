@@ -11,5 +11,7 @@ void add_codecs_command(CLI::App& app);
 void add_bench_codecs_command(CLI::App& bench);
 // terse bench powersgd: PowerSGD step time against the BLAS's sgemm peak.
 void add_bench_powersgd_command(CLI::App& bench);
+// terse run: the local launcher (N ranks with torchrun's environment).
+void add_run_command(CLI::App& app);
 
 }  // namespace terse::tools

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"terse: compression-aware collective communication for distributed training"};
   app.require_subcommand(1);
   terse::tools::add_codecs_command(app);
+  terse::tools::add_run_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Run a benchmark");
   bench->require_subcommand(1);
   terse::tools::add_bench_codecs_command(*bench);

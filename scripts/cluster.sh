@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Emulates an N-host cluster on this machine and runs a command on every host.
+#
+#   scripts/cluster.sh -n N -r RATE [-p PORT] [-b BURST] -- COMMAND [ARGS...]
+#
+# Topology: a "switch" network namespace holding a bridge, and N "host" namespaces, each joined
+# to the bridge by a veth pair (eth0 in the host, sI in the switch). Every link is shaped with
+# tbf to RATE (tc syntax: 10gbit, 1gbit, 100mbit) in both directions: on eth0 (upload) and on
+# sI (download). Addresses come from 10.77.0.0/24 and exist only inside these namespaces; the
+# root namespace is not touched. Namespace names carry a per-invocation prefix, so parallel runs
+# do not clash. Everything is torn down on exit, also on failure or interruption.
+#
+# COMMAND runs in host I with RANK=I, WORLD_SIZE=N, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
+# MASTER_ADDR=10.77.0.1 (host 0), MASTER_PORT=PORT (default 29500) and TERSE_IFNAME=eth0, its
+# output prefixed by "[host I] ". The script fails if any host's command fails; the others are
+# then stopped. Needs root, iproute2 and tc.
+set -euo pipefail
+
+usage() {
+  echo "usage: $0 -n N -r RATE [-p PORT] [-b BURST] -- COMMAND [ARGS...]" >&2
+  exit 2
+}
+
+n="" rate="" port=29500 burst=""
+while getopts "n:r:p:b:h" opt; do
+  case "$opt" in
+    n) n=$OPTARG ;;
+    r) rate=$OPTARG ;;
+    p) port=$OPTARG ;;
+    b) burst=$OPTARG ;;
+    *) usage ;;
+  esac
+done
+shift $((OPTIND - 1))
+[ "${1:-}" = "--" ] && shift
+[ -n "$n" ] && [ -n "$rate" ] && [ $# -gt 0 ] || usage
+[[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || { echo "$0: bad -n $n" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "$0: needs root (ip netns)" >&2; exit 2; }
+
+# tbf needs a bucket of at least one timer tick of traffic; 256 KiB is enough up to about
+# 1 Gbit/s, faster links get 2 ms worth of bytes.
+rate_bps() {
+  local r=${1,,} num unit
+  num=${r%%[a-z]*}
+  [[ "$num" =~ ^[0-9]+$ ]] || { echo "$0: rate $1 must be an integer with a unit" >&2; exit 2; }
+  unit=${r#"$num"}
+  case "$unit" in
+    gbit) echo $((num * 1000000000)) ;;
+    mbit) echo $((num * 1000000)) ;;
+    kbit) echo $((num * 1000)) ;;
+    bit | "") echo "$num" ;;
+    *) echo "$0: unknown rate unit in $1 (use gbit, mbit, kbit)" >&2; exit 2 ;;
+  esac
+}
+if [ -z "$burst" ]; then
+  bps=$(rate_bps "$rate")
+  bytes=$((bps / 8 / 500))
+  [ "$bytes" -lt 262144 ] && bytes=262144
+  burst="${bytes}b"
+fi
+
+prefix="tc$$x${RANDOM}"
+switch="${prefix}sw"
+hosts=()
+pids=()
+
+teardown() {
+  local status=$?
+  trap - EXIT INT TERM
+  for ns in "${hosts[@]}"; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+  done
+  for ns in "${hosts[@]}" "$switch"; do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  [ -n "${statusdir:-}" ] && rm -rf "$statusdir"
+  exit "$status"
+}
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+ip netns add "$switch"
+ip -n "$switch" link set lo up
+ip -n "$switch" link add br0 type bridge
+ip -n "$switch" link set br0 up
+for ((i = 0; i < n; i++)); do
+  ns="${prefix}h$i"
+  ip netns add "$ns"
+  hosts+=("$ns")
+  ip -n "$ns" link set lo up
+  ip link add eth0 netns "$ns" type veth peer name "s$i" netns "$switch"
+  ip -n "$switch" link set "s$i" master br0
+  ip -n "$switch" link set "s$i" up
+  ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 10ms
+  ip netns exec "$switch" tc qdisc add dev "s$i" root tbf rate "$rate" burst "$burst" latency 10ms
+done
+
+# Each host's exit status lands in a file; the loop below polls them, so that the first
+# failure can stop the others without relying on job-control corner cases of `wait -n`.
+statusdir=$(mktemp -d)
+for ((i = 0; i < n; i++)); do
+  (
+    set +e
+    ip netns exec "${hosts[$i]}" env RANK="$i" WORLD_SIZE="$n" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+      MASTER_ADDR=10.77.0.1 MASTER_PORT="$port" TERSE_IFNAME=eth0 "$@" \
+      > >(sed -u "s/^/[host $i] /") 2> >(sed -u "s/^/[host $i] /" >&2)
+    echo $? > "$statusdir/$i"
+  ) &
+  pids+=($!)
+done
+
+failed=0
+while true; do
+  finished=0
+  for ((i = 0; i < n; i++)); do
+    [ -s "$statusdir/$i" ] || continue
+    finished=$((finished + 1))
+    status=$(cat "$statusdir/$i")
+    if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+      failed=$status
+      echo "cluster.sh: host $i failed (status $status); stopping the others" >&2
+      for ns in "${hosts[@]}"; do
+        for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$pid" 2>/dev/null || true; done
+      done
+    fi
+  done
+  [ "$finished" -eq "$n" ] && break
+  sleep 0.1
+done
+wait
+rm -rf "$statusdir"
+sleep 0.1  # let the output filters flush
+exit "$failed"

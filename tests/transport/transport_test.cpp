@@ -1,0 +1,332 @@
+// Transport tests: stores in-process, then real multi-process runs of transport_worker through
+// `terse run` (N = 2, 3, 4; TCP-store and file-store bootstrap; killed and stalled peers) and
+// through scripts/cluster.sh over a shaped link (root only).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "terse/communicator.h"
+#include "terse/error.h"
+
+namespace terse {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::byte> bytes(std::string_view s) {
+  auto b = std::as_bytes(std::span(s.data(), s.size()));
+  return {b.begin(), b.end()};
+}
+
+std::string text(const std::vector<std::byte>& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+struct Result {
+  int code = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+// Runs a shell command, capturing stdout and stderr together.
+Result shell(const std::string& command) {
+  Result r;
+  const auto start = Clock::now();
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return r;
+}
+
+std::string temp_dir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "terse-store-XXXXXX").string();
+  char* d = ::mkdtemp(pattern.data());
+  return d != nullptr ? std::string(d) : std::string();
+}
+
+// ---- stores ---------------------------------------------------------------------------------
+
+TEST(TcpStore, SetGetWaitAcrossClients) {
+  auto server = make_tcp_store("127.0.0.1", 0, true, 5s);
+  const int port = tcp_store_port(*server);
+  ASSERT_GT(port, 0);
+  auto client = make_tcp_store("127.0.0.1", port, false, 5s);
+  std::thread late([&] {
+    std::this_thread::sleep_for(200ms);
+    client->set("late", bytes("value"));
+  });
+  EXPECT_EQ(text(server->get("late", 5s)), "value");  // blocks until set
+  late.join();
+  server->set("empty", {});
+  EXPECT_TRUE(client->get("empty", 1s).empty());
+  const std::string keys[] = {"late", "empty"};
+  client->wait(keys, 1s);
+  std::vector<std::byte> big(3 << 20, std::byte{9});
+  client->set("big", big);
+  EXPECT_EQ(server->get("big", 1s), big);
+}
+
+TEST(TcpStore, MissingKeyTimesOutNamingIt) {
+  auto server = make_tcp_store("127.0.0.1", 0, true, 5s);
+  const auto start = Clock::now();
+  try {
+    server->get("never-set", 300ms);
+    FAIL() << "no timeout";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("never-set"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, 3s);
+  const std::string keys[] = {"never-set"};
+  EXPECT_THROW(server->wait(keys, 100ms), TimeoutError);
+}
+
+TEST(TcpStore, ClientRetriesUntilServerStartsThenTimesOut) {
+  // Find a free port, then start the server after the client began connecting.
+  int port;
+  {
+    auto probe = make_tcp_store("127.0.0.1", 0, true, 1s);
+    port = tcp_store_port(*probe);
+  }
+  std::shared_ptr<Store> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(300ms);
+    server = make_tcp_store("127.0.0.1", port, true, 5s);
+    server->set("k", bytes("v"));
+  });
+  auto client = make_tcp_store("127.0.0.1", port, false, 5s);
+  EXPECT_EQ(text(client->get("k", 5s)), "v");
+  starter.join();
+  client.reset();
+  server.reset();
+  // Nobody listens now: connecting fails within the timeout, naming the address.
+  const auto start = Clock::now();
+  try {
+    make_tcp_store("127.0.0.1", port, false, 500ms);
+    FAIL() << "connected to nothing";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, 3s);
+}
+
+TEST(TcpStore, ServerGoneIsAnErrorNotAHang) {
+  auto server = make_tcp_store("127.0.0.1", 0, true, 5s);
+  auto client = make_tcp_store("127.0.0.1", tcp_store_port(*server), false, 5s);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(200ms);
+    server.reset();
+  });
+  const auto start = Clock::now();
+  EXPECT_THROW(client->get("never", 20s), TransportError);
+  EXPECT_LT(Clock::now() - start, 5s);
+  killer.join();
+}
+
+TEST(FileStore, SetGetWaitAndPrefix) {
+  const std::string dir = temp_dir();
+  auto a = make_file_store(dir);
+  auto b = make_file_store(dir);
+  auto pa = make_prefix_store("job", a);
+  pa->set("x", bytes("1"));
+  EXPECT_EQ(text(b->get("job/x", 1s)), "1");
+  EXPECT_EQ(text(make_prefix_store("job", b)->get("x", 1s)), "1");
+  EXPECT_THROW(b->get("y", 200ms), TimeoutError);
+  EXPECT_EQ(tcp_store_port(*a), -1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Communicator, SingleRank) {
+  const std::string dir = temp_dir();
+  CommunicatorOptions options;
+  options.timeout = 2s;
+  auto comm = Communicator::create(0, 1, make_file_store(dir), options);
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->size(), 1);
+  EXPECT_EQ(comm->timeout(), 2s);
+  std::vector<std::byte> in(10, std::byte{3}), out(10);
+  const std::size_t sizes[] = {10};
+  comm->allgatherv(in, out, sizes);
+  EXPECT_EQ(in, out);
+  comm->barrier();
+  EXPECT_THROW(comm->send(0, 1, in), InvalidArgument);
+  EXPECT_THROW(comm->recv(1, 1, out), InvalidArgument);
+  const std::size_t wrong[] = {9};
+  EXPECT_THROW(comm->allgatherv(in, out, wrong), InvalidArgument);
+  EXPECT_THROW(Communicator::create(1, 1, make_file_store(dir), options), InvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Communicator, TimeoutFromEnvironment) {
+  ::setenv("TERSE_TIMEOUT", "2.5", 1);
+  EXPECT_EQ(default_timeout(), 2500ms);
+  ::setenv("TERSE_TIMEOUT", "soon", 1);
+  EXPECT_THROW(default_timeout(), InvalidArgument);
+  ::unsetenv("TERSE_TIMEOUT");
+  EXPECT_EQ(default_timeout(), 60s);
+}
+
+// ---- the launcher ----------------------------------------------------------------------------
+
+const std::string kCli = TERSE_CLI;
+const std::string kWorker = TERSE_WORKER;
+
+TEST(Launcher, SetsEnvironmentAndPrefixesOutput) {
+  auto r = shell(kCli + " run -n 3 -- sh -c 'echo env $RANK/$WORLD_SIZE/$LOCAL_RANK/"
+                        "$LOCAL_WORLD_SIZE/$MASTER_ADDR; printf no-newline'");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < 3; ++i) {
+    const std::string want = "[rank " + std::to_string(i) + "] env " + std::to_string(i) +
+                             "/3/" + std::to_string(i) + "/3/127.0.0.1\n";
+    EXPECT_NE(r.output.find(want), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("[rank " + std::to_string(i) + "] no-newline\n"), std::string::npos)
+        << r.output;
+  }
+}
+
+TEST(Launcher, OneFailingRankStopsTheOthers) {
+  // Rank 1 fails; the others ignore SIGTERM and must be killed after the grace period.
+  auto r = shell(kCli + " run -n 3 --grace 1 -- sh -c 'if [ $RANK = 1 ]; then sleep 0.2; "
+                        "exit 7; fi; trap \"\" TERM; sleep 60'");
+  EXPECT_EQ(r.code, 7) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed (exit status 7)"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 10) << r.output;
+}
+
+TEST(Launcher, MissingProgramFails) {
+  auto r = shell(kCli + " run -n 2 -- /nonexistent/program");
+  EXPECT_EQ(r.code, 127) << r.output;
+  EXPECT_NE(r.output.find("cannot execute"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, ForwardsSigterm) {
+  // The launcher itself gets SIGTERM; ranks that trap it print and exit.
+  auto r = shell("(" + kCli + " run -n 2 -- sh -c 'trap \"echo got-term; exit 0\" TERM; "
+                 "sleep 30 & wait') & pid=$!; sleep 1; kill -TERM $pid; wait $pid");
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] got-term"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] got-term"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 10);
+}
+
+// ---- multi-process communicator tests ---------------------------------------------------------
+
+class Ranks : public ::testing::TestWithParam<int> {};
+
+TEST_P(Ranks, BasicOverTcpStoreFromEnvironment) {
+  const int n = GetParam();
+  auto r = shell(kCli + " run -n " + std::to_string(n) + " --timeout 60 -- " + kWorker + " basic");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NE(r.output.find("OK rank " + std::to_string(i) + " of " + std::to_string(n)),
+              std::string::npos)
+        << r.output;
+  }
+}
+
+TEST_P(Ranks, BasicOverFileStore) {
+  const int n = GetParam();
+  const std::string dir = temp_dir();
+  auto r = shell("TERSE_FILE_STORE=" + dir + " " + kCli + " run -n " + std::to_string(n) +
+                 " --timeout 60 -- " + kWorker + " basic");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NE(r.output.find("OK rank " + std::to_string(i)), std::string::npos) << r.output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Each survivor must fail on its own (the launcher's grace is long), within twice the 3 s
+// timeout, naming the tensor; the victim's ring neighbour must name the victim.
+void expect_survivors_fail(const Result& r, int n, int victim, bool stalled) {
+  EXPECT_NE(r.code, 0) << r.output;
+  int survivors = 0;
+  bool victim_named = false, timeout_seen = false;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    // "[rank R] EXPECTED-FAILURE rank R elapsed_ms=MS type=TYPE: MESSAGE"
+    int rank = -1;
+    long ms = -1;
+    char type[32] = {};
+    if (std::sscanf(line.c_str(), "[rank %d] EXPECTED-FAILURE rank %*d elapsed_ms=%ld type=%31[A-Za-z]",
+                    &rank, &ms, type) != 3) {
+      continue;
+    }
+    ++survivors;
+    const std::string message = line.substr(line.find(": ") + 2);
+    EXPECT_NE(rank, victim);
+    EXPECT_LT(ms, 6000) << message;
+    EXPECT_NE(message.find("layer.weight"), std::string::npos) << message;
+    EXPECT_NE(message.find("peer "), std::string::npos) << message;
+    EXPECT_NE(message.find("rank " + std::to_string(rank)), std::string::npos) << message;
+    victim_named |= message.find("peer " + std::to_string(victim)) != std::string::npos;
+    timeout_seen |= std::string(type) == "TimeoutError";
+  }
+  EXPECT_EQ(survivors, n - 1) << r.output;
+  EXPECT_TRUE(victim_named) << r.output;
+  if (stalled) {
+    EXPECT_TRUE(timeout_seen) << r.output;
+  }
+  EXPECT_EQ(r.output.find("UNEXPECTED-SUCCESS"), std::string::npos) << r.output;
+}
+
+TEST_P(Ranks, KilledPeerFailsEveryoneWithinTimeout) {
+  const int n = GetParam();
+  const int victim = n - 1;
+  auto r = shell(kCli + " run -n " + std::to_string(n) + " --timeout 3 --grace 30 -- " + kWorker +
+                 " die " + std::to_string(victim) + " kill");
+  expect_survivors_fail(r, n, victim, false);
+  EXPECT_LT(r.seconds, 20) << r.output;
+}
+
+TEST_P(Ranks, StalledPeerFailsEveryoneWithinTimeout) {
+  const int n = GetParam();
+  const int victim = n > 2 ? 1 : 0;
+  auto r = shell(kCli + " run -n " + std::to_string(n) + " --timeout 3 --grace 2 -- " + kWorker +
+                 " die " + std::to_string(victim) + " stop");
+  expect_survivors_fail(r, n, victim, true);
+  EXPECT_LT(r.seconds, 20) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transport, Ranks, ::testing::Values(2, 3, 4),
+                         [](const auto& info) {
+                           std::string name = std::to_string(info.param);
+                           name.insert(name.begin(), 'N');  // "N" + s trips GCC 12 -Wrestrict
+                           return name;
+                         });
+
+// ---- over an emulated network ------------------------------------------------------------------
+
+TEST(Cluster, ShapedLinkLimitsTransferTime) {
+  if (::geteuid() != 0) GTEST_SKIP() << "scripts/cluster.sh needs root (network namespaces)";
+  if (shell("ip netns list").code != 0) GTEST_SKIP() << "ip netns is not available";
+  // 8 MiB at 100 Mbit/s: about 0.67 s.
+  const std::size_t bytes = std::size_t{8} << 20;
+  auto r = shell(std::string("bash ") + TERSE_SOURCE_DIR + "/scripts/cluster.sh -n 2 -r 100mbit -- " +
+                 kWorker + " bandwidth " + std::to_string(bytes) + " 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto at = r.output.find("BANDWIDTH rank=1 ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const auto key = r.output.find("median_seconds=", at);
+  ASSERT_NE(key, std::string::npos) << r.output;
+  const double seconds = std::stod(r.output.substr(key + 15));
+  const double ideal = bytes * 8.0 / 100e6;
+  EXPECT_GT(seconds, 0.5 * ideal) << r.output;
+  EXPECT_LT(seconds, 3.0 * ideal) << r.output;
+}
+
+}  // namespace
+}  // namespace terse

@@ -1,0 +1,227 @@
+// One rank of the multi-process transport tests, started by `terse run` or scripts/cluster.sh.
+// Bootstraps from the environment (TCP store or TERSE_FILE_STORE) and runs one scenario:
+//   basic                   tagged send/recv of many sizes, FIFO per tag, allgatherv, broadcast,
+//                           barrier; prints "OK rank R" on success
+//   die VICTIM kill|stop    VICTIM kills (SIGKILL) or stops (SIGSTOP) itself mid-exchange; the
+//                           others must fail: they print "EXPECTED-FAILURE ..." and exit 3
+//   bandwidth BYTES REPS    rank 0 sends BYTES to rank 1 REPS times; prints seconds per transfer
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "terse/communicator.h"
+#include "terse/error.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using terse::Communicator;
+using terse::Request;
+
+std::byte pattern(int src, int dst, std::uint64_t tag, std::size_t k) {
+  return static_cast<std::byte>((src * 131 + dst * 31 + tag * 7 + k * 13 + (k >> 12)) & 0xff);
+}
+
+std::vector<std::byte> filled(int src, int dst, std::uint64_t tag, std::size_t n) {
+  std::vector<std::byte> v(n);
+  for (std::size_t k = 0; k < n; ++k) v[k] = pattern(src, dst, tag, k);
+  return v;
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "CHECK FAILED: %s\n", what.c_str());
+    std::exit(2);
+  }
+}
+
+void verify(const std::vector<std::byte>& got, int src, int dst, std::uint64_t tag) {
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    if (got[k] != pattern(src, dst, tag, k)) {
+      check(false, "payload from " + std::to_string(src) + " tag " + std::to_string(tag) +
+                       " wrong at byte " + std::to_string(k) + " of " +
+                       std::to_string(got.size()));
+    }
+  }
+}
+
+int basic(Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  const std::vector<std::size_t> sizes = {0, 1, 3, 4096, 65537, 1000003};
+  // Every pair of ranks exchanges every size under its own tag, all in flight at once; the
+  // receives are posted in reverse tag order, so matching must go by tag, not by arrival.
+  struct Message {
+    int peer;
+    std::uint64_t tag;
+    std::vector<std::byte> data;
+    Request request;
+  };
+  std::vector<Message> sends, recvs;
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::uint64_t tag = 1000 + i * 17;
+      recvs.push_back({p, tag, std::vector<std::byte>(sizes[i]), {}});
+      sends.push_back({p, tag, filled(r, p, tag, sizes[i]), {}});
+    }
+    // The largest tag allowed, and three messages on one tag that must arrive in order.
+    recvs.push_back({p, Communicator::kMaxTag, std::vector<std::byte>(5), {}});
+    sends.push_back({p, Communicator::kMaxTag, filled(r, p, Communicator::kMaxTag, 5), {}});
+  }
+  for (auto it = recvs.rbegin(); it != recvs.rend(); ++it) {
+    it->request = comm.recv(it->peer, it->tag, it->data, "basic");
+  }
+  for (auto& m : sends) m.request = comm.send(m.peer, m.tag, m.data, "basic");
+  for (auto& m : sends) m.request.wait();
+  for (auto& m : recvs) {
+    m.request.wait();
+    verify(m.data, m.peer, r, m.tag);
+  }
+
+  // FIFO on one tag.
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  if (n > 1) {
+    std::vector<std::vector<std::byte>> in(3, std::vector<std::byte>(100)), out;
+    std::vector<Request> reqs;
+    for (int k = 0; k < 3; ++k) reqs.push_back(comm.recv(prev, 7, in[k], "fifo"));
+    for (int k = 0; k < 3; ++k) out.push_back(filled(r, next, 50 + k, 100));
+    for (int k = 0; k < 3; ++k) reqs.push_back(comm.send(next, 7, out[k], "fifo"));
+    for (auto& q : reqs) q.wait();
+    for (int k = 0; k < 3; ++k) verify(in[k], prev, r, 50 + k);
+  }
+
+  // 64 MiB around the ring; a receive buffer larger than the message is allowed.
+  if (n > 1) {
+    const std::size_t big = std::size_t{64} << 20;
+    std::vector<std::byte> out = filled(r, next, 9, big), in(big + 100);
+    auto rx = comm.recv(prev, 9, in, "big");
+    auto tx = comm.send(next, 9, out, "big");
+    tx.wait();
+    rx.wait();
+    in.resize(big);
+    verify(in, prev, r, 9);
+  }
+
+  // allgatherv with uneven sizes, rank 1 contributing nothing; then in place.
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::size_t> counts(n);
+    for (int i = 0; i < n; ++i) counts[i] = i == 1 ? 0 : (i + 1) * 1000 + 13 + round * 70000;
+    std::size_t total = 0;
+    std::vector<std::size_t> offset(n);
+    for (int i = 0; i < n; ++i) {
+      offset[i] = total;
+      total += counts[i];
+    }
+    std::vector<std::byte> mine = filled(r, -1, round, counts[r]);
+    std::vector<std::byte> out(total);
+    if (round == 0) {
+      comm.allgatherv(mine, out, counts, "gather");
+    } else {
+      std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(offset[r]));
+      comm.allgatherv(std::span(out).subspan(offset[r], counts[r]), out, counts, "gather");
+    }
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::byte> part(out.begin() + static_cast<std::ptrdiff_t>(offset[i]),
+                                  out.begin() + static_cast<std::ptrdiff_t>(offset[i] + counts[i]));
+      verify(part, i, -1, round);
+    }
+  }
+
+  // broadcast from the last rank.
+  std::vector<std::byte> b = r == n - 1 ? filled(n - 1, -2, 3, 12345) : std::vector<std::byte>(12345);
+  comm.broadcast(n - 1, b, "bcast");
+  verify(b, n - 1, -2, 3);
+
+  for (int k = 0; k < 5; ++k) comm.barrier();
+  std::printf("OK rank %d of %d (%s)\n", r, n, comm.address().c_str());
+  return 0;
+}
+
+int die(Communicator& comm, int victim, const std::string& how) {
+  const int r = comm.rank(), n = comm.size();
+  // The launcher sends SIGTERM to the survivors as soon as the victim dies; ignore it, so that
+  // what is tested is the survivors failing by themselves (SIGKILL after the grace period
+  // remains the launcher's backstop).
+  signal(SIGTERM, SIG_IGN);
+  comm.barrier();
+  if (r == victim) {
+    raise(how == "stop" ? SIGSTOP : SIGKILL);
+    pause();
+    return 5;
+  }
+  // The survivors start an allgatherv the victim never joins.
+  std::vector<std::size_t> counts(n, std::size_t{4} << 20);
+  std::vector<std::byte> mine(counts[r], std::byte{1}), out(counts[r] * n);
+  const auto start = Clock::now();
+  try {
+    for (int k = 0; k < 3; ++k) comm.allgatherv(mine, out, counts, "layer.weight");
+  } catch (const terse::Error& e) {
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    const char* type = dynamic_cast<const terse::TimeoutError*>(&e) != nullptr ? "TimeoutError"
+                                                                              : "TransportError";
+    std::printf("EXPECTED-FAILURE rank %d elapsed_ms=%lld type=%s: %s\n", r,
+                static_cast<long long>(ms), type, e.what());
+    std::fflush(stdout);
+    // A later call must fail at once, not hang.
+    try {
+      comm.barrier();
+      std::printf("UNEXPECTED-SUCCESS of a barrier after failure\n");
+      return 4;
+    } catch (const terse::TransportError&) {
+    }
+    return 3;
+  }
+  std::printf("UNEXPECTED-SUCCESS rank %d\n", r);
+  return 4;
+}
+
+int bandwidth(Communicator& comm, std::size_t bytes, int reps) {
+  const int r = comm.rank();
+  std::vector<std::byte> buf(bytes, std::byte{7});
+  std::vector<double> seconds;
+  for (int k = 0; k <= reps; ++k) {  // the first round warms up (connections, page faults)
+    comm.barrier();
+    const auto start = Clock::now();
+    if (r == 0) comm.send(1, 1, buf, "bandwidth").wait();
+    if (r == 1) comm.recv(0, 1, buf, "bandwidth").wait();
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (k > 0) seconds.push_back(s);
+  }
+  comm.barrier();
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  std::printf("BANDWIDTH rank=%d bytes=%zu median_seconds=%.6f min_seconds=%.6f gbit_per_s=%.3f\n",
+              r, bytes, median, seconds.front(), bytes * 8 / median / 1e9);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: transport_worker basic|die VICTIM kill|stop|bandwidth BYTES REPS\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  try {
+    auto comm = Communicator::from_env();
+    if (mode == "basic") return basic(*comm);
+    if (mode == "die" && argc == 4) return die(*comm, std::atoi(argv[2]), argv[3]);
+    if (mode == "bandwidth" && argc == 4) {
+      return bandwidth(*comm, std::strtoull(argv[2], nullptr, 10), std::atoi(argv[3]));
+    }
+    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ERROR: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,326 @@
+// terse run: the local launcher. Starts N ranks of a program on this host with torchrun's
+// environment, prefixes their output by rank, forwards SIGINT/SIGTERM/SIGHUP, and fails as a
+// whole when one rank fails (the others get SIGTERM, then SIGKILL after a grace period).
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace terse::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int signal_pipe[2] = {-1, -1};
+
+void on_signal(int signo) {
+  const int saved = errno;
+  const char c = static_cast<char>(signo);
+  [[maybe_unused]] ssize_t r = ::write(signal_pipe[1], &c, 1);
+  errno = saved;
+}
+
+// A free TCP port on the loopback interface for rank 0's store. Another process could take it
+// before rank 0 binds it; torchrun has the same window.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  int port = 29500;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+void write_all(int fd, const std::string& s) {
+  const char* p = s.data();
+  std::size_t n = s.size();
+  while (n > 0) {
+    ssize_t r = ::write(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+}
+
+// One output stream of one rank: complete lines are written with the rank prefix in one
+// write(2) each, so lines of different ranks never interleave within a line.
+struct Stream {
+  int fd = -1;       // read end of the pipe, -1 once closed
+  int out = 1;       // where prefixed lines go
+  std::string prefix;
+  std::string pending;
+
+  void drain(bool eof) {
+    std::size_t start = 0;
+    while (true) {
+      auto nl = pending.find('\n', start);
+      if (nl == std::string::npos) break;
+      write_all(out, prefix + pending.substr(start, nl - start + 1));
+      start = nl + 1;
+    }
+    pending.erase(0, start);
+    if (eof && !pending.empty()) {
+      write_all(out, prefix + pending + "\n");
+      pending.clear();
+    }
+  }
+};
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+};
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  }
+  return "unknown status";
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status) != 0 ? WEXITSTATUS(status) : 1;
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+struct Launch {
+  int n = 2;
+  std::vector<std::string> command;
+  double timeout = 0;
+  double grace = 5;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+};
+
+int run(const Launch& opt) {
+  if (opt.n < 1) {
+    fmt::print(stderr, "terse run: -n must be at least 1\n");
+    return 2;
+  }
+  if (opt.command.empty()) {
+    fmt::print(stderr, "terse run: no program given (terse run -n N -- PROGRAM ARGS...)\n");
+    return 2;
+  }
+  if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
+
+  const int port = opt.master_port > 0 ? opt.master_port : free_port();
+  std::vector<Rank> ranks(opt.n);
+  std::vector<Stream> streams;
+  streams.reserve(2 * opt.n);
+  std::fflush(stdout);
+  std::fflush(stderr);
+
+  for (int i = 0; i < opt.n; ++i) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      fmt::print(stderr, "terse run: pipe: {}\n", strerror(errno));
+      return 1;
+    }
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      fmt::print(stderr, "terse run: fork: {}\n", strerror(errno));
+      return 1;
+    }
+    if (pid == 0) {
+      // Each rank leads its own process group, so signals reach its children too and a
+      // terminal's Ctrl-C reaches the ranks only through us (once, not twice).
+      ::setpgid(0, 0);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(s, &dfl, nullptr);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::setenv("MASTER_ADDR", opt.master_addr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("RANK", std::to_string(i).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
+      ::setenv("GROUP_RANK", "0", 1);
+      ::setenv("ROLE_RANK", std::to_string(i).c_str(), 1);
+      ::setenv("ROLE_WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
+      if (opt.n > 1) ::setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun does
+      if (opt.timeout > 0) ::setenv("TERSE_TIMEOUT", fmt::format("{}", opt.timeout).c_str(), 1);
+      std::vector<char*> argv;
+      for (const auto& a : opt.command) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::string msg = fmt::format("terse run: cannot execute {}: {}\n", argv[0], strerror(errno));
+      write_all(2, msg);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);
+    ::close(out[1]);
+    ::close(err[1]);
+    ranks[i].pid = pid;
+    ranks[i].running = true;
+    streams.push_back(Stream{out[0], 1, fmt::format("[rank {}] ", i), {}});
+    streams.push_back(Stream{err[0], 2, fmt::format("[rank {}] ", i), {}});
+  }
+
+  int first_failed = -1;
+  int interrupted_by = 0;
+  std::optional<Clock::time_point> kill_at;
+  std::optional<Clock::time_point> reaped_at;
+  bool killed = false;
+  auto signal_all = [&](int signo) {
+    for (auto& r : ranks) {
+      if (r.running) ::kill(-r.pid, signo);
+    }
+  };
+  const auto grace = std::chrono::milliseconds(static_cast<long>(opt.grace * 1000));
+
+  while (true) {
+    int running = 0;
+    for (auto& r : ranks) running += r.running ? 1 : 0;
+    bool open_streams = false;
+    for (auto& s : streams) open_streams |= s.fd >= 0;
+    if (running == 0) {
+      if (!reaped_at) reaped_at = Clock::now();
+      // A rank's own children may keep a pipe open; do not wait for them for long.
+      if (!open_streams || Clock::now() - *reaped_at > std::chrono::seconds(2)) break;
+    }
+    if (kill_at && !killed && Clock::now() >= *kill_at) {
+      signal_all(SIGKILL);
+      killed = true;
+    }
+
+    std::vector<pollfd> fds;
+    fds.push_back({signal_pipe[0], POLLIN, 0});
+    std::vector<Stream*> polled;
+    for (auto& s : streams) {
+      if (s.fd >= 0) {
+        fds.push_back({s.fd, POLLIN, 0});
+        polled.push_back(&s);
+      }
+    }
+    ::poll(fds.data(), fds.size(), 100);
+
+    if (fds[0].revents & POLLIN) {
+      char sigs[64];
+      ssize_t got = ::read(signal_pipe[0], sigs, sizeof(sigs));
+      for (ssize_t k = 0; k < got; ++k) {
+        const int signo = sigs[k];
+        if (signo == SIGCHLD) continue;  // reaped below in every iteration
+        if (interrupted_by == 0) interrupted_by = signo;
+        fmt::print(stderr, "terse run: got signal {}, forwarding it to the ranks\n", signo);
+        signal_all(signo);
+        if (!kill_at) kill_at = Clock::now() + grace;
+      }
+    }
+    for (std::size_t k = 0; k < polled.size(); ++k) {
+      if (!(fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Stream& s = *polled[k];
+      char buf[65536];
+      ssize_t r = ::read(s.fd, buf, sizeof(buf));
+      if (r > 0) {
+        s.pending.append(buf, static_cast<std::size_t>(r));
+        s.drain(false);
+      } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+        s.drain(true);
+        ::close(s.fd);
+        s.fd = -1;
+      }
+    }
+
+    while (true) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      for (int i = 0; i < opt.n; ++i) {
+        if (ranks[i].pid != pid) continue;
+        ranks[i].running = false;
+        ranks[i].status = status;
+        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok && first_failed < 0 && interrupted_by == 0) {
+          first_failed = i;
+          fmt::print(stderr, "terse run: rank {} failed ({}); stopping the other ranks\n", i,
+                     describe_status(status));
+          signal_all(SIGTERM);
+          signal_all(SIGCONT);  // a stopped rank only sees SIGTERM once it runs again
+          kill_at = Clock::now() + grace;
+        }
+      }
+    }
+  }
+  for (auto& s : streams) {
+    if (s.fd >= 0) {
+      s.drain(true);
+      ::close(s.fd);
+    }
+  }
+  if (first_failed >= 0) {
+    fmt::print(stderr, "terse run: failed: rank {} {}\n", first_failed,
+               describe_status(ranks[first_failed].status));
+    return exit_code_of(ranks[first_failed].status);
+  }
+  if (interrupted_by != 0) return 128 + interrupted_by;
+  return 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto opt = std::make_shared<Launch>();
+  CLI::App* cmd = app.add_subcommand(
+      "run",
+      "Start N local ranks of a program with torchrun's environment (MASTER_ADDR, MASTER_PORT, "
+      "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): terse run -n N -- PROGRAM ARGS...");
+  cmd->add_option("-n,--nproc", opt->n, "Number of ranks")->required();
+  cmd->add_option("--timeout", opt->timeout,
+                  "Communication timeout in seconds, passed to the ranks as TERSE_TIMEOUT");
+  cmd->add_option("--grace", opt->grace,
+                  "Seconds between SIGTERM and SIGKILL when stopping the ranks")
+      ->capture_default_str();
+  cmd->add_option("--master-addr", opt->master_addr, "MASTER_ADDR for the ranks")
+      ->capture_default_str();
+  cmd->add_option("--master-port", opt->master_port, "MASTER_PORT (default: a free port)");
+  cmd->add_option("program", opt->command, "PROGRAM ARGS... (after --)")->expected(-1);
+  cmd->prefix_command();
+  cmd->callback([opt, cmd] {
+    // Without "--", parsing stops at the program and its own options arrive as leftovers;
+    // with it, CLI11 files the "--" itself among the leftovers.
+    bool separator_seen = false;
+    for (auto& extra : cmd->remaining()) {
+      if (extra == "--" && !separator_seen) {
+        separator_seen = true;
+        continue;
+      }
+      opt->command.push_back(extra);
+    }
+    const int code = run(*opt);
+    if (code != 0) throw CLI::RuntimeError(code);
+  });
+}
+
+}  // namespace terse::tools
