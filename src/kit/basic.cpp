@@ -150,6 +150,15 @@ void Scale(float* HWY_RESTRICT y, size_t n, float a) {
   for (; i < n; ++i) y[i] *= a;
 }
 
+void DivideTo(const float* x, float divisor, float* out, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const auto vd = hn::Set(d, divisor);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Div(hn::LoadU(d, x + i), vd), d, out + i);
+  for (; i < n; ++i) out[i] = x[i] / divisor;
+}
+
 bool CopyFinite(const float* HWY_RESTRICT x, float* HWY_RESTRICT out, size_t n) {
   const DF d;
   const DU du;
@@ -331,6 +340,7 @@ HWY_EXPORT(Subtract);
 HWY_EXPORT(AddTo);
 HWY_EXPORT(Scale);
 HWY_EXPORT(Difference);
+HWY_EXPORT(DivideTo);
 HWY_EXPORT(CopyFinite);
 HWY_EXPORT(StoreOrAdd);
 HWY_EXPORT(ToFp16);
@@ -386,6 +396,9 @@ void add_to(std::span<const float> x, std::span<const float> y, std::span<float>
 }
 void difference(std::span<const float> x, std::span<const float> y, std::span<float> out) {
   HWY_DYNAMIC_DISPATCH(Difference)(x.data(), y.data(), out.data(), out.size());
+}
+void divide_to(std::span<const float> x, float divisor, std::span<float> out) {
+  HWY_DYNAMIC_DISPATCH(DivideTo)(x.data(), divisor, out.data(), out.size());
 }
 void scale(std::span<float> y, float a) { HWY_DYNAMIC_DISPATCH(Scale)(y.data(), y.size(), a); }
 bool copy_finite(std::span<const float> x, float* out) {

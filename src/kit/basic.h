@@ -36,6 +36,8 @@ void subtract(std::span<const float> x, std::span<float> y);
 void add_to(std::span<const float> x, std::span<const float> y, std::span<float> out);
 // out = x - y (out may alias x or y)
 void difference(std::span<const float> x, std::span<const float> y, std::span<float> out);
+// out = x / divisor, a true IEEE division per element (out may alias x)
+void divide_to(std::span<const float> x, float divisor, std::span<float> out);
 // y *= a
 void scale(std::span<float> y, float a);
 // out = x, returning false (out fully written regardless) if x held NaN or Inf.

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "process_testing.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
 
@@ -31,32 +32,9 @@ std::string text(const std::vector<std::byte>& b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
-struct Result {
-  int code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-// Runs a shell command, capturing stdout and stderr together.
-Result shell(const std::string& command) {
-  Result r;
-  const auto start = Clock::now();
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return r;
-}
-
-std::string temp_dir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "terse-store-XXXXXX").string();
-  char* d = ::mkdtemp(pattern.data());
-  return d != nullptr ? std::string(d) : std::string();
-}
+using testing::Result;
+using testing::shell;
+using testing::temp_dir;
 
 // ---- stores ---------------------------------------------------------------------------------
 
@@ -311,8 +289,7 @@ INSTANTIATE_TEST_SUITE_P(Transport, Ranks, ::testing::Values(2, 3, 4),
 // ---- over an emulated network ------------------------------------------------------------------
 
 TEST(Cluster, ShapedLinkLimitsTransferTime) {
-  if (::geteuid() != 0) GTEST_SKIP() << "scripts/cluster.sh needs root (network namespaces)";
-  if (shell("ip netns list").code != 0) GTEST_SKIP() << "ip netns is not available";
+  if (!testing::can_emulate_cluster()) GTEST_SKIP() << "needs root and ip netns";
   // 8 MiB at 100 Mbit/s: about 0.67 s.
   const std::size_t bytes = std::size_t{8} << 20;
   auto r = shell(std::string("bash ") + TERSE_SOURCE_DIR + "/scripts/cluster.sh -n 2 -r 100mbit -- " +

@@ -1,0 +1,158 @@
+// The engine: asynchronous, compression-aware allreduce of named fp32 tensors across the ranks of
+// a Communicator.
+//
+// A submission (one tensor, or a group such as a DDP bucket) is planned per tensor: raw fp32 or a
+// codec, with a collective strategy and a number of partitions K. Each partition is one task; a
+// pool of worker threads runs tasks in submission order, so encode and decode work of one
+// partition overlaps the transfer of others. Small raw tensors of a group are fused into one
+// message per peer.
+//
+// Promises:
+// - Every rank ends a collective with bit-identical results: sums run in a fixed order and every
+//   final encoding is produced once and decoded by all ranks, its producer included.
+// - The user's tensor is written only after the whole submission succeeded. On any error it is
+//   left as it was, on every rank, and the error names the rank, the tensor and the peer.
+// - Non-finite input (NaN, +-Inf) is an error on every rank, not a silent NaN: compressed
+//   strategies carry the failure in-band (the engine stays usable); the raw strategy detects it
+//   in the identical result.
+// - Every wait is bounded by the communicator's timeout; a dead or stalled peer fails every
+//   later operation with that first error (the communicator is then failed for good).
+// - Ranks must submit the same tensors (names, sizes, options) in the same order. The first
+//   use of a tensor is checked across ranks and a mismatch raises MismatchError describing both
+//   sides; later mismatches cannot be misread as data (message tags carry a digest of what was
+//   submitted) and surface as a TimeoutError.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "terse/communicator.h"
+#include "terse/error.h"
+
+namespace terse {
+
+class Tracer;
+
+// How a tensor's partitions are reduced (see src/collectives/; docs/design.md has the costs).
+enum class Strategy {
+  kAuto,       // raw for codec "none", else the engine's default for the codec's traits
+  kRaw,        // fp32 ring allreduce (reduce-scatter + allgather); the uncompressed baseline
+  kAllgather,  // each rank encodes once; all payloads are gathered, decoded and summed
+  kSharded,    // co-located parameter server: owners sum their shard, re-encode once, allgather
+  kRing,       // compressed ring: decode-merge-re-encode at every hop, then allgather
+  kSummable,   // ring on compressed data (codecs whose encodings add); RoundCodecs' rounds
+};
+// "auto", "raw", "allgather", "sharded", "ring", "summable".
+std::string_view to_string(Strategy s);
+// Throws SpecError listing the allowed names.
+Strategy parse_strategy(std::string_view name);
+
+struct AllreduceOptions {
+  // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...) or "auto" (the planner's
+  // choice; without a planner, "auto" means "none").
+  std::string codec = "none";
+  Strategy strategy = Strategy::kAuto;
+  // Partitions K (1 .. 256); 0 lets the engine choose from the tensor's size.
+  int partitions = 0;
+  // Divide the sum by the number of ranks (DDP's convention); false leaves the sum.
+  bool average = true;
+};
+
+// One tensor of a submission. `data` is read as this rank's contribution and overwritten with
+// the result; it must stay valid and untouched until the submission completes.
+struct TensorRef {
+  std::string name;
+  std::span<float> data;
+  AllreduceOptions options;
+};
+
+// The outcome of a submission. Copyable; all copies share it.
+class Handle {
+ public:
+  Handle() = default;
+  // Blocks until the submission completed; rethrows its error, if any. Bounded: every task of
+  // a submission fails within the communicator's timeout.
+  void wait() const;
+  bool ready() const;
+  // Runs f(error) once the submission completed (null error on success): immediately if it
+  // already has, else on the engine thread that completes it. f must not block on the engine.
+  void on_complete(std::function<void(std::exception_ptr)> f) const;
+
+  struct State;
+
+ private:
+  friend class Engine;
+  explicit Handle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+// The plan for one tensor: what the engine will do with it.
+struct TensorPlan {
+  std::string codec = "none";  // canonical codec spec ("none" = raw fp32)
+  Strategy strategy = Strategy::kRaw;
+  int partitions = 1;
+  bool fused = false;  // travels in the group's fused raw message
+};
+
+struct EngineOptions {
+  // Seed shared by all ranks for stochastic codecs (the same on every rank).
+  std::uint64_t seed = 0;
+  // Worker threads running partition tasks; 0: TERSE_THREADS, else 4.
+  int threads = 0;
+  // Raw tensors of a group up to this many bytes are fused into one message.
+  std::size_t fuse_bytes = std::size_t{1} << 20;
+  // Target bytes per partition when AllreduceOptions::partitions is 0.
+  std::size_t partition_bytes = std::size_t{8} << 20;
+  // Optional per-stage event sink (encode, send, recv, decode, merge, wait).
+  std::shared_ptr<Tracer> tracer;
+};
+
+class Engine {
+ public:
+  explicit Engine(std::shared_ptr<Communicator> comm, EngineOptions options = {});
+  // Waits for every submitted task (each bounded by the timeout), then stops the workers.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts an allreduce of one tensor. Throws at once (nothing submitted) for invalid options
+  // (unknown codec, a strategy the codec cannot use, a name submitted twice in flight).
+  Handle allreduce(std::string name, std::span<float> data, AllreduceOptions options = {});
+  // Starts one submission of several tensors (e.g. a DDP bucket), planned per tensor.
+  Handle allreduce_group(std::vector<TensorRef> tensors);
+
+  // What the engine will do with a tensor of n elements under options (validates them).
+  TensorPlan plan(std::size_t elements, const AllreduceOptions& options) const;
+
+  // Blocks until every submission so far has completed (errors stay with their handles).
+  void synchronize();
+
+  // Error-feedback residuals, codec state (PowerSGD's Q, DGC momentum) and step counters of
+  // every tensor, in a portable byte string. load_state() must be called with no submission in
+  // flight; it replaces the state of the tensors it names (their next allreduce continues bit
+  // for bit) and throws DecodeError, changing nothing, on bytes it cannot use.
+  std::vector<std::byte> save_state() const;
+  void load_state(std::span<const std::byte> bytes);
+
+  Communicator& communicator();
+  int rank() const;
+  int size() const;
+
+  // Bytes this rank has sent (payloads and fp32 chunks, without transport framing) so far.
+  std::uint64_t bytes_sent() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace terse

@@ -1,0 +1,50 @@
+// Stage events of the engine (encode, send, recv, decode, merge, wait, copy), for timelines and
+// for the planner's measured stage times. A Tracer is shared by the engine's threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace terse {
+
+struct TraceEvent {
+  const char* stage = "";  // a string literal: "encode", "send", "recv", ...
+  std::string tensor;      // tensor name (or the fused group's label)
+  int partition = -1;
+  int peer = -1;           // the other rank of a send or recv; -1 for local work
+  std::uint64_t bytes = 0;
+  std::int64_t begin_ns = 0;  // steady_clock, nanoseconds
+  std::int64_t end_ns = 0;
+  std::uint32_t thread = 0;   // small id of the worker thread
+};
+
+class Tracer {
+ public:
+  virtual ~Tracer() = default;
+  // Called from any engine thread; must be thread-safe and cheap.
+  virtual void record(TraceEvent event) = 0;
+};
+
+// Keeps every event in memory; writes them as Chrome-trace JSON (chrome://tracing, Perfetto).
+class TraceRecorder final : public Tracer {
+ public:
+  void record(TraceEvent event) override;
+  std::vector<TraceEvent> events() const;
+  void clear();
+  // One process (pid = rank) with one track per worker thread; times in microseconds, shifted
+  // by offset_ns (to align ranks' clocks).
+  void write_chrome_json(const std::string& path, int rank, std::int64_t offset_ns = 0) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<TraceEvent> events_;
+};
+
+// steady_clock now, in nanoseconds (the time base of TraceEvent).
+std::int64_t trace_now_ns();
+
+}  // namespace terse

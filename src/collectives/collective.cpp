@@ -1,0 +1,219 @@
+// Shared machinery of the strategies: state slots, tracing, traced transfers, failure payloads.
+#include "collectives/collective.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <tuple>
+
+#include "codecs/wire.h"
+#include "kit/basic.h"
+#include "kit/hash.h"
+
+namespace terse::collectives {
+
+// A failure payload is a header with this codec id, the kind in the digest field, the origin
+// rank in the element-count field, and an 8-byte payload holding the element index.
+namespace {
+constexpr std::uint8_t kFailureId = 0xff;
+constexpr std::size_t kFailureBytes = wire::kHeaderBytes + 8;
+
+void write_failure(const Failure& f, std::span<std::byte> out) {
+  wire::Writer w(out);
+  w.put(wire::kMagic);
+  w.put(wire::kVersion);
+  w.put(kFailureId);
+  w.put(f.kind);
+  w.put(static_cast<std::uint64_t>(f.origin));
+  w.put(std::uint64_t{8});
+  w.put(f.index);
+}
+}  // namespace
+
+void Failure::merge(const Failure& other) {
+  if (!other.any()) return;
+  if (!any() || std::tie(other.kind, other.origin, other.index) < std::tie(kind, origin, index)) {
+    *this = other;
+  }
+}
+
+std::string PartitionContext::label() const {
+  if (partitions <= 1) return tensor;
+  return fmt::format("{} (partition {}/{})", tensor, partition + 1, partitions);
+}
+
+// ---- state slots ----------------------------------------------------------------------------
+
+CodecState* StateSlots::get(const Codec& codec, int slot, std::size_t n) {
+  if (!codec.traits().stateful) return nullptr;
+  if (slot < 0) throw InvalidArgument("state slot < 0");
+  if (static_cast<std::size_t>(slot) >= slots_.size()) slots_.resize(slot + 1);
+  Slot& s = slots_[slot];
+  if (!s.state || s.n != n) {
+    s.state = codec.make_state(n);
+    s.n = n;
+  }
+  return s.state.get();
+}
+
+std::vector<StateSlots::Saved> StateSlots::save() const {
+  std::vector<Saved> out;
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].state) continue;
+    Saved s{static_cast<int>(i), slots_[i].n, {}};
+    slots_[i].state->save(s.bytes);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void StateSlots::load(const Codec& codec, const std::vector<Saved>& saved) {
+  std::vector<Slot> fresh;
+  for (const auto& s : saved) {
+    if (s.slot < 0 || s.slot > (1 << 20)) throw DecodeError("engine state: bad state slot");
+    if (static_cast<std::size_t>(s.slot) >= fresh.size()) fresh.resize(s.slot + 1);
+    auto state = codec.make_state(s.elements);
+    if (!state) {
+      throw DecodeError(fmt::format("engine state: codec {} keeps no state", codec.spec()));
+    }
+    state->load(s.bytes);
+    fresh[s.slot] = Slot{s.elements, std::move(state)};
+  }
+  slots_ = std::move(fresh);
+}
+
+// ---- tracing and transfers ------------------------------------------------------------------
+
+Stage::Stage(PartitionContext& ctx, const char* stage, int peer, std::uint64_t bytes)
+    : ctx_(ctx), stage_(stage), peer_(peer), bytes_(bytes),
+      begin_(ctx.tracer != nullptr ? trace_now_ns() : 0) {}
+
+Stage::~Stage() {
+  if (ctx_.tracer == nullptr) return;
+  TraceEvent e;
+  e.stage = stage_;
+  e.tensor = ctx_.tensor;
+  e.partition = ctx_.partition;
+  e.peer = peer_;
+  e.bytes = bytes_;
+  e.begin_ns = begin_;
+  e.end_ns = trace_now_ns();
+  e.thread = ctx_.thread;
+  ctx_.tracer->record(std::move(e));
+}
+
+Request post_send(PartitionContext& ctx, int peer, std::uint32_t index,
+                  std::span<const std::byte> data) {
+  if (ctx.bytes_sent != nullptr) ctx.bytes_sent->fetch_add(data.size(), std::memory_order_relaxed);
+  return ctx.comm->send(peer, ctx.tag(index), data, ctx.label());
+}
+
+Request post_recv(PartitionContext& ctx, int peer, std::uint32_t index,
+                  std::span<std::byte> data) {
+  return ctx.comm->recv(peer, ctx.tag(index), data, ctx.label());
+}
+
+void wait(PartitionContext& ctx, Request& request, bool is_send, int peer, std::uint64_t bytes) {
+  Stage s(ctx, is_send ? "send" : "recv", peer, bytes);
+  request.wait();
+}
+
+// ---- payloads -------------------------------------------------------------------------------
+
+std::size_t message_capacity(const Codec& codec, std::size_t n) {
+  return std::max(codec.max_encoded_bytes(n), kFailureBytes);
+}
+
+EncodeContext piece_context(PartitionContext& ctx, int piece, int slot, std::size_t n) {
+  EncodeContext ec = ctx.encode;
+  ec.tensor = kit::combine_keys(ctx.encode.tensor, static_cast<std::uint64_t>(piece));
+  ec.state = ctx.states->get(*ctx.codec, slot, n);
+  ec.workspace = ctx.workspace;
+  return ec;
+}
+
+std::span<const std::byte> encode_or_fail(PartitionContext& ctx, std::span<const float> x,
+                                          std::size_t offset, int piece, int slot,
+                                          std::span<std::byte> out, bool sum) {
+  if (!ctx.failure.any()) {
+    Stage s(ctx, "encode", -1, x.size() * 4);
+    EncodeContext ec = piece_context(ctx, piece, slot, x.size());
+    try {
+      std::size_t n = ctx.codec->encode(x, out, ec);
+      return out.first(n);
+    } catch (const InvalidArgument&) {
+      const std::size_t bad = kit::find_non_finite(x);
+      if (bad == x.size()) throw;  // not a finiteness problem: a bug, fail the whole job
+      Failure f;
+      f.kind = sum ? Failure::kSumNotFinite : Failure::kInputNotFinite;
+      f.origin = ctx.rank();
+      f.index = ctx.offset + offset + bad;
+      ctx.failure.merge(f);
+    }
+  }
+  return failure_message(ctx, out);
+}
+
+std::span<const std::byte> received_message(PartitionContext& ctx,
+                                            std::span<const std::byte> area, int peer) {
+  if (area.size() < wire::kHeaderBytes) return area;
+  std::uint64_t payload = 0;
+  std::memcpy(&payload, area.data() + 16, 8);
+  if (payload > area.size() - wire::kHeaderBytes) {
+    // Cannot come from a peer that uses the same codec; the decoder will reject it.
+    Failure f{Failure::kBadPayload, ctx.rank(), ctx.offset, {}};
+    f.detail = fmt::format("rank {}: {}: message from peer {} announces {} payload bytes, more "
+                           "than the {} its codec can produce",
+                           ctx.rank(), ctx.label(), peer, payload, area.size());
+    ctx.failure.merge(f);
+    return area;
+  }
+  return area.first(wire::kHeaderBytes + payload);
+}
+
+std::span<const std::byte> failure_message(const PartitionContext& ctx,
+                                           std::span<std::byte> out) {
+  write_failure(ctx.failure, out);
+  return out.first(kFailureBytes);
+}
+
+bool accept_message(PartitionContext& ctx, std::span<const std::byte> message, int peer) {
+  if (message.size() != kFailureBytes || static_cast<std::uint8_t>(message[3]) != kFailureId ||
+      message[0] != std::byte{0x54} || message[1] != std::byte{0x53}) {
+    return true;
+  }
+  Failure f;
+  std::memcpy(&f.kind, message.data() + 4, 4);
+  std::uint64_t origin = 0;
+  std::memcpy(&origin, message.data() + 8, 8);
+  std::memcpy(&f.index, message.data() + 24, 8);
+  if (f.kind < Failure::kInputNotFinite || f.kind > Failure::kBadPayload ||
+      (origin >= static_cast<std::uint64_t>(ctx.size()) && origin != ~std::uint64_t{0})) {
+    f = Failure{Failure::kBadPayload, ctx.rank(), ctx.offset, {}};
+    f.detail = fmt::format("rank {}: {}: malformed failure message from peer {}", ctx.rank(),
+                           ctx.label(), peer);
+  } else {
+    f.origin = static_cast<std::int64_t>(origin);
+  }
+  ctx.failure.merge(f);
+  return false;
+}
+
+bool decode_or_record(PartitionContext& ctx, std::span<const std::byte> message,
+                      std::span<float> y, DecodeMode mode, int peer) {
+  if (!accept_message(ctx, message, peer)) return false;
+  if (ctx.failure.any()) return false;  // nothing decoded is used once the partition failed
+  Stage s(ctx, "decode", peer, y.size() * 4);
+  try {
+    ctx.codec->decode(message, y, mode);
+    return true;
+  } catch (const DecodeError& e) {
+    Failure f{Failure::kBadPayload, ctx.rank(), ctx.offset, {}};
+    f.detail = fmt::format("rank {}: {}: payload from peer {} is invalid: {}", ctx.rank(),
+                           ctx.label(), peer, e.what());
+    ctx.failure.merge(f);
+    return false;
+  }
+}
+
+}  // namespace terse::collectives

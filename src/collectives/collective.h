@@ -1,0 +1,197 @@
+// What every collective strategy shares: the context of one partition's collective, message tags,
+// in-band failure payloads, and traced send/recv/encode/decode helpers.
+//
+// A strategy reduces one partition: it reads this rank's contribution `input` and writes the SUM
+// over ranks to `output` (the engine averages and copies back). It runs on one worker thread and
+// blocks on the network; the engine runs several partitions at once, which is the pipeline.
+// Strategies post every receive of a step before waiting on its sends, so no pair of ranks can
+// wait on each other.
+//
+// In-band failures: when a rank cannot encode (NaN/Inf input, a sum that overflowed) or cannot
+// decode what it received, it does not stop the protocol. It sends a failure payload wherever a
+// data payload was due, and every rank that receives one records it and forwards failure payloads
+// in turn. Every rank thus completes the collective, learns of the failure and reports it, and
+// the communicator stays usable.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/buffer_pool.h"
+#include "terse/codec.h"
+#include "terse/communicator.h"
+#include "terse/trace.h"
+
+namespace terse::collectives {
+
+// n elements split into `parts` nearly equal pieces whose boundaries are multiples of 64
+// elements (cache lines and SIMD blocks), except the end. Pieces may be empty.
+class Split {
+ public:
+  Split(std::size_t n, std::size_t parts) : n_(n), parts_(parts) {}
+  std::size_t begin(std::size_t i) const {
+    if (i >= parts_) return n_;
+    std::size_t b = static_cast<std::size_t>(
+        static_cast<unsigned __int128>(n_) * i / parts_);
+    return b / 64 * 64;
+  }
+  std::size_t end(std::size_t i) const { return begin(i + 1); }
+  std::size_t size(std::size_t i) const { return end(i) - begin(i); }
+  std::size_t max_size() const {
+    std::size_t m = 0;
+    for (std::size_t i = 0; i < parts_; ++i) m = std::max(m, size(i));
+    return m;
+  }
+  template <typename T>
+  std::span<T> piece(std::span<T> s, std::size_t i) const {
+    return s.subspan(begin(i), size(i));
+  }
+
+ private:
+  std::size_t n_, parts_;
+};
+
+// The first failure a partition saw. Ranks may see several; the smallest (kind, origin, index)
+// wins, so that every rank reports the same one whatever the arrival order.
+struct Failure {
+  enum Kind : std::uint32_t {
+    kNone = 0,
+    kInputNotFinite = 1,  // origin's own input held NaN or Inf at index
+    kSumNotFinite = 2,    // a partial sum at origin overflowed (inputs finite)
+    kBadPayload = 3,      // origin received a payload it could not decode
+  };
+  std::uint32_t kind = kNone;
+  std::int64_t origin = -1;
+  std::uint64_t index = 0;  // element index within the tensor
+  std::string detail;       // origin's own message, when this rank is the origin
+
+  bool any() const { return kind != kNone; }
+  void merge(const Failure& other);
+};
+
+// Per-tensor codec state (error-feedback residuals, DGC momentum, PowerSGD's Q), one slot per
+// piece a rank encodes (see each strategy for its slot numbering).
+class StateSlots {
+ public:
+  // The slot's state, created for n elements on first use; null for stateless codecs.
+  CodecState* get(const Codec& codec, int slot, std::size_t n);
+  // Every created slot: (slot, n, saved bytes).
+  struct Saved {
+    int slot;
+    std::uint64_t elements;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Saved> save() const;
+  // Creates and loads the listed slots (throws DecodeError; then nothing changes).
+  void load(const Codec& codec, const std::vector<Saved>& saved);
+  void clear() { slots_.clear(); }
+
+ private:
+  struct Slot {
+    std::size_t n = 0;
+    std::unique_ptr<CodecState> state;
+  };
+  std::vector<Slot> slots_;
+};
+
+struct PartitionContext {
+  Communicator* comm = nullptr;
+  std::string tensor;    // tensor name (or the fused group's label)
+  int partition = 0;
+  int partitions = 1;
+  std::size_t offset = 0;  // of this partition within the tensor
+  std::uint64_t tag_base = 0;  // message tags are tag_base | index, index < 2^16
+
+  std::span<const float> input;
+  std::span<float> output;
+
+  const Codec* codec = nullptr;        // null: raw fp32
+  const RoundCodec* rounds = nullptr;  // multi-round codecs (PowerSGD)
+  StateSlots* states = nullptr;
+  EncodeContext encode;  // seed, step, tensor id of this partition, rank
+
+  engine::BufferPool* pool = nullptr;
+  Workspace* workspace = nullptr;
+  Tracer* tracer = nullptr;
+  std::uint32_t thread = 0;
+  std::atomic<std::uint64_t>* bytes_sent = nullptr;
+
+  Failure failure;
+
+  int rank() const { return comm->rank(); }
+  int size() const { return comm->size(); }
+  std::uint64_t tag(std::uint32_t index) const { return tag_base | index; }
+  // "fc1.weight (partition 2/4)", for error messages and transport labels.
+  std::string label() const;
+};
+
+// Records a traced stage from construction to destruction (no-op without a tracer).
+class Stage {
+ public:
+  Stage(PartitionContext& ctx, const char* stage, int peer = -1, std::uint64_t bytes = 0);
+  ~Stage();
+  void set_bytes(std::uint64_t b) { bytes_ = b; }
+
+ private:
+  PartitionContext& ctx_;
+  const char* stage_;
+  int peer_;
+  std::uint64_t bytes_;
+  std::int64_t begin_;
+};
+
+Request post_send(PartitionContext& ctx, int peer, std::uint32_t index,
+                  std::span<const std::byte> data);
+Request post_recv(PartitionContext& ctx, int peer, std::uint32_t index, std::span<std::byte> data);
+// Waits for a request, traced as "wait" (sends) or "recv" (receives).
+void wait(PartitionContext& ctx, Request& request, bool is_send, int peer, std::uint64_t bytes);
+
+// Bytes a receive area needs for any message about n elements (a payload or a failure).
+std::size_t message_capacity(const Codec& codec, std::size_t n);
+
+// Encodes x, the slice at `offset` elements into this partition, with state slot `slot`, into
+// out (message_capacity bytes). `piece` (the chunk or shard index) is mixed into the RNG key:
+// every rank encodes piece c with the same shared key (random-k picks the same indices) and
+// its own pieces with independent noise. Writes a failure payload instead when the partition has already
+// failed or x holds NaN/Inf (the failure is recorded; `sum` says whether x is a partial sum of
+// several ranks rather than this rank's input). Returns the message.
+std::span<const std::byte> encode_or_fail(PartitionContext& ctx, std::span<const float> x,
+                                          std::size_t offset, int piece, int slot,
+                                          std::span<std::byte> out, bool sum = false);
+// The EncodeContext a strategy uses for piece `piece` with state slot `slot`.
+EncodeContext piece_context(PartitionContext& ctx, int piece, int slot, std::size_t n);
+
+// The message at the start of a receive area (its length comes from its header).
+std::span<const std::byte> received_message(PartitionContext& ctx, std::span<const std::byte> area,
+                                            int peer);
+
+// Writes a failure payload for the partition's recorded failure into out; returns the message.
+std::span<const std::byte> failure_message(const PartitionContext& ctx, std::span<std::byte> out);
+
+// Checks the kind of a received message: false (recording the failure) for a failure payload,
+// true for a data payload (not yet validated: the codec's decode or combine does that).
+bool accept_message(PartitionContext& ctx, std::span<const std::byte> message, int peer);
+
+// Decodes a received message into y. Returns false, recording the failure, for a failure
+// payload or a payload that does not decode (y is then unspecified).
+bool decode_or_record(PartitionContext& ctx, std::span<const std::byte> message,
+                      std::span<float> y, DecodeMode mode, int peer);
+
+// ---- the strategies (one file each) ---------------------------------------------------------
+
+// fp32 ring allreduce of ctx.input into ctx.output: reduce-scatter, then allgather.
+void raw_allreduce(PartitionContext& ctx);
+// The same ring on explicit spans with message indices from `first_index` (2(N-1) of them).
+void raw_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
+              std::uint32_t first_index);
+void allgather_allreduce(PartitionContext& ctx);
+void sharded_allreduce(PartitionContext& ctx);
+void ring_allreduce(PartitionContext& ctx);
+void summable_allreduce(PartitionContext& ctx);
+
+}  // namespace terse::collectives

@@ -1,0 +1,85 @@
+// ring: compressed ring allreduce with decode-merge-re-encode at every hop. The partition is
+// split into N chunks with the raw ring's schedule (raw.cpp): at reduce-scatter step s rank r
+// sends chunk (r - s) mod N to r+1 and receives chunk (r - s - 1) mod N from r-1, decodes it, adds
+// its own input and re-encodes the partial sum for the next hop. Rank r thus encodes each chunk
+// c exactly once per step (state slot c): its own input for c = r, a partial sum at a middle
+// hop, and the complete sum of the chunk it owns, c = r+1, which it sends to every rank. Every
+// rank, the owner included, decodes the owners' final payloads. Each rank sends 2(N-1)/N of the
+// compressed partition; the error grows with the N-1 re-encodings of partial sums.
+#include <vector>
+
+#include "collectives/collective.h"
+#include "kit/basic.h"
+
+namespace terse::collectives {
+
+void ring_allreduce(PartitionContext& ctx) {
+  const int n = ctx.size(), r = ctx.rank();
+  const Split split(ctx.input.size(), n);
+  auto mod = [n](int v) { return ((v % n) + n) % n; };
+  const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
+  // Areas: 0-1 outgoing (alternating by step), 2 incoming, 3 our final payload, 4 + j the
+  // final payload of owner j.
+  engine::Buffer areas = ctx.pool->acquire(cap * (n + 4));
+  auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
+  auto final_area = [&](int owner) { return area(4 + owner); };
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const auto final_index = static_cast<std::uint32_t>(n - 1);
+
+  std::vector<Request> final_rx(n), final_tx(n);
+  for (int j = 0; j < n; ++j) {
+    if (j != r) final_rx[j] = post_recv(ctx, j, final_index, final_area(j));
+  }
+  // Step 0 sends our own input's chunk r.
+  std::span<const std::byte> outgoing =
+      encode_or_fail(ctx, split.piece(ctx.input, r), split.begin(r), r, r, area(0));
+  std::span<const std::byte> final_payload;
+  for (int s = 0; s < n - 1; ++s) {
+    const int c = mod(r - s - 1);
+    Request rx = post_recv(ctx, prev, s, area(2));
+    Request tx = post_send(ctx, next, s, outgoing);
+    wait(ctx, rx, false, prev, cap);
+    std::span<float> acc = split.piece(ctx.output, c);
+    decode_or_record(ctx, received_message(ctx, area(2), prev), acc, DecodeMode::kOverwrite,
+                     prev);
+    if (!ctx.failure.any()) {
+      Stage m(ctx, "merge", -1, acc.size_bytes());
+      std::span<const float> own = split.piece(ctx.input, c);
+      if (!kit::store_or_add(own.data(), acc, true)) {
+        ctx.failure.merge({Failure::kInputNotFinite, r,
+                           ctx.offset + split.begin(c) + kit::find_non_finite(own), {}});
+      }
+    }
+    const bool last = s == n - 2;
+    std::span<const std::byte> encoded =
+        encode_or_fail(ctx, acc, split.begin(c), c, c, area(last ? 3 : (s + 1) % 2),
+                       /*sum=*/true);
+    wait(ctx, tx, true, next, outgoing.size());
+    if (last) {
+      final_payload = encoded;
+    } else {
+      outgoing = encoded;
+    }
+  }
+  // Allgather of the owners' sums: owner j holds chunk j+1.
+  const int mine = mod(r + 1);
+  if (n == 1) {
+    final_payload = outgoing;  // a single rank: its input chunk is the whole sum
+  }
+  for (int k = 1; k < n; ++k) {
+    const int j = (r + k) % n;
+    final_tx[j] = post_send(ctx, j, final_index, final_payload);
+  }
+  decode_or_record(ctx, final_payload, split.piece(ctx.output, mine), DecodeMode::kOverwrite, r);
+  for (int k = 1; k < n; ++k) {
+    const int j = (r + n - k) % n;
+    wait(ctx, final_rx[j], false, j, cap);
+    decode_or_record(ctx, received_message(ctx, final_area(j), j),
+                     split.piece(ctx.output, mod(j + 1)), DecodeMode::kOverwrite, j);
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j != r) wait(ctx, final_tx[j], true, j, final_payload.size());
+  }
+}
+
+}  // namespace terse::collectives

@@ -1,0 +1,73 @@
+// sharded: a co-located parameter server (CaSync-PS, BytePS). The partition is split into N
+// shards and rank j owns shard j. Every rank encodes shard j (state slot j) and sends it to j;
+// the owner sums, in rank order, the N contributions to its shard (its own as exact fp32, the
+// others decoded), encodes the sum once (state slot N: server-side error feedback), and sends
+// that final payload to every rank. Every rank, the owner included, decodes the final payloads,
+// so all end with identical results. Each rank sends about 2(N-1)/N of the compressed
+// partition, independent of N; the error is that of two encodes.
+#include <vector>
+
+#include "collectives/collective.h"
+#include "kit/basic.h"
+
+namespace terse::collectives {
+
+void sharded_allreduce(PartitionContext& ctx) {
+  const int n = ctx.size(), r = ctx.rank();
+  const Split split(ctx.input.size(), n);
+  const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
+  // Areas: [0, n) outgoing (our payload for owner j at j, our final payload at r),
+  // [n, 2n) contributions to our shard from rank i, [2n, 3n) the final payload of owner j.
+  engine::Buffer areas = ctx.pool->acquire(cap * 3 * n);
+  auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
+  std::vector<Request> push_rx(n), final_rx(n), push_tx(n), final_tx(n);
+  std::vector<std::span<const std::byte>> sent(n);
+
+  for (int i = 0; i < n; ++i) {
+    if (i == r) continue;
+    push_rx[i] = post_recv(ctx, i, 0, area(n + i));
+    final_rx[i] = post_recv(ctx, i, 1, area(2 * n + i));
+  }
+  for (int k = 1; k < n; ++k) {  // owners r+1, r+2, ...: every rank starts on another owner
+    const int j = (r + k) % n;
+    sent[j] = encode_or_fail(ctx, split.piece(ctx.input, j), split.begin(j), j, j, area(j));
+    push_tx[j] = post_send(ctx, j, 0, sent[j]);
+  }
+
+  // Our shard: the sum of all contributions in rank order, in place in the output.
+  std::span<float> acc = split.piece(ctx.output, r);
+  for (int i = 0; i < n; ++i) {
+    const DecodeMode mode = i == 0 ? DecodeMode::kOverwrite : DecodeMode::kAccumulate;
+    if (i != r) {
+      wait(ctx, push_rx[i], false, i, cap);
+      decode_or_record(ctx, received_message(ctx, area(n + i), i), acc, mode, i);
+      continue;
+    }
+    Stage m(ctx, "merge", -1, acc.size_bytes());
+    std::span<const float> own = split.piece(ctx.input, r);
+    if (!kit::store_or_add(own.data(), acc, mode == DecodeMode::kAccumulate)) {
+      ctx.failure.merge({Failure::kInputNotFinite, r,
+                         ctx.offset + split.begin(r) + kit::find_non_finite(own), {}});
+    }
+  }
+  std::span<const std::byte> final_payload =
+      encode_or_fail(ctx, acc, split.begin(r), r, n, area(r), /*sum=*/true);
+  for (int k = 1; k < n; ++k) {
+    const int j = (r + k) % n;
+    final_tx[j] = post_send(ctx, j, 1, final_payload);
+  }
+  decode_or_record(ctx, final_payload, acc, DecodeMode::kOverwrite, r);
+  for (int k = 1; k < n; ++k) {
+    const int j = (r + n - k) % n;  // owner r-1 sent first (it started with us)
+    wait(ctx, final_rx[j], false, j, cap);
+    decode_or_record(ctx, received_message(ctx, area(2 * n + j), j), split.piece(ctx.output, j),
+                     DecodeMode::kOverwrite, j);
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    wait(ctx, push_tx[j], true, j, sent[j].size());
+    wait(ctx, final_tx[j], true, j, final_payload.size());
+  }
+}
+
+}  // namespace terse::collectives

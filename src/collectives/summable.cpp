@@ -1,0 +1,126 @@
+// summable: ring allreduce on compressed data, for codecs whose encodings add (fp16, bf16,
+// random-k with a shared seed): Codec::combine merges two payloads without a full decode and
+// re-encode. The schedule is the raw ring's (raw.cpp): at reduce-scatter step s rank r receives
+// the partial payload of chunk c = (r - s - 1) mod N, combines its own encoding of c (state slot
+// c) into it and passes it on; the owner of chunk r+1 ends with the complete payload and sends it
+// to every rank, and every rank, the owner included, decodes it. Each rank sends 2(N-1)/N of the
+// compressed partition.
+//
+// Multi-round codecs (PowerSGD) run here too: each round's contribution is a plain fp32 array
+// summed with the raw ring (bit-identical on every rank), then absorbed; finish() writes the sum.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "collectives/collective.h"
+#include "kit/basic.h"
+
+namespace terse::collectives {
+
+namespace {
+
+void rounds_allreduce(PartitionContext& ctx) {
+  const RoundCodec& codec = *ctx.rounds;
+  const std::size_t n = ctx.input.size();
+  EncodeContext ec = piece_context(ctx, 0, 0, n);
+  const auto stride = static_cast<std::uint32_t>(2 * ctx.size());
+  for (int round = 0; round < codec.rounds(); ++round) {
+    const std::size_t m = codec.round_elements(round, n);
+    engine::Buffer buffer = ctx.pool->acquire(std::max<std::size_t>(m, 1) * sizeof(float));
+    std::span<float> contribution = buffer.as<float>(m);
+    {
+      Stage s(ctx, "encode", -1, n * 4);
+      try {
+        codec.encode_round(round, ctx.input, contribution, ec);
+      } catch (const InvalidArgument&) {
+        const std::size_t bad = kit::find_non_finite(ctx.input);
+        if (bad == n) throw;
+        // Poison the sum so that every rank sees the failure, then finish the round with them.
+        ctx.failure.merge({Failure::kInputNotFinite, ctx.rank(), ctx.offset + bad, {}});
+        std::fill(contribution.begin(), contribution.end(),
+                  std::numeric_limits<float>::quiet_NaN());
+      }
+    }
+    raw_ring(ctx, contribution, contribution, round * stride);
+    const std::size_t bad = kit::find_non_finite(contribution);
+    if (bad != m) {  // identical on every rank: all stop here
+      ctx.failure.merge({Failure::kSumNotFinite, -1, ctx.offset, {}});
+      return;
+    }
+    Stage s(ctx, "merge", -1, m * 4);
+    codec.absorb_round(round, contribution, ec);
+  }
+  Stage s(ctx, "decode", -1, n * 4);
+  codec.finish(ctx.output, ec);
+}
+
+}  // namespace
+
+void summable_allreduce(PartitionContext& ctx) {
+  if (ctx.rounds != nullptr) {
+    rounds_allreduce(ctx);
+    return;
+  }
+  const int n = ctx.size(), r = ctx.rank();
+  const Split split(ctx.input.size(), n);
+  auto mod = [n](int v) { return ((v % n) + n) % n; };
+  const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
+  // Areas: 0-1 incoming partial payloads (alternating: the one received at step s is sent on at
+  // step s+1), 2 our own encoding of the current chunk, 3 + j the final payload of owner j.
+  engine::Buffer areas = ctx.pool->acquire(cap * (n + 3));
+  auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
+  auto final_area = [&](int owner) { return area(3 + owner); };
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const auto final_index = static_cast<std::uint32_t>(n - 1);
+
+  std::vector<Request> final_rx(n), final_tx(n);
+  for (int j = 0; j < n; ++j) {
+    if (j != r) final_rx[j] = post_recv(ctx, j, final_index, final_area(j));
+  }
+  std::span<const std::byte> outgoing =
+      encode_or_fail(ctx, split.piece(ctx.input, r), split.begin(r), r, r, area(2));
+  for (int s = 0; s < n - 1; ++s) {
+    const int c = mod(r - s - 1);
+    std::span<std::byte> in_area = area(s % 2);
+    Request rx = post_recv(ctx, prev, s, in_area);
+    Request tx = post_send(ctx, next, s, outgoing);
+    wait(ctx, rx, false, prev, cap);
+    wait(ctx, tx, true, next, outgoing.size());  // frees area 2 (step 0) or the other area
+    std::span<const std::byte> partial = received_message(ctx, in_area, prev);
+    const bool ok = accept_message(ctx, partial, prev);
+    std::span<const std::byte> own =
+        encode_or_fail(ctx, split.piece(ctx.input, c), split.begin(c), c, c, area(2));
+    if (ok && !ctx.failure.any()) {
+      Stage m(ctx, "merge", prev, split.size(c) * 4);
+      try {
+        // partial is the received bytes in our own area: combine in place.
+        ctx.codec->combine(own, in_area.first(partial.size()));
+      } catch (const Error& e) {
+        Failure f{Failure::kBadPayload, r, ctx.offset + split.begin(c), {}};
+        f.detail = fmt::format("rank {}: {}: payload from peer {} cannot be combined: {}", r,
+                               ctx.label(), prev, e.what());
+        ctx.failure.merge(f);
+      }
+    }
+    outgoing = ctx.failure.any() ? failure_message(ctx, in_area) : partial;
+  }
+  // outgoing now holds the complete payload of our chunk r+1 (or our own chunk when n == 1).
+  for (int k = 1; k < n; ++k) {
+    const int j = (r + k) % n;
+    final_tx[j] = post_send(ctx, j, final_index, outgoing);
+  }
+  decode_or_record(ctx, outgoing, split.piece(ctx.output, mod(r + 1)), DecodeMode::kOverwrite, r);
+  for (int k = 1; k < n; ++k) {
+    const int j = (r + n - k) % n;
+    wait(ctx, final_rx[j], false, j, cap);
+    decode_or_record(ctx, received_message(ctx, final_area(j), j),
+                     split.piece(ctx.output, mod(j + 1)), DecodeMode::kOverwrite, j);
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j != r) wait(ctx, final_tx[j], true, j, outgoing.size());
+  }
+}
+
+}  // namespace terse::collectives

@@ -1,0 +1,78 @@
+#include "engine/buffer_pool.h"
+
+#include <sys/mman.h>
+
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+namespace terse::engine {
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    pool_ = std::exchange(other.pool_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, 0);
+  }
+  return *this;
+}
+
+void Buffer::release() noexcept {
+  if (pool_ != nullptr) pool_->give_back(data_, capacity_);
+  pool_ = nullptr;
+  data_ = nullptr;
+  size_ = capacity_ = 0;
+}
+
+// Powers of two up to 1 MiB, then steps of 1/8 of a power of two: at most 12.5% slack for the
+// large staging buffers, while a tensor whose size varies a little still reuses its block.
+std::size_t BufferPool::size_class(std::size_t bytes) {
+  constexpr std::size_t kMin = 4096;
+  if (bytes <= kMin) return kMin;
+  if (bytes <= (std::size_t{1} << 20)) return std::bit_ceil(bytes);
+  const std::size_t step = std::bit_floor(bytes) / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+Buffer BufferPool::acquire(std::size_t bytes) {
+  const std::size_t cap = size_class(bytes);
+  Buffer b;
+  b.pool_ = this;
+  b.size_ = bytes;
+  b.capacity_ = cap;
+  {
+    std::lock_guard lock(mu_);
+    auto it = free_.find(cap);
+    if (it != free_.end()) {
+      b.data_ = it->second;
+      free_.erase(it);
+      return b;
+    }
+  }
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, cap));
+  if (p == nullptr) throw std::bad_alloc();
+  if (cap >= (std::size_t{2} << 20)) madvise(p, cap, MADV_HUGEPAGE);
+  // Touch every page now, once, so that no later use pays for first-touch faults.
+  std::memset(p, 0, cap);
+  std::lock_guard lock(mu_);
+  owned_.emplace_back(p, [](std::byte* q) { std::free(q); });
+  held_ += cap;
+  b.data_ = p;
+  return b;
+}
+
+void BufferPool::give_back(std::byte* data, std::size_t capacity) noexcept {
+  std::lock_guard lock(mu_);
+  free_.emplace(capacity, data);
+}
+
+std::size_t BufferPool::held_bytes() const {
+  std::lock_guard lock(mu_);
+  return held_;
+}
+
+}  // namespace terse::engine

@@ -1,0 +1,826 @@
+// The engine: plans submissions, checks them across ranks on first use, splits them into
+// partition tasks run in submission order by a worker pool, and completes them.
+//
+// Why tasks cannot deadlock: every rank assigns tasks the same sequence numbers (submissions
+// arrive in the same order) and starts them in that order, and a task only waits on the task of
+// the same number on other ranks. The smallest unfinished task is therefore running (or about
+// to run) on every rank where it is unfinished, and it can always make progress.
+#include "terse/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "codecs/wire.h"
+#include "collectives/collective.h"
+#include "engine/buffer_pool.h"
+#include "kit/basic.h"
+#include "kit/hash.h"
+#include "terse/codec.h"
+#include "terse/trace.h"
+
+namespace terse {
+
+using collectives::Failure;
+using collectives::PartitionContext;
+using collectives::StateSlots;
+
+// ---- strategies by name ---------------------------------------------------------------------
+
+namespace {
+constexpr std::pair<Strategy, std::string_view> kStrategyNames[] = {
+    {Strategy::kAuto, "auto"},       {Strategy::kRaw, "raw"},   {Strategy::kAllgather, "allgather"},
+    {Strategy::kSharded, "sharded"}, {Strategy::kRing, "ring"}, {Strategy::kSummable, "summable"},
+};
+}  // namespace
+
+std::string_view to_string(Strategy s) {
+  for (const auto& [v, name] : kStrategyNames) {
+    if (v == s) return name;
+  }
+  return "?";
+}
+
+Strategy parse_strategy(std::string_view name) {
+  for (const auto& [v, n] : kStrategyNames) {
+    if (n == name) return v;
+  }
+  throw SpecError(fmt::format(
+      "unknown strategy '{}' (allowed: auto, raw, allgather, sharded, ring, summable)", name));
+}
+
+// ---- handles --------------------------------------------------------------------------------
+
+struct Handle::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;
+
+  void complete(std::exception_ptr e) {
+    std::vector<std::function<void(std::exception_ptr)>> run;
+    {
+      std::lock_guard lock(mu);
+      done = true;
+      error = e;
+      run.swap(callbacks);
+    }
+    cv.notify_all();
+    for (auto& f : run) f(e);
+  }
+};
+
+void Handle::wait() const {
+  if (!state_) return;
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Handle::ready() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mu);
+  return state_->done;
+}
+
+void Handle::on_complete(std::function<void(std::exception_ptr)> f) const {
+  if (!state_) {
+    f(nullptr);
+    return;
+  }
+  std::unique_lock lock(state_->mu);
+  if (!state_->done) {
+    state_->callbacks.push_back(std::move(f));
+    return;
+  }
+  auto e = state_->error;
+  lock.unlock();
+  f(e);
+}
+
+// ---- the engine -----------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::uint64_t kVerifySignature = 0xffffff;
+constexpr int kMaxPartitions = 256;
+
+// What the engine remembers of a tensor between submissions.
+struct TensorRecord {
+  std::string config;  // elements, codec, strategy, partitions, average: a change resets state
+  std::uint64_t step = 0;
+  bool verified = false;
+  bool in_flight = false;
+  std::vector<StateSlots> partitions;
+};
+
+struct Item {
+  TensorRef ref;
+  TensorPlan plan;
+  const Codec* codec = nullptr;  // null for raw
+  const RoundCodec* rounds = nullptr;
+  TensorRecord* record = nullptr;
+  std::uint64_t step = 0;
+  std::size_t staging = 0;  // offset of its sum in the job's staging buffer
+};
+
+struct Job {
+  std::vector<Item> items;
+  std::vector<int> fused;  // indices of items travelling in the fused message
+  std::size_t fused_elements = 0;
+  engine::Buffer staging;      // every item's sum
+  engine::Buffer fused_input;  // fused items' inputs, concatenated
+  std::atomic<int> remaining{0};
+
+  std::mutex mu;
+  std::exception_ptr error;
+  Failure failure;
+  int failure_item = -1;
+  std::shared_ptr<Handle::State> handle;
+};
+
+struct Task {
+  std::shared_ptr<Job> job;
+  int item = -1;  // -1: the fused raw message
+  int partition = 0;
+  int partitions = 1;
+  std::uint64_t tag_base = 0;
+};
+
+std::string config_of(const TensorRef& t, const TensorPlan& p) {
+  return fmt::format("{} floats, codec {}, strategy {}, {} partition{}, {}", t.data.size(),
+                     p.codec, to_string(p.strategy), p.partitions, p.partitions == 1 ? "" : "s",
+                     t.options.average ? "average" : "sum");
+}
+
+int env_threads() {
+  const char* v = std::getenv("TERSE_THREADS");
+  if (v == nullptr || *v == '\0') return 4;
+  char* end = nullptr;
+  long t = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || t < 1 || t > 256) {
+    throw InvalidArgument(fmt::format("TERSE_THREADS='{}' is not a number of threads in 1..256", v));
+  }
+  return static_cast<int>(t);
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  std::shared_ptr<Communicator> comm;
+  EngineOptions options;
+  engine::BufferPool pool;
+  std::atomic<std::uint64_t> bytes_sent{0};
+
+  mutable std::mutex codecs_mu;
+  std::map<std::string, std::unique_ptr<Codec>, std::less<>> codecs;  // by spec as given
+
+  std::mutex submit_mu;  // one submission at a time: sequence numbers follow call order
+  std::map<std::string, TensorRecord, std::less<>> records;  // inserted under submit_mu
+  std::mutex flight_mu;  // guards TensorRecord::in_flight (cleared by the workers)
+  std::uint32_t task_seq = 0;
+  std::uint32_t verify_seq = 0;
+
+  std::mutex queue_mu;
+  std::condition_variable queue_cv, idle_cv;
+  std::deque<Task> queue;
+  int outstanding_jobs = 0;
+  bool stopping = false;
+  std::vector<std::thread> workers;
+
+  const Codec& codec_for(const std::string& spec) const {
+    std::lock_guard lock(codecs_mu);
+    auto it = codecs.find(spec);
+    if (it != codecs.end()) return *it->second;
+    auto c = make_codec(spec);
+    auto& slot = const_cast<Impl*>(this)->codecs[spec];
+    slot = std::move(c);
+    return *slot;
+  }
+
+  TensorPlan plan(std::size_t n, const AllreduceOptions& o,
+                  const Codec** codec_out = nullptr) const {
+    TensorPlan p;
+    const std::string spec = o.codec == "auto" ? "none" : o.codec;
+    const Codec& codec = codec_for(spec);
+    const CodecTraits t = codec.traits();
+    p.codec = codec.spec();
+    const bool identity = codec.name() == "none";
+    p.strategy = o.strategy;
+    if (p.strategy == Strategy::kAuto) {
+      p.strategy = identity                        ? Strategy::kRaw
+                   : t.summable || t.multi_round ? Strategy::kSummable
+                                                 : Strategy::kSharded;
+    }
+    if (p.strategy == Strategy::kRaw && !identity) {
+      throw InvalidArgument(fmt::format("strategy raw sends fp32 and cannot use codec {}; use "
+                                        "allgather, sharded, ring or summable",
+                                        p.codec));
+    }
+    if (p.strategy == Strategy::kSummable && !t.summable && !t.multi_round) {
+      throw InvalidArgument(fmt::format("strategy summable needs a codec whose encodings add "
+                                        "(fp16, bf16, randomk, powersgd); {} is not summable",
+                                        p.codec));
+    }
+    if (t.multi_round && p.strategy != Strategy::kSummable) {
+      throw InvalidArgument(fmt::format("codec {} needs sums across ranks between its rounds: "
+                                        "use strategy summable (or auto)",
+                                        p.codec));
+    }
+    if (o.partitions < 0 || o.partitions > kMaxPartitions) {
+      throw InvalidArgument(
+          fmt::format("partitions={} is not in 0..{}", o.partitions, kMaxPartitions));
+    }
+    std::size_t k = o.partitions;
+    if (k == 0) k = (n * sizeof(float) + options.partition_bytes - 1) / options.partition_bytes;
+    if (t.multi_round) {
+      if (o.partitions > 1) {
+        throw InvalidArgument(fmt::format("codec {} compresses the whole matrix: partitions must "
+                                          "be 1 (or 0)",
+                                          p.codec));
+      }
+      k = 1;
+    }
+    // Partition boundaries fall on multiples of 64 elements: more partitions would be empty.
+    k = std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, (n + 63) / 64));
+    k = std::min<std::size_t>(k, kMaxPartitions);
+    p.partitions = static_cast<int>(k);
+    if (codec_out != nullptr) *codec_out = &codec;
+    return p;
+  }
+
+  // ---- cross-rank check of a submission's description (first use) --------------------------
+
+  void verify(const std::vector<Item>& items) {
+    std::string text;
+    for (const auto& it : items) {
+      text += fmt::format("'{}': {}\n", it.ref.name, config_of(it.ref, it.plan));
+    }
+    const int n = comm->size(), r = comm->rank();
+    if (n == 1) return;
+    const std::uint64_t base =
+        (kVerifySignature << 32) | (static_cast<std::uint64_t>(verify_seq++ & 0xffff) << 16);
+    const std::uint64_t mine[2] = {fnv1a64(text), text.size()};
+    std::vector<std::array<std::uint64_t, 2>> theirs(n);
+    auto exchange = [&](std::uint32_t index, auto&& send_of, auto&& recv_of) {
+      std::vector<Request> rx, tx;
+      for (int p = 0; p < n; ++p) {
+        if (p == r) continue;
+        rx.push_back(comm->recv(p, base | index, recv_of(p), "submission check"));
+        tx.push_back(comm->send(p, base | index, send_of(p), "submission check"));
+      }
+      for (auto& q : rx) q.wait();
+      for (auto& q : tx) q.wait();
+    };
+    exchange(
+        0, [&](int) { return std::as_bytes(std::span(mine)); },
+        [&](int p) { return std::as_writable_bytes(std::span(theirs[p])); });
+    theirs[r] = {mine[0], mine[1]};
+    bool same = true;
+    for (int p = 0; p < n; ++p) same &= theirs[p][0] == mine[0] && theirs[p][1] == mine[1];
+    if (same) return;
+    // Every rank saw the same digests, so every rank takes this path: exchange the texts.
+    std::vector<std::string> texts(n);
+    for (int p = 0; p < n; ++p) {
+      if (theirs[p][1] > (std::uint64_t{16} << 20)) {
+        throw MismatchError(fmt::format("rank {}: rank {} describes its submission in {} bytes",
+                                        r, p, theirs[p][1]));
+      }
+      texts[p].resize(theirs[p][1]);
+    }
+    texts[r] = text;
+    exchange(
+        1, [&](int) { return std::as_bytes(std::span(text.data(), text.size())); },
+        [&](int p) { return std::as_writable_bytes(std::span(texts[p].data(), texts[p].size())); });
+    int other = 0;
+    while (other < n && texts[other] == text) ++other;
+    if (other == n) other = r == 0 ? 1 : 0;
+    throw MismatchError(fmt::format(
+        "rank {}: ranks submitted different tensors at the same point; every rank must submit "
+        "the same tensors, sizes and options in the same order.\n  rank {} submitted:\n{}  rank "
+        "{} submitted:\n{}",
+        r, r, indent(text), other, indent(texts[other])));
+  }
+
+  static std::string indent(const std::string& text) {
+    std::string out;
+    std::size_t start = 0;
+    while (start < text.size()) {
+      std::size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      out += "    " + text.substr(start, end - start) + "\n";
+      start = end + 1;
+    }
+    return out.empty() ? "    (nothing)\n" : out;
+  }
+
+  // ---- submission ---------------------------------------------------------------------------
+
+  Handle submit(std::vector<TensorRef> tensors) {
+    std::lock_guard submit_lock(submit_mu);
+    auto job = std::make_shared<Job>();
+    job->handle = std::make_shared<Handle::State>();
+    std::set<std::string> names;
+    bool need_verify = false;
+    for (auto& t : tensors) {
+      if (t.name.empty()) throw InvalidArgument("allreduce: a tensor needs a name");
+      if (!names.insert(t.name).second) {
+        throw InvalidArgument(fmt::format("allreduce: tensor '{}' appears twice in one "
+                                          "submission",
+                                          t.name));
+      }
+      Item it;
+      const Codec* codec = nullptr;
+      it.plan = plan(t.data.size(), t.options, &codec);
+      if (it.plan.strategy != Strategy::kRaw) {
+        it.codec = codec;
+        if (codec->traits().multi_round) it.rounds = dynamic_cast<const RoundCodec*>(codec);
+      }
+      auto rec = records.find(t.name);
+      if (rec != records.end() && in_flight(rec->second)) {
+        throw InvalidArgument(fmt::format("allreduce: tensor '{}' is already in flight; wait for "
+                                          "its handle before submitting it again",
+                                          t.name));
+      }
+      const std::string config = config_of(t, it.plan);
+      if (rec == records.end() || rec->second.config != config || !rec->second.verified) {
+        need_verify = true;
+      }
+      it.ref = std::move(t);
+      job->items.push_back(std::move(it));
+    }
+    if (job->items.empty()) {
+      job->handle->complete(nullptr);
+      return Handle(job->handle);
+    }
+    if (need_verify) verify(job->items);  // throws MismatchError: nothing submitted
+
+    // Commit: records, fusion, buffers, tasks.
+    for (std::size_t i = 0; i < job->items.size(); ++i) {
+      Item& it = job->items[i];
+      const std::string config = config_of(it.ref, it.plan);
+      TensorRecord& rec = records[it.ref.name];
+      if (rec.config != config) {
+        rec = TensorRecord{};  // another size or codec: its old state does not apply
+        rec.config = config;
+      }
+      rec.verified = true;
+      rec.partitions.resize(it.plan.partitions);
+      set_in_flight(rec, true);
+      it.record = &rec;
+      it.step = rec.step++;
+    }
+    std::size_t fusable = 0;
+    for (const auto& it : job->items) {
+      fusable += it.plan.strategy == Strategy::kRaw &&
+                 it.ref.data.size_bytes() <= options.fuse_bytes;
+    }
+    if (fusable >= 2) {
+      for (std::size_t i = 0; i < job->items.size(); ++i) {
+        Item& it = job->items[i];
+        if (it.plan.strategy == Strategy::kRaw && it.ref.data.size_bytes() <= options.fuse_bytes) {
+          it.plan.fused = true;
+          job->fused.push_back(static_cast<int>(i));
+          job->fused_elements += it.ref.data.size();
+        }
+      }
+    }
+    // Staging layout: the fused items' sums first, contiguous in fused order, then the others.
+    std::size_t staging = 0;
+    for (int i : job->fused) {
+      job->items[i].staging = staging;
+      staging += job->items[i].ref.data.size();
+    }
+    for (auto& it : job->items) {
+      if (it.plan.fused) continue;
+      it.staging = staging;
+      staging += it.ref.data.size();
+    }
+    job->staging = pool.acquire(std::max<std::size_t>(staging, 1) * sizeof(float));
+
+    std::vector<Task> tasks;
+    auto add_task = [&](int item, int partition, int partitions, const std::string& what) {
+      Task t;
+      t.job = job;
+      t.item = item;
+      t.partition = partition;
+      t.partitions = partitions;
+      std::uint64_t signature = fnv1a64(fmt::format("{}#{}/{}", what, partition, partitions)) &
+                                0xffffff;
+      if (signature == kVerifySignature) signature = 0;
+      t.tag_base = (signature << 32) | (static_cast<std::uint64_t>(task_seq++ & 0xffff) << 16);
+      tasks.push_back(std::move(t));
+    };
+    if (!job->fused.empty()) {
+      std::string what = "fused";
+      for (int i : job->fused) {
+        what += '|';
+        what += job->items[i].ref.name;
+        what += config_of(job->items[i].ref, job->items[i].plan);
+      }
+      const std::size_t k = std::clamp<std::size_t>(
+          (job->fused_elements * 4 + options.partition_bytes - 1) / options.partition_bytes, 1,
+          kMaxPartitions);
+      for (std::size_t p = 0; p < k; ++p) add_task(-1, p, k, what);
+    }
+    for (std::size_t i = 0; i < job->items.size(); ++i) {
+      const Item& it = job->items[i];
+      if (it.plan.fused) continue;
+      const std::string what = fmt::format("{}|{}", it.ref.name, config_of(it.ref, it.plan));
+      for (int p = 0; p < it.plan.partitions; ++p) add_task(i, p, it.plan.partitions, what);
+    }
+    job->remaining = static_cast<int>(tasks.size());
+    {
+      std::lock_guard lock(queue_mu);
+      ++outstanding_jobs;
+      for (auto& t : tasks) queue.push_back(std::move(t));
+    }
+    queue_cv.notify_all();
+    return Handle(job->handle);
+  }
+
+  // ---- running tasks ------------------------------------------------------------------------
+
+  void worker(std::uint32_t id) {
+    Workspace workspace;
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock lock(queue_mu);
+        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      run(task, id, workspace);
+    }
+  }
+
+  void run(Task& task, std::uint32_t thread, Workspace& workspace) {
+    Job& job = *task.job;
+    PartitionContext ctx;
+    ctx.comm = comm.get();
+    ctx.partition = task.partition;
+    ctx.partitions = task.partitions;
+    ctx.tag_base = task.tag_base;
+    ctx.pool = &pool;
+    ctx.workspace = &workspace;
+    ctx.tracer = options.tracer.get();
+    ctx.thread = thread;
+    ctx.bytes_sent = &bytes_sent;
+    try {
+      if (task.item < 0) {
+        ctx.tensor = fmt::format("fused group of {} tensors", job.fused.size());
+        run_fused(task, ctx);
+      } else {
+        const Item& it = job.items[task.item];
+        const collectives::Split split(it.ref.data.size(), task.partitions);
+        ctx.tensor = it.ref.name;
+        ctx.offset = split.begin(task.partition);
+        ctx.input = split.piece(std::span<const float>(it.ref.data), task.partition);
+        ctx.output = split.piece(staged(job, task.item), task.partition);
+        ctx.codec = it.codec;
+        ctx.rounds = it.rounds;
+        ctx.states = &it.record->partitions[task.partition];
+        ctx.encode.seed = options.seed;
+        ctx.encode.step = it.step;
+        ctx.encode.tensor = kit::combine_keys(fnv1a64(it.ref.name), task.partition);
+        ctx.encode.rank = static_cast<std::uint64_t>(comm->rank());
+        switch (it.plan.strategy) {
+          case Strategy::kRaw: collectives::raw_allreduce(ctx); break;
+          case Strategy::kAllgather: collectives::allgather_allreduce(ctx); break;
+          case Strategy::kSharded: collectives::sharded_allreduce(ctx); break;
+          case Strategy::kRing: collectives::ring_allreduce(ctx); break;
+          case Strategy::kSummable: collectives::summable_allreduce(ctx); break;
+          case Strategy::kAuto: throw InvalidArgument("engine: unresolved strategy");
+        }
+      }
+      if (ctx.failure.any()) {
+        std::lock_guard lock(job.mu);
+        if (job.failure_item < 0 || ctx.failure.kind < job.failure.kind ||
+            (ctx.failure.kind == job.failure.kind && task.item < job.failure_item)) {
+          job.failure = ctx.failure;
+          job.failure_item = task.item;
+        }
+      }
+    } catch (const TimeoutError& e) {
+      record_error(job, std::make_exception_ptr(TimeoutError(fmt::format(
+                            "{} (if the peer is alive, ranks may have submitted different "
+                            "tensors at this point)",
+                            e.what()))));
+    } catch (const TransportError&) {
+      record_error(job, std::current_exception());
+    } catch (const std::exception& e) {
+      // This rank cannot finish its part: fail the communicator so that peers waiting on this
+      // task learn it now rather than at their timeout.
+      comm->abort(fmt::format("{}: {}", ctx.label(), e.what()));
+      record_error(job, std::current_exception());
+    }
+    if (job.remaining.fetch_sub(1) == 1) finish(task.job);
+  }
+
+  // The fused raw message: the inputs of small raw tensors gathered into one buffer, reduced as
+  // one ring. The first partition's task gathers them; partitions only read their own range.
+  void run_fused(Task& task, PartitionContext& ctx) {
+    Job& job = *task.job;
+    {
+      std::lock_guard lock(job.mu);
+      if (job.fused_input.size() == 0) {
+        job.fused_input = pool.acquire(job.fused_elements * sizeof(float));
+        auto dst = job.fused_input.as<float>(job.fused_elements);
+        std::size_t at = 0;
+        for (int i : job.fused) {
+          const auto& src = job.items[i].ref.data;
+          if (!src.empty()) std::memcpy(dst.data() + at, src.data(), src.size_bytes());
+          at += src.size();
+        }
+      }
+    }
+    const collectives::Split split(job.fused_elements, task.partitions);
+    std::span<float> out = job.staging.as<float>(job.fused_elements);
+    ctx.offset = split.begin(task.partition);
+    ctx.input = split.piece(std::span<const float>(job.fused_input.as<float>(job.fused_elements)),
+                            task.partition);
+    ctx.output = split.piece(out, task.partition);
+    collectives::raw_allreduce(ctx);
+  }
+
+  void record_error(Job& job, std::exception_ptr e) {
+    std::lock_guard lock(job.mu);
+    if (!job.error) job.error = e;
+  }
+
+  // ---- completion ---------------------------------------------------------------------------
+
+  void finish(const std::shared_ptr<Job>& job_ptr) {
+    Job& job = *job_ptr;
+    std::exception_ptr error = job.error;
+    if (!error && job.failure.any()) {
+      error = failure_error(job);
+    }
+    if (!error) {
+      try {
+        check_raw_sums(job);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (!error) copy_back(job);
+    for (auto& it : job.items) set_in_flight(*it.record, false);
+    job.staging = engine::Buffer();
+    job.fused_input = engine::Buffer();
+    job.handle->complete(error);
+    {
+      std::lock_guard lock(queue_mu);
+      --outstanding_jobs;
+    }
+    idle_cv.notify_all();
+  }
+
+  // The staging span holding item i's sum.
+  static std::span<float> staged(const Job& job, int i) {
+    const Item& it = job.items[i];
+    return job.staging.as<float>(it.staging + it.ref.data.size()).subspan(it.staging);
+  }
+
+  bool in_flight(const TensorRecord& rec) {
+    std::lock_guard lock(flight_mu);
+    return rec.in_flight;
+  }
+  void set_in_flight(TensorRecord& rec, bool v) {
+    std::lock_guard lock(flight_mu);
+    rec.in_flight = v;
+  }
+
+  std::exception_ptr failure_error(Job& job) {
+    const Failure& f = job.failure;
+    const std::string what =
+        job.failure_item < 0 ? std::string("the fused group")
+                             : fmt::format("tensor '{}'", job.items[job.failure_item].ref.name);
+    std::string cause;
+    switch (f.kind) {
+      case Failure::kInputNotFinite:
+        cause = fmt::format("rank {}'s input holds NaN or Inf at element {}", f.origin, f.index);
+        break;
+      case Failure::kSumNotFinite:
+        cause = f.origin >= 0
+                    ? fmt::format("the partial sum at rank {} overflowed to Inf at element {}",
+                                  f.origin, f.index)
+                    : std::string("a sum across ranks holds NaN or Inf (some rank's input was "
+                                  "not finite, or the sum overflowed)");
+        break;
+      default:
+        cause = f.detail.empty()
+                    ? fmt::format("rank {} received a payload it could not decode", f.origin)
+                    : f.detail;
+    }
+    const std::string msg = fmt::format(
+        "rank {}: allreduce of {} failed on every rank and left the tensors unchanged: {}",
+        comm->rank(), what, cause);
+    if (f.kind == Failure::kBadPayload) return std::make_exception_ptr(DecodeError(msg));
+    return std::make_exception_ptr(InvalidArgument(msg));
+  }
+
+  // Raw sums are identical on every rank, so this check fails on all of them or on none.
+  void check_raw_sums(Job& job) {
+    for (std::size_t i = 0; i < job.items.size(); ++i) {
+      const Item& it = job.items[i];
+      if (it.plan.strategy != Strategy::kRaw) continue;
+      std::span<float> sum = staged(job, static_cast<int>(i));
+      const std::size_t bad = kit::find_non_finite(sum);
+      if (bad == sum.size()) continue;
+      const std::size_t own = kit::find_non_finite(it.ref.data);
+      throw InvalidArgument(fmt::format(
+          "rank {}: allreduce of tensor '{}' failed on every rank and left the tensors "
+          "unchanged: the sum holds NaN or Inf at element {} ({})",
+          comm->rank(), it.ref.name, bad,
+          own < it.ref.data.size()
+              ? fmt::format("this rank's input holds NaN or Inf at element {}", own)
+              : std::string("another rank's input was not finite, or the sum overflowed")));
+    }
+  }
+
+  void copy_back(Job& job) {
+    const auto ranks = static_cast<float>(comm->size());
+    for (std::size_t i = 0; i < job.items.size(); ++i) {
+      Item& it = job.items[i];
+      std::span<float> sum = staged(job, static_cast<int>(i));
+      if (sum.empty()) continue;
+      if (it.ref.options.average && comm->size() > 1) {
+        kit::divide_to(sum, ranks, it.ref.data);
+      } else {
+        std::memcpy(it.ref.data.data(), sum.data(), sum.size_bytes());
+      }
+    }
+  }
+};
+
+// ---- public API -----------------------------------------------------------------------------
+
+Engine::Engine(std::shared_ptr<Communicator> comm, EngineOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  if (!comm) throw InvalidArgument("engine: no communicator");
+  impl_->comm = std::move(comm);
+  impl_->options = std::move(options);
+  if (impl_->options.partition_bytes < 4096) {
+    throw InvalidArgument("engine: partition_bytes must be at least 4096");
+  }
+  const int threads = impl_->options.threads > 0 ? impl_->options.threads : env_threads();
+  for (int i = 0; i < threads; ++i) {
+    impl_->workers.emplace_back([this, i] { impl_->worker(static_cast<std::uint32_t>(i)); });
+  }
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(impl_->queue_mu);
+    impl_->stopping = true;
+  }
+  impl_->queue_cv.notify_all();
+  for (auto& t : impl_->workers) t.join();
+}
+
+Handle Engine::allreduce(std::string name, std::span<float> data, AllreduceOptions options) {
+  std::vector<TensorRef> one;
+  one.push_back(TensorRef{std::move(name), data, std::move(options)});
+  return impl_->submit(std::move(one));
+}
+
+Handle Engine::allreduce_group(std::vector<TensorRef> tensors) {
+  return impl_->submit(std::move(tensors));
+}
+
+TensorPlan Engine::plan(std::size_t elements, const AllreduceOptions& options) const {
+  return impl_->plan(elements, options);
+}
+
+void Engine::synchronize() {
+  std::unique_lock lock(impl_->queue_mu);
+  impl_->idle_cv.wait(lock, [&] { return impl_->outstanding_jobs == 0; });
+}
+
+Communicator& Engine::communicator() { return *impl_->comm; }
+int Engine::rank() const { return impl_->comm->rank(); }
+int Engine::size() const { return impl_->comm->size(); }
+std::uint64_t Engine::bytes_sent() const { return impl_->bytes_sent.load(); }
+
+// ---- state ----------------------------------------------------------------------------------
+//
+// Layout (little-endian): u32 magic "TSEN", u32 version, u64 tensors; per tensor: u64 name
+// length + name, u64 config length + config, u64 step, u64 partitions; per partition: u64 slots;
+// per slot: u32 slot, u64 elements, u64 bytes + the codec state's own bytes.
+
+namespace {
+constexpr std::uint32_t kStateMagic = 0x4e455354;  // "TSEN"
+constexpr std::uint32_t kStateVersion = 1;
+
+void put_bytes(std::vector<std::byte>& out, const void* p, std::size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  out.insert(out.end(), b, b + n);
+}
+template <typename T>
+void put(std::vector<std::byte>& out, T v) {
+  put_bytes(out, &v, sizeof(T));
+}
+void put_string(std::vector<std::byte>& out, const std::string& s) {
+  put<std::uint64_t>(out, s.size());
+  put_bytes(out, s.data(), s.size());
+}
+}  // namespace
+
+std::vector<std::byte> Engine::save_state() const {
+  std::lock_guard lock(impl_->submit_mu);
+  std::vector<std::byte> out;
+  put(out, kStateMagic);
+  put(out, kStateVersion);
+  put<std::uint64_t>(out, impl_->records.size());
+  for (const auto& [name, rec] : impl_->records) {
+    if (impl_->in_flight(rec)) {
+      throw InvalidArgument(fmt::format("save_state: tensor '{}' is in flight; synchronize first",
+                                        name));
+    }
+    put_string(out, name);
+    put_string(out, rec.config);
+    put<std::uint64_t>(out, rec.step);
+    put<std::uint64_t>(out, rec.partitions.size());
+    for (const auto& slots : rec.partitions) {
+      auto saved = slots.save();
+      put<std::uint64_t>(out, saved.size());
+      for (const auto& s : saved) {
+        put<std::uint32_t>(out, static_cast<std::uint32_t>(s.slot));
+        put<std::uint64_t>(out, s.elements);
+        put<std::uint64_t>(out, s.bytes.size());
+        put_bytes(out, s.bytes.data(), s.bytes.size());
+      }
+    }
+  }
+  return out;
+}
+
+void Engine::load_state(std::span<const std::byte> bytes) {
+  std::lock_guard lock(impl_->submit_mu);
+  wire::Reader r(bytes, "engine state");
+  if (r.get<std::uint32_t>() != kStateMagic) throw DecodeError("engine state: bad magic");
+  if (r.get<std::uint32_t>() != kStateVersion) throw DecodeError("engine state: bad version");
+  auto get_string = [&] {
+    const auto n = r.get<std::uint64_t>();
+    auto s = r.take(n);
+    return std::string(reinterpret_cast<const char*>(s.data()), s.size());
+  };
+  std::map<std::string, TensorRecord, std::less<>> loaded;
+  const auto count = r.get<std::uint64_t>();
+  for (std::uint64_t t = 0; t < count; ++t) {
+    std::string name = get_string();
+    TensorRecord rec;
+    rec.config = get_string();
+    rec.step = r.get<std::uint64_t>();
+    const auto parts = r.get<std::uint64_t>();
+    if (parts > kMaxPartitions) throw DecodeError("engine state: too many partitions");
+    // The codec is the one named in the config ("..., codec SPEC, strategy ...").
+    const auto at = rec.config.find(", codec "), end = rec.config.find(", strategy ");
+    if (at == std::string::npos || end == std::string::npos || end < at) {
+      throw DecodeError(fmt::format("engine state: tensor '{}' has a malformed config", name));
+    }
+    const std::string spec = rec.config.substr(at + 8, end - at - 8);
+    rec.partitions.resize(parts);
+    for (auto& slots : rec.partitions) {
+      const auto n = r.get<std::uint64_t>();
+      std::vector<StateSlots::Saved> saved;
+      for (std::uint64_t k = 0; k < n; ++k) {
+        StateSlots::Saved s;
+        s.slot = static_cast<int>(r.get<std::uint32_t>());
+        s.elements = r.get<std::uint64_t>();
+        auto b = r.take(r.get<std::uint64_t>());
+        s.bytes.assign(b.begin(), b.end());
+        saved.push_back(std::move(s));
+      }
+      if (!saved.empty()) {
+        try {
+          slots.load(impl_->codec_for(spec), saved);
+        } catch (const SpecError& e) {
+          throw DecodeError(fmt::format("engine state: tensor '{}': {}", name, e.what()));
+        }
+      }
+    }
+    loaded[std::move(name)] = std::move(rec);
+  }
+  r.expect_end();
+  for (const auto& [name, rec] : impl_->records) {
+    if (impl_->in_flight(rec)) {
+      throw InvalidArgument(fmt::format("load_state: tensor '{}' is in flight; synchronize first",
+                                        name));
+    }
+  }
+  for (auto& [name, rec] : loaded) impl_->records[name] = std::move(rec);
+}
+
+}  // namespace terse

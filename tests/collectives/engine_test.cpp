@@ -1,0 +1,304 @@
+// Engine tests: single-process behaviour (plans, validation, state, tracing) on a one-rank
+// communicator, then real multi-process runs of collectives_worker through `terse run` for
+// N = 2, 3, 4 and over a shaped link through scripts/cluster.sh.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "process_testing.h"
+#include "simulate.h"
+#include "terse/communicator.h"
+#include "terse/engine.h"
+#include "terse/error.h"
+#include "terse/trace.h"
+
+namespace terse {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::shell;
+
+class SingleRank : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::temp_dir();
+    CommunicatorOptions o;
+    o.timeout = 5s;
+    comm_ = Communicator::create(0, 1, make_file_store(dir_), o);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+  std::shared_ptr<Communicator> comm_;
+};
+
+TEST_F(SingleRank, PlansFollowTheCodecsTraits) {
+  Engine engine(comm_);
+  AllreduceOptions o;
+  EXPECT_EQ(engine.plan(1000, o).strategy, Strategy::kRaw);
+  EXPECT_EQ(engine.plan(1000, o).codec, "none");
+  o.codec = "fp16";
+  EXPECT_EQ(engine.plan(1000, o).strategy, Strategy::kSummable);
+  o.codec = "onebit";
+  EXPECT_EQ(engine.plan(1000, o).strategy, Strategy::kSharded);
+  EXPECT_EQ(engine.plan(1000, o).codec, make_codec("onebit")->spec());
+  o.codec = "powersgd";
+  EXPECT_EQ(engine.plan(1 << 20, o).strategy, Strategy::kSummable);
+  EXPECT_EQ(engine.plan(1 << 20, o).partitions, 1);
+  // Partitions: from the size by default, clamped so that none is empty.
+  o.codec = "none";
+  EXPECT_EQ(engine.plan(std::size_t{64} << 20, o).partitions, 32);  // 256 MB / 8 MB
+  o.partitions = 8;
+  EXPECT_EQ(engine.plan(100, o).partitions, 2);
+  EXPECT_EQ(engine.plan(0, o).partitions, 1);
+}
+
+TEST_F(SingleRank, RejectsInvalidOptionsNamingWhatIsAllowed) {
+  Engine engine(comm_);
+  auto message = [&](AllreduceOptions o) -> std::string {
+    try {
+      engine.plan(1000, o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  AllreduceOptions o;
+  o.codec = "onebit";
+  o.strategy = Strategy::kRaw;
+  EXPECT_NE(message(o).find("cannot use codec"), std::string::npos);
+  o.strategy = Strategy::kSummable;
+  EXPECT_NE(message(o).find("not summable"), std::string::npos);
+  o.codec = "powersgd";
+  o.strategy = Strategy::kSharded;
+  EXPECT_NE(message(o).find("use strategy summable"), std::string::npos);
+  o = {};
+  o.partitions = 1000;
+  EXPECT_NE(message(o).find("partitions"), std::string::npos);
+  o = {};
+  o.codec = "nosuchcodec";
+  EXPECT_THROW(engine.plan(10, o), SpecError);
+  EXPECT_THROW(parse_strategy("fastest"), SpecError);
+  EXPECT_EQ(parse_strategy("sharded"), Strategy::kSharded);
+  EXPECT_EQ(to_string(Strategy::kRing), "ring");
+
+  std::vector<float> x(10);
+  EXPECT_THROW(engine.allreduce("", x), InvalidArgument);
+  std::vector<TensorRef> twice = {{"a", x, {}}, {"a", x, {}}};
+  EXPECT_THROW(engine.allreduce_group(twice), InvalidArgument);
+}
+
+TEST_F(SingleRank, ResultsMatchTheSimulationAndTheInputIsKeptOnError) {
+  Engine engine(comm_);
+  testing::Simulator sim(1, 0);
+  for (const char* spec : {"none", "fp16", "onebit:ef=1", "minmax8", "qsgd", "powersgd:rank=3"}) {
+    for (std::size_t n : {0, 1, 100, 4097, 300000}) {
+      AllreduceOptions o;
+      o.codec = spec;
+      const std::string name = fmt::format("{}/{}", spec, n);
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * i) * (1 + i % 7);
+      const TensorPlan plan = engine.plan(n, o);
+      auto codec = make_codec(spec);
+      auto want = sim.run(name, 0, plan.strategy,
+                          plan.strategy == Strategy::kRaw ? nullptr : codec.get(),
+                          plan.partitions, {x});
+      engine.allreduce(name, x, o).wait();
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(x[i], want[i]) << name << " at " << i;
+    }
+  }
+  // Non-finite input: an error naming the element; the tensor is unchanged.
+  for (const char* spec : {"none", "onebit"}) {
+    std::vector<float> x(1000, 0.5f);
+    x[777] = NAN;
+    AllreduceOptions o;
+    o.codec = spec;
+    try {
+      engine.allreduce(std::string("bad/") + spec, x, o).wait();
+      FAIL() << "no error for NaN with " << spec;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("element 777"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("unchanged"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(std::isnan(x[777]));
+    EXPECT_EQ(x[0], 0.5f);
+  }
+}
+
+TEST_F(SingleRank, HandlesCompleteOnceAndRunCallbacks) {
+  Engine engine(comm_);
+  std::vector<float> x(100000, 1.0f);
+  int calls = 0;
+  std::exception_ptr seen = std::make_exception_ptr(std::runtime_error("unset"));
+  Handle h = engine.allreduce("x", x);
+  h.on_complete([&](std::exception_ptr e) {
+    ++calls;
+    seen = e;
+  });
+  // A name in flight cannot be submitted again.
+  EXPECT_THROW(
+      {
+        if (!h.ready()) engine.allreduce("x", x).wait();
+        throw InvalidArgument("was already done");
+      },
+      InvalidArgument);
+  h.wait();
+  h.wait();  // waiting twice is fine
+  engine.synchronize();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen, nullptr);
+  int late = 0;
+  h.on_complete([&](std::exception_ptr) { ++late; });  // already done: runs at once
+  EXPECT_EQ(late, 1);
+  EXPECT_TRUE(Handle().ready());
+}
+
+TEST_F(SingleRank, StateSavesRestoresAndRejectsGarbage) {
+  Engine engine(comm_);
+  AllreduceOptions o;
+  o.codec = "onebit:ef=1";
+  std::vector<float> x(5000);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.1f * i);
+  const auto original = x;
+  engine.allreduce("w", x, o).wait();
+  const auto saved = engine.save_state();
+  auto a = original;
+  engine.allreduce("w", a, o).wait();
+  engine.load_state(saved);
+  auto b = original;
+  engine.allreduce("w", b, o).wait();
+  EXPECT_EQ(a, b);  // the residual and the step were restored
+  auto corrupt = saved;
+  corrupt[0] = std::byte{0};
+  EXPECT_THROW(engine.load_state(corrupt), DecodeError);
+  auto truncated = saved;
+  truncated.resize(saved.size() - 3);
+  EXPECT_THROW(engine.load_state(truncated), DecodeError);
+  // A failed load changed nothing.
+  auto c = original;
+  engine.load_state(saved);
+  engine.allreduce("w", c, o).wait();
+  EXPECT_EQ(a, c);
+}
+
+TEST_F(SingleRank, TracesEveryStage) {
+  auto recorder = std::make_shared<TraceRecorder>();
+  EngineOptions options;
+  options.tracer = recorder;
+  Engine engine(comm_, options);
+  std::vector<float> x(100000, 0.25f);
+  AllreduceOptions o;
+  o.codec = "onebit";
+  o.partitions = 2;
+  engine.allreduce("traced", x, o).wait();
+  std::set<std::string> stages;
+  for (const auto& e : recorder->events()) {
+    EXPECT_EQ(e.tensor, "traced");
+    EXPECT_GE(e.end_ns, e.begin_ns);
+    stages.insert(e.stage);
+  }
+  EXPECT_TRUE(stages.count("encode")) << stages.size();
+  EXPECT_TRUE(stages.count("decode"));
+  const std::string path = dir_ + "/trace.json";
+  recorder->write_chrome_json(path, 0);
+  auto r = shell("python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+                 "print(len(d[\"traceEvents\"]))' " + path);
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// ---- multi-process ----------------------------------------------------------------------------
+
+const std::string kCli = TERSE_CLI;
+const std::string kWorker = TERSE_WORKER;
+
+std::string run(int n, const std::string& args, int timeout = 60) {
+  return kCli + " run -n " + std::to_string(n) + " --timeout " + std::to_string(timeout) +
+         " -- " + kWorker + " " + args;
+}
+
+void expect_all_ok(const testing::Result& r, int n, const std::string& what) {
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NE(r.output.find("OK rank " + std::to_string(i) + " " + what), std::string::npos)
+        << r.output;
+  }
+}
+
+class Ranks : public ::testing::TestWithParam<int> {};
+
+TEST_P(Ranks, EveryCodecAndStrategyMatchesTheSimulationOnEveryRank) {
+  const int n = GetParam();
+  auto r = shell(run(n, "matrix", 600));
+  expect_all_ok(r, n, "matrix");
+}
+
+TEST_P(Ranks, GroupsFuseSmallTensorsAndResumeFromSavedState) {
+  const int n = GetParam();
+  expect_all_ok(shell(run(n, "group")), n, "group");
+}
+
+TEST_P(Ranks, NonFiniteInputFailsEveryRankAndChangesNothing) {
+  const int n = GetParam();
+  expect_all_ok(shell(run(n, "nonfinite")), n, "nonfinite");
+}
+
+TEST_P(Ranks, MismatchedSubmissionsAreReportedOnFirstUse) {
+  const int n = GetParam();
+  for (const char* kind : {"size", "name", "codec"}) {
+    expect_all_ok(shell(run(n, std::string("mismatch ") + kind)), n,
+                  std::string("mismatch ") + kind);
+  }
+}
+
+TEST_P(Ranks, KilledRankFailsTheOthersWithinTheTimeout) {
+  const int n = GetParam();
+  const int victim = n - 1;
+  auto r = shell(kCli + " run -n " + std::to_string(n) + " --timeout 3 --grace 30 -- " + kWorker +
+                 " die " + std::to_string(victim));
+  EXPECT_NE(r.code, 0) << r.output;
+  int survivors = 0;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    double seconds = -1;
+    int rank = -1;
+    if (std::sscanf(line.c_str(), "[rank %d] EXPECTED-FAILURE rank %*d after %lf s", &rank,
+                    &seconds) == 2) {
+      ++survivors;
+      EXPECT_NE(rank, victim);
+      EXPECT_LT(seconds, 6.0) << line;
+    }
+  }
+  EXPECT_EQ(survivors, n - 1) << r.output;
+  EXPECT_LT(r.seconds, 30) << r.output;
+}
+
+TEST_P(Ranks, ManyConcurrentSubmissionsOnFewThreads) {
+  const int n = GetParam();
+  expect_all_ok(shell(run(n, "stress")), n, "stress");
+}
+
+INSTANTIATE_TEST_SUITE_P(Engine, Ranks, ::testing::Values(2, 3, 4), [](const auto& info) {
+  std::string name = std::to_string(info.param);
+  name.insert(name.begin(), 'N');
+  return name;
+});
+
+TEST(Cluster, CompressedAllreduceOverAShapedLink) {
+  if (!testing::can_emulate_cluster()) GTEST_SKIP() << "needs root and ip netns";
+  auto r = shell(std::string("bash ") + TERSE_SOURCE_DIR + "/scripts/cluster.sh -n 3 -r 1gbit -- " +
+                 kWorker + " group");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NE(r.output.find("[host " + std::to_string(i) + "] OK rank " + std::to_string(i)),
+              std::string::npos)
+        << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace terse

@@ -1,0 +1,446 @@
+// One rank of the multi-process engine tests, started by `terse run` or scripts/cluster.sh.
+// Every rank can generate every rank's input, so each checks its results on its own against a
+// single-process simulation (tests/collectives/simulate.h) and against the exact sum, and the
+// ranks compare digests of their results to prove them bit-identical. Scenarios:
+//   matrix [CODEC...]   every codec (default: all registered, with and without ef=1) x every
+//                       strategy it is valid for x sizes x partitions, two steps each
+//   group               a DDP-like bucket of small raw (fused) and compressed tensors over
+//                       several steps; save_state/load_state resumes bit for bit
+//   nonfinite           one rank's input holds NaN or Inf: every rank gets a clear error, the
+//                       tensors stay unchanged and the engine keeps working
+//   mismatch KIND       ranks submit different sizes / names / codecs on first use
+//   die VICTIM          VICTIM kills itself mid-collective; the others must fail within the
+//                       timeout naming the tensor and the peer (they exit 3)
+//   stress              hundreds of concurrent submissions on few worker threads
+// Prints "OK rank R ..." on success; "CHECK FAILED: ..." and exit 2 on a wrong result.
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../simulate.h"
+#include "kit/hash.h"
+#include "terse/codec.h"
+#include "terse/communicator.h"
+#include "terse/engine.h"
+#include "terse/error.h"
+
+namespace {
+
+using namespace terse;
+using Clock = std::chrono::steady_clock;
+using testing::Inputs;
+
+constexpr std::uint64_t kSeed = 1234;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "CHECK FAILED: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::_Exit(2);
+}
+void check(bool ok, const std::string& what) {
+  if (!ok) fail(what);
+}
+
+// Roughly normal values, different per (rank, tensor, step, element).
+std::vector<float> make_input(int rank, const std::string& name, std::uint64_t step,
+                              std::size_t n, float scale = 1.0f) {
+  std::vector<float> v(n);
+  const std::uint64_t key = kit::combine_keys(kit::combine_keys(fnv1a64(name), step), rank);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t h = kit::mix64(key + i * 0x9e3779b97f4a7c15ull);
+    const float u1 = static_cast<float>(h & 0xffffff) / 16777216.0f;
+    const float u2 = static_cast<float>((h >> 24) & 0xffffff) / 16777216.0f;
+    const float u3 = static_cast<float>((h >> 48) & 0xffff) / 65536.0f;
+    v[i] = (u1 + u2 + u3 - 1.5f) * 2.0f * scale;
+  }
+  return v;
+}
+
+Inputs all_inputs(int ranks, const std::string& name, std::uint64_t step, std::size_t n) {
+  Inputs x;
+  for (int i = 0; i < ranks; ++i) x.push_back(make_input(i, name, step, n));
+  return x;
+}
+
+std::uint64_t digest(std::span<const float> y) {
+  return fnv1a64(std::string_view(reinterpret_cast<const char*>(y.data()), y.size_bytes()));
+}
+
+// Every rank's digest must equal every other's.
+void check_identical(Communicator& comm, std::span<const float> y, const std::string& what) {
+  std::uint64_t mine = digest(y);
+  std::vector<std::uint64_t> all(comm.size());
+  std::vector<std::size_t> sizes(comm.size(), 8);
+  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
+                  sizes, "digest");
+  for (int i = 0; i < comm.size(); ++i) {
+    check(all[i] == mine, fmt::format("{}: rank {} and rank {} ended with different results",
+                                      what, comm.rank(), i));
+  }
+}
+
+void check_equal(std::span<const float> got, std::span<const float> want,
+                 const std::string& what) {
+  check(got.size() == want.size(), what + ": size");
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], 4) != 0) {
+      fail(fmt::format("{}: element {} is {} but the simulation gives {}", what, i, got[i],
+                       want[i]));
+    }
+  }
+}
+
+double relative_error(std::span<const float> y, std::span<const float> exact) {
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    err += (double(y[i]) - exact[i]) * (double(y[i]) - exact[i]);
+    norm += double(exact[i]) * exact[i];
+  }
+  return norm == 0 ? std::sqrt(err) : std::sqrt(err / norm);
+}
+
+std::vector<float> exact_sum(const Inputs& x) {
+  std::vector<double> s(x[0].size());
+  for (const auto& v : x) {
+    for (std::size_t i = 0; i < v.size(); ++i) s[i] += v[i];
+  }
+  return {s.begin(), s.end()};
+}
+
+std::vector<float> averaged(std::vector<float> sum, int ranks, bool average) {
+  if (average && ranks > 1) {
+    for (float& v : sum) v /= static_cast<float>(ranks);
+  }
+  return sum;
+}
+
+// ---- matrix -------------------------------------------------------------------------------
+
+int matrix(Communicator& comm, Engine& engine, std::vector<std::string> specs) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  if (specs.empty()) {
+    for (const auto& info : registered_codecs()) {
+      specs.push_back(info.name);
+      auto c = make_codec(info.name);
+      if (!c->traits().lossless && !c->traits().multi_round) specs.push_back(info.name + ":ef=1");
+    }
+  }
+  const std::size_t sizes[] = {0, 1, 63, 1000, 65537, 262147};
+  const Strategy strategies[] = {Strategy::kRaw, Strategy::kAllgather, Strategy::kSharded,
+                                 Strategy::kRing, Strategy::kSummable};
+  testing::Simulator sim(n_ranks, kSeed);
+  int cases = 0;
+  for (const auto& spec : specs) {
+    auto codec = make_codec(spec);
+    for (Strategy strategy : strategies) {
+      for (std::size_t n : sizes) {
+        for (int k : {1, 3}) {
+          AllreduceOptions o;
+          o.codec = spec;
+          o.strategy = strategy;
+          o.partitions = k;
+          o.average = (n + k) % 2 == 0;
+          TensorPlan plan;
+          try {
+            plan = engine.plan(n, o);
+          } catch (const InvalidArgument&) {
+            continue;  // not a valid combination (checked by the single-process tests)
+          }
+          const std::string name = fmt::format("{}/{}/{}/{}", spec, to_string(strategy), n, k);
+          for (std::uint64_t step = 0; step < 2; ++step) {
+            const std::string what = fmt::format("{} step {}", name, step);
+            Inputs x = all_inputs(n_ranks, name, step, n);
+            std::vector<float> y = x[r];
+            engine.allreduce(name, y, o).wait();
+            const Codec* c = plan.strategy == Strategy::kRaw ? nullptr : codec.get();
+            auto want = averaged(sim.run(name, step, plan.strategy, c, plan.partitions, x),
+                                 n_ranks, o.average);
+            check_equal(y, want, what);
+            check_identical(comm, y, what);
+            if (codec->traits().lossless && n > 0) {
+              // The fp32 sum in the strategy's fixed order: close to the exact sum.
+              auto exact = averaged(exact_sum(x), n_ranks, o.average);
+              check(relative_error(y, exact) < 1e-6, what + ": lossless result is not the sum");
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  std::printf("OK rank %d matrix %d cases\n", r, cases);
+  return 0;
+}
+
+// ---- group --------------------------------------------------------------------------------
+
+struct GroupTensor {
+  std::string name;
+  std::size_t n;
+  std::string codec;
+  Strategy strategy;
+};
+
+std::vector<GroupTensor> bucket() {
+  return {{"fc1.weight", 100000, "onebit:ef=1", Strategy::kSharded},
+          {"fc1.bias", 500, "none", Strategy::kAuto},
+          {"fc2.weight", 30000, "fp16", Strategy::kSummable},
+          {"fc2.bias", 10, "none", Strategy::kAuto},
+          {"norm.weight", 1, "none", Strategy::kAuto},
+          {"conv.weight", 4608, "powersgd:rank=2,rows=64", Strategy::kAuto},
+          {"empty", 0, "none", Strategy::kAuto},
+          {"head.weight", 20000, "terngrad", Strategy::kRing}};
+}
+
+std::vector<std::vector<float>> run_bucket(Engine& engine, int rank, std::uint64_t step) {
+  std::vector<std::vector<float>> data;
+  std::vector<TensorRef> refs;
+  for (const auto& t : bucket()) data.push_back(make_input(rank, t.name, step, t.n));
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    AllreduceOptions o;
+    o.codec = bucket()[i].codec;
+    o.strategy = bucket()[i].strategy;
+    refs.push_back({bucket()[i].name, data[i], o});
+  }
+  engine.allreduce_group(std::move(refs)).wait();
+  return data;
+}
+
+int group(Communicator& comm, Engine& engine) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  testing::Simulator sim(n_ranks, kSeed);
+  std::vector<std::byte> saved;
+  std::vector<std::vector<float>> at_step3;
+  for (std::uint64_t step = 0; step < 5; ++step) {
+    if (step == 3) saved = engine.save_state();
+    auto got = run_bucket(engine, r, step);
+    if (step == 3) at_step3 = got;
+    const auto tensors = bucket();
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const auto& t = tensors[i];
+      AllreduceOptions o;
+      o.codec = t.codec;
+      o.strategy = t.strategy;
+      TensorPlan plan = engine.plan(t.n, o);
+      auto codec = make_codec(t.codec);
+      Inputs x = all_inputs(n_ranks, t.name, step, t.n);
+      const Codec* c = plan.strategy == Strategy::kRaw ? nullptr : codec.get();
+      auto want = averaged(sim.run(t.name, step, plan.strategy, c, plan.partitions, x), n_ranks,
+                           true);
+      const std::string what = fmt::format("group step {} tensor {}", step, t.name);
+      check_equal(got[i], want, what);
+      check_identical(comm, got[i], what);
+    }
+  }
+  // Resume from the state saved before step 3: steps 3 and 4 repeat bit for bit.
+  engine.load_state(saved);
+  auto again = run_bucket(engine, r, 3);
+  for (std::size_t i = 0; i < again.size(); ++i) {
+    check_equal(again[i], at_step3[i], "resumed step 3 tensor " + bucket()[i].name);
+  }
+  std::printf("OK rank %d group\n", r);
+  return 0;
+}
+
+// ---- failures -----------------------------------------------------------------------------
+
+bool contains(const std::string& s, const std::string& what) {
+  return s.find(what) != std::string::npos;
+}
+
+int nonfinite(Communicator& comm, Engine& engine) {
+  const int r = comm.rank(), bad_rank = comm.size() - 1;
+  int cases = 0;
+  for (const char* spec : {"none", "onebit", "fp16", "topk", "powersgd:rank=2", "terngrad"}) {
+    bool known = true;
+    try {
+      make_codec(spec);
+    } catch (const SpecError&) {
+      known = false;
+    }
+    if (!known) continue;
+    for (float bad : {NAN, INFINITY}) {
+      const std::string name = fmt::format("nonfinite/{}/{}", spec, bad);
+      const std::size_t n = 50000, at = 31337;
+      std::vector<float> x = make_input(r, name, 0, n);
+      if (r == bad_rank) x[at] = bad;
+      const std::vector<float> before = x;
+      AllreduceOptions o;
+      o.codec = spec;
+      o.partitions = std::string(spec).rfind("powersgd", 0) == 0 ? 1 : 2;
+      std::string error;
+      try {
+        engine.allreduce(name, x, o).wait();
+      } catch (const InvalidArgument& e) {
+        error = e.what();
+      }
+      check(!error.empty(), name + ": no error on rank " + std::to_string(r));
+      check(contains(error, "unchanged"), name + ": error does not say the tensor is unchanged: " +
+                                              error);
+      if (std::string(spec) != "none" && std::string(spec).rfind("powersgd", 0) != 0) {
+        check(contains(error, fmt::format("rank {}'s input holds NaN or Inf at element {}",
+                                          bad_rank, at)),
+              name + ": error does not name the rank and element: " + error);
+      } else if (r == bad_rank) {
+        check(contains(error, fmt::format("at element {}", at)),
+              name + ": error does not name the element: " + error);
+      }
+      check(std::memcmp(x.data(), before.data(), n * 4) == 0, name + ": tensor was modified");
+      // The engine and communicator are still usable.
+      std::vector<float> ok = make_input(r, name + "/after", 0, 1000);
+      engine.allreduce(name + "/after", ok, o).wait();
+      ++cases;
+    }
+  }
+  std::printf("OK rank %d nonfinite %d cases\n", r, cases);
+  return 0;
+}
+
+int mismatch(Communicator& comm, Engine& engine, const std::string& kind) {
+  const int r = comm.rank();
+  std::vector<float> x(1000, 1.0f);
+  std::string name = "weights";
+  AllreduceOptions o;
+  if (r == 1) {
+    if (kind == "size") x.resize(999);
+    if (kind == "name") name = "bias";
+    if (kind == "codec") o.codec = "fp16";
+  }
+  try {
+    engine.allreduce(name, x, o).wait();
+  } catch (const MismatchError& e) {
+    const std::string msg = e.what();
+    check(contains(msg, "rank 1 submitted") || r == 1, "message does not show rank 1: " + msg);
+    check(contains(msg, "different tensors"), "message does not explain: " + msg);
+    std::printf("EXPECTED-FAILURE rank %d: %s\n", r, msg.c_str());
+    // Nothing was submitted: the next, matching submission works.
+    std::vector<float> y(10, 1.0f);
+    engine.allreduce("after", y).wait();
+    check(y[0] == 1.0f, "average of ones is not one");
+    std::printf("OK rank %d mismatch %s\n", r, kind.c_str());
+    return 0;
+  }
+  fail("no MismatchError on rank " + std::to_string(r));
+}
+
+int die(Communicator& comm, Engine& engine, int victim) {
+  const int r = comm.rank();
+  // The launcher sends SIGTERM to the survivors as soon as the victim dies; ignore it, so that
+  // each survivor must notice the death through the engine.
+  signal(SIGTERM, SIG_IGN);
+  const std::size_t n = 4 << 20;
+  std::vector<float> x = make_input(r, "big", 0, n);
+  // One allreduce completes, so every rank is past bootstrap; then the victim dies mid-way.
+  engine.allreduce("warm-up", x).wait();
+  if (r == victim) {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      ::kill(::getpid(), SIGKILL);
+    }).detach();
+  }
+  const auto start = Clock::now();
+  try {
+    for (int step = 0; step < 1000; ++step) {
+      AllreduceOptions o;
+      o.codec = step % 2 ? "onebit" : "none";
+      engine.allreduce("big", x, o).wait();
+    }
+  } catch (const Error& e) {
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    const std::string msg = e.what();
+    check(contains(msg, "'big"), "error does not name the tensor: " + msg);
+    check(contains(msg, "peer"), "error does not name a peer: " + msg);
+    std::printf("EXPECTED-FAILURE rank %d after %.2f s: %s\n", r, s, msg.c_str());
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+  fail("rank " + std::to_string(r) + " did not notice that rank " + std::to_string(victim) +
+       " died");
+}
+
+int stress(Communicator& comm, Engine& engine) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  testing::Simulator sim(n_ranks, kSeed);
+  const char* specs[] = {"none", "onebit", "fp16", "minmax8"};
+  constexpr int kTensors = 200;
+  std::vector<std::vector<float>> data(kTensors);
+  std::vector<Handle> handles;
+  for (int i = 0; i < kTensors; ++i) {
+    const std::string name = fmt::format("t{}", i);
+    data[i] = make_input(r, name, 0, 100 + 977 * (i % 13));
+    AllreduceOptions o;
+    o.codec = specs[i % 4];
+    o.partitions = 1 + i % 4;
+    handles.push_back(engine.allreduce(name, data[i], o));
+  }
+  for (auto& h : handles) h.wait();
+  for (int i = 0; i < kTensors; ++i) {
+    const std::string name = fmt::format("t{}", i);
+    AllreduceOptions o;
+    o.codec = specs[i % 4];
+    o.partitions = 1 + i % 4;
+    TensorPlan plan = engine.plan(data[i].size(), o);
+    auto codec = make_codec(o.codec);
+    Inputs x = all_inputs(n_ranks, name, 0, data[i].size());
+    auto want = averaged(sim.run(name, 0, plan.strategy,
+                                 plan.strategy == Strategy::kRaw ? nullptr : codec.get(),
+                                 plan.partitions, x),
+                         n_ranks, true);
+    check_equal(data[i], want, "stress " + name);
+  }
+  std::printf("OK rank %d stress %d tensors\n", r, kTensors);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: collectives_worker SCENARIO [ARGS...]\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  try {
+    std::shared_ptr<Communicator> comm = Communicator::from_env();
+    EngineOptions options;
+    options.seed = kSeed;
+    if (scenario == "stress") options.threads = 2;
+    if (scenario == "matrix") options.partition_bytes = 64 << 10;
+    int rc = 0;
+    {
+      Engine engine(comm, options);
+      if (scenario == "matrix") {
+        rc = matrix(*comm, engine, std::vector<std::string>(argv + 2, argv + argc));
+      } else if (scenario == "group") {
+        rc = group(*comm, engine);
+      } else if (scenario == "nonfinite") {
+        rc = nonfinite(*comm, engine);
+      } else if (scenario == "mismatch" && argc == 3) {
+        rc = mismatch(*comm, engine, argv[2]);
+      } else if (scenario == "die" && argc == 3) {
+        rc = die(*comm, engine, std::atoi(argv[2]));
+      } else if (scenario == "stress") {
+        rc = stress(*comm, engine);
+      } else {
+        std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+        return 2;
+      }
+      engine.synchronize();
+    }
+    comm->barrier("end");
+    std::fflush(stdout);
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ERROR: %s\n", e.what());
+    return 1;
+  }
+}
