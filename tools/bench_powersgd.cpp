@@ -14,35 +14,13 @@
 #include <sstream>
 #include <vector>
 
+#include "bench_util.h"
 #include "commands.h"
 #include "kit/blas.h"
 #include "terse/codec.h"
 
 namespace terse::tools {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-template <typename T>
-std::vector<T> touched(std::size_t n) {
-  std::vector<T> v(n);
-  if (n * sizeof(T) >= (2u << 20)) madvise(v.data(), n * sizeof(T), MADV_HUGEPAGE);
-  std::memset(static_cast<void*>(v.data()), 0, n * sizeof(T));
-  return v;
-}
-
-template <typename F>
-double median_seconds(int reps, F&& f) {
-  std::vector<double> t;
-  f();  // warm-up
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = Clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 struct Shape {
   std::size_t rows = 0, cols = 0;

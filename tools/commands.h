@@ -2,8 +2,16 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
 
 namespace terse::tools {
+
+// The arguments this process was started with (without the program name), and the path of
+// its executable, for commands that start more ranks of themselves.
+void set_command_line(int argc, char** argv);
+const std::vector<std::string>& command_line();
+std::string self_path();
 
 // terse codecs: list the registered codecs.
 void add_codecs_command(CLI::App& app);
@@ -11,6 +19,8 @@ void add_codecs_command(CLI::App& app);
 void add_bench_codecs_command(CLI::App& bench);
 // terse bench powersgd: PowerSGD step time against the BLAS's sgemm peak.
 void add_bench_powersgd_command(CLI::App& bench);
+// terse bench allreduce: Gloo's rings, terse raw and compressed strategies, same processes.
+void add_bench_allreduce_command(CLI::App& bench);
 // terse run: the local launcher (N ranks with torchrun's environment).
 void add_run_command(CLI::App& app);
 

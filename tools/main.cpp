@@ -1,11 +1,30 @@
 // The `terse` command: benchmarks, planning, calibration, the local launcher and the demo.
+#include <unistd.h>
+
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "commands.h"
 #include "terse/error.h"
 
+namespace terse::tools {
+namespace {
+std::vector<std::string> arguments;
+}  // namespace
+
+void set_command_line(int argc, char** argv) { arguments.assign(argv + 1, argv + argc); }
+const std::vector<std::string>& command_line() { return arguments; }
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : std::string("terse");
+}
+}  // namespace terse::tools
+
 int main(int argc, char** argv) {
+  terse::tools::set_command_line(argc, argv);
   CLI::App app{"terse: compression-aware collective communication for distributed training"};
   app.require_subcommand(1);
   terse::tools::add_codecs_command(app);
@@ -14,6 +33,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   terse::tools::add_bench_codecs_command(*bench);
   terse::tools::add_bench_powersgd_command(*bench);
+  terse::tools::add_bench_allreduce_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

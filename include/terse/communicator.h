@@ -17,6 +17,10 @@
 #include <string_view>
 #include <vector>
 
+namespace gloo {
+class Context;
+}
+
 namespace terse {
 
 // A key-value store reachable by every rank, used only to bootstrap connections (addresses,
@@ -120,9 +124,7 @@ class Communicator {
   static std::unique_ptr<Communicator> create(int rank, int size, std::shared_ptr<Store> store,
                                               CommunicatorOptions options = {});
 
-  // Bootstraps from torchrun's environment: RANK, WORLD_SIZE, and either TERSE_FILE_STORE (a
-  // directory, for single-host runs) or MASTER_ADDR and MASTER_PORT, where rank 0 serves a TCP
-  // store. Throws InvalidArgument naming a missing or malformed variable.
+  // Bootstraps from torchrun's environment (see bootstrap_from_env).
   static std::unique_ptr<Communicator> from_env(CommunicatorOptions options = {});
 
   // Closes every connection. Requests must be finished (or destroyed) first. Peers still
@@ -180,9 +182,25 @@ class Communicator {
   struct Impl;
 
  private:
+  friend std::shared_ptr<gloo::Context> gloo_context(Communicator& comm);
   explicit Communicator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// What torchrun's environment says: RANK, WORLD_SIZE, and a store from either TERSE_FILE_STORE
+// (a directory, for single-host runs) or MASTER_ADDR and MASTER_PORT, where rank 0 serves a TCP
+// store. Several communicators may share the store (with distinct prefixes). Throws
+// InvalidArgument naming a missing or malformed variable.
+struct Bootstrap {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<Store> store;
+};
+Bootstrap bootstrap_from_env(std::chrono::milliseconds timeout);
+
+// The Gloo context under a communicator, so that benchmarks can run Gloo's own algorithms on
+// the same connections (they use Gloo's slots, which terse's tags never collide with).
+std::shared_ptr<gloo::Context> gloo_context(Communicator& comm);
 
 // The timeout CommunicatorOptions{} resolves to: TERSE_TIMEOUT seconds, else 60 s.
 std::chrono::milliseconds default_timeout();

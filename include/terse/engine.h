@@ -10,8 +10,10 @@
 // Promises:
 // - Every rank ends a collective with bit-identical results: sums run in a fixed order and every
 //   final encoding is produced once and decoded by all ranks, its producer included.
-// - The user's tensor is written only after the whole submission succeeded. On any error it is
-//   left as it was, on every rank, and the error names the rank, the tensor and the peer.
+// - Results are written into the user's tensor in place. Every error names the rank, the tensor
+//   and the peer. After an error the tensor may hold partial results, unless
+//   EngineOptions::keep_input_on_error, which stages results and writes the tensor only once the
+//   whole submission succeeded (at the cost of one copy).
 // - Non-finite input (NaN, +-Inf) is an error on every rank, not a silent NaN: compressed
 //   strategies carry the failure in-band (the engine stays usable); the raw strategy detects it
 //   in the identical result.
@@ -111,8 +113,12 @@ struct EngineOptions {
   std::size_t fuse_bytes = std::size_t{1} << 20;
   // Target bytes per partition when AllreduceOptions::partitions is 0.
   std::size_t partition_bytes = std::size_t{8} << 20;
-  // Optional per-stage event sink (encode, send, recv, decode, merge, wait).
+  // Optional per-stage event sink (encode, send, recv, decode, merge, wait). Without one,
+  // TERSE_TRACE=DIR makes the engine record its own and write DIR/rank-R.json at destruction.
   std::shared_ptr<Tracer> tracer;
+  // Stage results and write the user's tensors only after a submission succeeded, so that a
+  // failed submission leaves them unchanged (one more copy of every tensor).
+  bool keep_input_on_error = false;
 };
 
 class Engine {

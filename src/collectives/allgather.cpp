@@ -1,6 +1,7 @@
 // allgather: every rank encodes its whole partition once (state slot 0) and sends the payload to
 // every other rank; every rank decodes the N payloads, its own included, and sums them in rank
-// order (y = d_0, y += d_1, ...). Each rank sends (N-1) payloads, so traffic grows with N: the
+// order (y = d_0, y += d_1, ...), then divides when averaging (the same operations on the same
+// bytes on every rank). Each rank sends (N-1) payloads, so traffic grows with N: the
 // strategy suits small N and very sparse codecs, and needs no re-encoding (error is that of one
 // encode). Works with every codec.
 #include <vector>
@@ -34,6 +35,7 @@ void allgather_allreduce(PartitionContext& ctx) {
     decode_or_record(ctx, message, ctx.output, i == 0 ? DecodeMode::kOverwrite
                                                       : DecodeMode::kAccumulate, i);
   }
+  apply_divisor(ctx, ctx.output);
   for (int i = 0; i < n; ++i) {
     if (i != r) wait(ctx, tx[i], true, i, payload.size());
   }

@@ -118,6 +118,12 @@ void wait(PartitionContext& ctx, Request& request, bool is_send, int peer, std::
   request.wait();
 }
 
+void apply_divisor(PartitionContext& ctx, std::span<float> y) {
+  if (ctx.divisor <= 1 || y.empty()) return;
+  Stage s(ctx, "merge", -1, y.size_bytes());
+  kit::divide_to(y, static_cast<float>(ctx.divisor), y);
+}
+
 // ---- payloads -------------------------------------------------------------------------------
 
 std::size_t message_capacity(const Codec& codec, std::size_t n) {

@@ -1,8 +1,12 @@
 // What every collective strategy shares: the context of one partition's collective, message tags,
 // in-band failure payloads, and traced send/recv/encode/decode helpers.
 //
-// A strategy reduces one partition: it reads this rank's contribution `input` and writes the SUM
-// over ranks to `output` (the engine averages and copies back). It runs on one worker thread and
+// A strategy reduces one partition: it reads this rank's contribution `input` and writes the sum
+// over ranks, divided by `divisor` (1, or the number of ranks to average), to `output`. output
+// may alias input: strategies read each part of the input before they write that part.
+// Averaging happens once, where a final result is produced (the owner of a shard or chunk
+// divides its sum before the final encode), so that it costs a pass over 1/N of the data and
+// every rank decodes the same averaged bytes. It runs on one worker thread and
 // blocks on the network; the engine runs several partitions at once, which is the pipeline.
 // Strategies post every receive of a step before waiting on its sends, so no pair of ranks can
 // wait on each other.
@@ -109,6 +113,7 @@ struct PartitionContext {
 
   std::span<const float> input;
   std::span<float> output;
+  int divisor = 1;
 
   const Codec* codec = nullptr;        // null: raw fp32
   const RoundCodec* rounds = nullptr;  // multi-round codecs (PowerSGD)
@@ -182,13 +187,17 @@ bool accept_message(PartitionContext& ctx, std::span<const std::byte> message, i
 bool decode_or_record(PartitionContext& ctx, std::span<const std::byte> message,
                       std::span<float> y, DecodeMode mode, int peer);
 
+// y /= ctx.divisor (in place; nothing when averaging is off or there is one rank).
+void apply_divisor(PartitionContext& ctx, std::span<float> y);
+
 // ---- the strategies (one file each) ---------------------------------------------------------
 
 // fp32 ring allreduce of ctx.input into ctx.output: reduce-scatter, then allgather.
 void raw_allreduce(PartitionContext& ctx);
-// The same ring on explicit spans with message indices from `first_index` (2(N-1) of them).
+// The same ring on explicit spans with message indices from `first_index` (2(N-1) of them);
+// divides by `divisor` like the strategies do.
 void raw_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
-              std::uint32_t first_index);
+              std::uint32_t first_index, int divisor);
 void allgather_allreduce(PartitionContext& ctx);
 void sharded_allreduce(PartitionContext& ctx);
 void ring_allreduce(PartitionContext& ctx);

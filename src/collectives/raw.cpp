@@ -3,8 +3,8 @@
 // The partition is split into N chunks. Reduce-scatter: at step s (0 .. N-2) rank r sends chunk
 // (r - s) mod N to r+1 and receives chunk (r - s - 1) mod N from r-1, adding its own input to it.
 // Chunk c thus starts at rank c and is summed in ring order, ((x_c + x_c+1) + x_c+2) + ...,
-// ending complete at rank c-1, its owner. Allgather: N-1 more steps pass the owners' sums on
-// unchanged. Each rank sends and receives 2(N-1)/N of the partition; results are bit-identical
+// ending complete at rank c-1, its owner, which divides it when averaging. Allgather: N-1 more
+// steps pass the owners' results on unchanged. Each rank sends and receives 2(N-1)/N of the partition; results are bit-identical
 // because every chunk's sum is computed once.
 #include <cstring>
 
@@ -14,7 +14,7 @@
 namespace terse::collectives {
 
 void raw_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
-              std::uint32_t first_index) {
+              std::uint32_t first_index, int divisor) {
   const int n = ctx.size(), r = ctx.rank();
   if (n == 1) {
     if (!input.empty() && input.data() != output.data()) {
@@ -42,6 +42,11 @@ void raw_ring(PartitionContext& ctx, std::span<const float> input, std::span<flo
     }
     wait(ctx, tx, true, next, out.size_bytes());
   }
+  if (divisor > 1) {
+    Stage m(ctx, "merge", -1, split.size(mod(r + 1)) * sizeof(float));
+    std::span<float> mine = chunk(output, mod(r + 1));
+    kit::divide_to(mine, static_cast<float>(divisor), mine);
+  }
   for (int s = 0; s < n - 1; ++s) {
     const int send_c = mod(r + 1 - s), recv_c = mod(r - s);
     std::span<float> in = chunk(output, recv_c);
@@ -53,6 +58,8 @@ void raw_ring(PartitionContext& ctx, std::span<const float> input, std::span<flo
   }
 }
 
-void raw_allreduce(PartitionContext& ctx) { raw_ring(ctx, ctx.input, ctx.output, 0); }
+void raw_allreduce(PartitionContext& ctx) {
+  raw_ring(ctx, ctx.input, ctx.output, 0, ctx.divisor);
+}
 
 }  // namespace terse::collectives

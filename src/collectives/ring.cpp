@@ -3,7 +3,8 @@
 // sends chunk (r - s) mod N to r+1 and receives chunk (r - s - 1) mod N from r-1, decodes it, adds
 // its own input and re-encodes the partial sum for the next hop. Rank r thus encodes each chunk
 // c exactly once per step (state slot c): its own input for c = r, a partial sum at a middle
-// hop, and the complete sum of the chunk it owns, c = r+1, which it sends to every rank. Every
+// hop, and the complete sum of the chunk it owns, c = r+1, which it divides when averaging and
+// sends to every rank. Partial sums live in scratch memory (the output may be the input). Every
 // rank, the owner included, decodes the owners' final payloads. Each rank sends 2(N-1)/N of the
 // compressed partition; the error grows with the N-1 re-encodings of partial sums.
 #include <vector>
@@ -30,6 +31,7 @@ void ring_allreduce(PartitionContext& ctx) {
   for (int j = 0; j < n; ++j) {
     if (j != r) final_rx[j] = post_recv(ctx, j, final_index, final_area(j));
   }
+  engine::Buffer scratch = ctx.pool->acquire(split.max_size() * sizeof(float));
   // Step 0 sends our own input's chunk r.
   std::span<const std::byte> outgoing =
       encode_or_fail(ctx, split.piece(ctx.input, r), split.begin(r), r, r, area(0));
@@ -39,7 +41,7 @@ void ring_allreduce(PartitionContext& ctx) {
     Request rx = post_recv(ctx, prev, s, area(2));
     Request tx = post_send(ctx, next, s, outgoing);
     wait(ctx, rx, false, prev, cap);
-    std::span<float> acc = split.piece(ctx.output, c);
+    std::span<float> acc = scratch.as<float>(split.size(c));
     decode_or_record(ctx, received_message(ctx, area(2), prev), acc, DecodeMode::kOverwrite,
                      prev);
     if (!ctx.failure.any()) {
@@ -51,6 +53,7 @@ void ring_allreduce(PartitionContext& ctx) {
       }
     }
     const bool last = s == n - 2;
+    if (last && !ctx.failure.any()) apply_divisor(ctx, acc);
     std::span<const std::byte> encoded =
         encode_or_fail(ctx, acc, split.begin(c), c, c, area(last ? 3 : (s + 1) % 2),
                        /*sum=*/true);
@@ -64,7 +67,7 @@ void ring_allreduce(PartitionContext& ctx) {
   // Allgather of the owners' sums: owner j holds chunk j+1.
   const int mine = mod(r + 1);
   if (n == 1) {
-    final_payload = outgoing;  // a single rank: its input chunk is the whole sum
+    final_payload = outgoing;  // a single rank: its input chunk is the whole sum (divisor 1)
   }
   for (int k = 1; k < n; ++k) {
     const int j = (r + k) % n;

@@ -1,7 +1,8 @@
 // sharded: a co-located parameter server (CaSync-PS, BytePS). The partition is split into N
 // shards and rank j owns shard j. Every rank encodes shard j (state slot j) and sends it to j;
 // the owner sums, in rank order, the N contributions to its shard (its own as exact fp32, the
-// others decoded), encodes the sum once (state slot N: server-side error feedback), and sends
+// others decoded), divides it when averaging, encodes it once (state slot N: server-side error
+// feedback), and sends
 // that final payload to every rank. Every rank, the owner included, decodes the final payloads,
 // so all end with identical results. Each rank sends about 2(N-1)/N of the compressed
 // partition, independent of N; the error is that of two encodes.
@@ -34,8 +35,10 @@ void sharded_allreduce(PartitionContext& ctx) {
     push_tx[j] = post_send(ctx, j, 0, sent[j]);
   }
 
-  // Our shard: the sum of all contributions in rank order, in place in the output.
-  std::span<float> acc = split.piece(ctx.output, r);
+  // Our shard: the sum of all contributions in rank order, in scratch memory (the output may be
+  // our input, whose shard r is one of the terms).
+  engine::Buffer scratch = ctx.pool->acquire(split.size(r) * sizeof(float));
+  std::span<float> acc = scratch.as<float>(split.size(r));
   for (int i = 0; i < n; ++i) {
     const DecodeMode mode = i == 0 ? DecodeMode::kOverwrite : DecodeMode::kAccumulate;
     if (i != r) {
@@ -50,13 +53,14 @@ void sharded_allreduce(PartitionContext& ctx) {
                          ctx.offset + split.begin(r) + kit::find_non_finite(own), {}});
     }
   }
+  if (!ctx.failure.any()) apply_divisor(ctx, acc);
   std::span<const std::byte> final_payload =
       encode_or_fail(ctx, acc, split.begin(r), r, n, area(r), /*sum=*/true);
   for (int k = 1; k < n; ++k) {
     const int j = (r + k) % n;
     final_tx[j] = post_send(ctx, j, 1, final_payload);
   }
-  decode_or_record(ctx, final_payload, acc, DecodeMode::kOverwrite, r);
+  decode_or_record(ctx, final_payload, split.piece(ctx.output, r), DecodeMode::kOverwrite, r);
   for (int k = 1; k < n; ++k) {
     const int j = (r + n - k) % n;  // owner r-1 sent first (it started with us)
     wait(ctx, final_rx[j], false, j, cap);

@@ -3,7 +3,8 @@
 // re-encode. The schedule is the raw ring's (raw.cpp): at reduce-scatter step s rank r receives
 // the partial payload of chunk c = (r - s - 1) mod N, combines its own encoding of c (state slot
 // c) into it and passes it on; the owner of chunk r+1 ends with the complete payload and sends it
-// to every rank, and every rank, the owner included, decodes it. Each rank sends 2(N-1)/N of the
+// to every rank, and every rank, the owner included, decodes it (and divides when averaging: the
+// compressed sum cannot be scaled without decoding). Each rank sends 2(N-1)/N of the
 // compressed partition.
 //
 // Multi-round codecs (PowerSGD) run here too: each round's contribution is a plain fp32 array
@@ -43,7 +44,7 @@ void rounds_allreduce(PartitionContext& ctx) {
                   std::numeric_limits<float>::quiet_NaN());
       }
     }
-    raw_ring(ctx, contribution, contribution, round * stride);
+    raw_ring(ctx, contribution, contribution, round * stride, 1);
     const std::size_t bad = kit::find_non_finite(contribution);
     if (bad != m) {  // identical on every rank: all stop here
       ctx.failure.merge({Failure::kSumNotFinite, -1, ctx.offset, {}});
@@ -52,8 +53,11 @@ void rounds_allreduce(PartitionContext& ctx) {
     Stage s(ctx, "merge", -1, m * 4);
     codec.absorb_round(round, contribution, ec);
   }
-  Stage s(ctx, "decode", -1, n * 4);
-  codec.finish(ctx.output, ec);
+  {
+    Stage s(ctx, "decode", -1, n * 4);
+    codec.finish(ctx.output, ec);
+  }
+  apply_divisor(ctx, ctx.output);
 }
 
 }  // namespace
@@ -118,6 +122,7 @@ void summable_allreduce(PartitionContext& ctx) {
     decode_or_record(ctx, received_message(ctx, final_area(j), j),
                      split.piece(ctx.output, mod(j + 1)), DecodeMode::kOverwrite, j);
   }
+  if (!ctx.failure.any()) apply_divisor(ctx, ctx.output);
   for (int j = 0; j < n; ++j) {
     if (j != r) wait(ctx, final_tx[j], true, j, outgoing.size());
   }

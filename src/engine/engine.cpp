@@ -13,7 +13,9 @@
 #include <array>
 #include <condition_variable>
 #include <cstring>
+#include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
@@ -130,15 +132,18 @@ struct Item {
   const RoundCodec* rounds = nullptr;
   TensorRecord* record = nullptr;
   std::uint64_t step = 0;
-  std::size_t staging = 0;  // offset of its sum in the job's staging buffer
+  std::size_t staging = 0;  // offset of its result in the job's staging buffer, if staged
+  bool staged = false;      // result goes to staging first (fused, or keep_input_on_error)
 };
 
 struct Job {
   std::vector<Item> items;
   std::vector<int> fused;  // indices of items travelling in the fused message
   std::size_t fused_elements = 0;
-  engine::Buffer staging;      // every item's sum
-  engine::Buffer fused_input;  // fused items' inputs, concatenated
+  // Results that are not written in place: the fused message (gathered inputs, reduced in
+  // place) first, then, with keep_input_on_error, every other item.
+  engine::Buffer staging;
+  bool fused_gathered = false;
   std::atomic<int> remaining{0};
 
   std::mutex mu;
@@ -189,6 +194,10 @@ struct Engine::Impl {
   std::mutex flight_mu;  // guards TensorRecord::in_flight (cleared by the workers)
   std::uint32_t task_seq = 0;
   std::uint32_t verify_seq = 0;
+
+  // TERSE_TRACE=DIR: the engine records its own trace and writes DIR/rank-R.json at the end.
+  std::shared_ptr<TraceRecorder> env_trace;
+  std::string env_trace_dir;
 
   std::mutex queue_mu;
   std::condition_variable queue_cv, idle_cv;
@@ -267,6 +276,11 @@ struct Engine::Impl {
     }
     const int n = comm->size(), r = comm->rank();
     if (n == 1) return;
+    const std::string label =
+        items.size() == 1
+            ? fmt::format("'{}' (first-use check)", items[0].ref.name)
+            : fmt::format("'{}' and {} more (first-use check)", items[0].ref.name,
+                          items.size() - 1);
     const std::uint64_t base =
         (kVerifySignature << 32) | (static_cast<std::uint64_t>(verify_seq++ & 0xffff) << 16);
     const std::uint64_t mine[2] = {fnv1a64(text), text.size()};
@@ -275,8 +289,8 @@ struct Engine::Impl {
       std::vector<Request> rx, tx;
       for (int p = 0; p < n; ++p) {
         if (p == r) continue;
-        rx.push_back(comm->recv(p, base | index, recv_of(p), "submission check"));
-        tx.push_back(comm->send(p, base | index, send_of(p), "submission check"));
+        rx.push_back(comm->recv(p, base | index, recv_of(p), label));
+        tx.push_back(comm->send(p, base | index, send_of(p), label));
       }
       for (auto& q : rx) q.wait();
       for (auto& q : tx) q.wait();
@@ -381,13 +395,12 @@ struct Engine::Impl {
     }
     std::size_t fusable = 0;
     for (const auto& it : job->items) {
-      fusable += it.plan.strategy == Strategy::kRaw &&
-                 it.ref.data.size_bytes() <= options.fuse_bytes;
+      fusable += fusable_item(it);
     }
     if (fusable >= 2) {
       for (std::size_t i = 0; i < job->items.size(); ++i) {
         Item& it = job->items[i];
-        if (it.plan.strategy == Strategy::kRaw && it.ref.data.size_bytes() <= options.fuse_bytes) {
+        if (fusable_item(it)) {
           it.plan.fused = true;
           job->fused.push_back(static_cast<int>(i));
           job->fused_elements += it.ref.data.size();
@@ -398,14 +411,16 @@ struct Engine::Impl {
     std::size_t staging = 0;
     for (int i : job->fused) {
       job->items[i].staging = staging;
+      job->items[i].staged = true;
       staging += job->items[i].ref.data.size();
     }
     for (auto& it : job->items) {
-      if (it.plan.fused) continue;
+      if (it.plan.fused || !options.keep_input_on_error) continue;
       it.staging = staging;
+      it.staged = true;
       staging += it.ref.data.size();
     }
-    job->staging = pool.acquire(std::max<std::size_t>(staging, 1) * sizeof(float));
+    if (staging > 0) job->staging = pool.acquire(staging * sizeof(float));
 
     std::vector<Task> tasks;
     auto add_task = [&](int item, int partition, int partitions, const std::string& what) {
@@ -448,6 +463,12 @@ struct Engine::Impl {
     return Handle(job->handle);
   }
 
+  // Small raw tensors that average (DDP's case) travel together in one message.
+  bool fusable_item(const Item& it) const {
+    return it.plan.strategy == Strategy::kRaw && it.ref.options.average &&
+           it.ref.data.size_bytes() <= options.fuse_bytes;
+  }
+
   // ---- running tasks ------------------------------------------------------------------------
 
   void worker(std::uint32_t id) {
@@ -487,7 +508,8 @@ struct Engine::Impl {
         ctx.tensor = it.ref.name;
         ctx.offset = split.begin(task.partition);
         ctx.input = split.piece(std::span<const float>(it.ref.data), task.partition);
-        ctx.output = split.piece(staged(job, task.item), task.partition);
+        ctx.output = split.piece(result(job, task.item), task.partition);
+        ctx.divisor = it.ref.options.average ? comm->size() : 1;
         ctx.codec = it.codec;
         ctx.rounds = it.rounds;
         ctx.states = &it.record->partitions[task.partition];
@@ -534,9 +556,9 @@ struct Engine::Impl {
     Job& job = *task.job;
     {
       std::lock_guard lock(job.mu);
-      if (job.fused_input.size() == 0) {
-        job.fused_input = pool.acquire(job.fused_elements * sizeof(float));
-        auto dst = job.fused_input.as<float>(job.fused_elements);
+      if (!job.fused_gathered) {
+        job.fused_gathered = true;
+        auto dst = job.staging.as<float>(job.fused_elements);
         std::size_t at = 0;
         for (int i : job.fused) {
           const auto& src = job.items[i].ref.data;
@@ -546,11 +568,11 @@ struct Engine::Impl {
       }
     }
     const collectives::Split split(job.fused_elements, task.partitions);
-    std::span<float> out = job.staging.as<float>(job.fused_elements);
+    std::span<float> out = job.staging.as<float>(job.fused_elements);  // reduced in place
     ctx.offset = split.begin(task.partition);
-    ctx.input = split.piece(std::span<const float>(job.fused_input.as<float>(job.fused_elements)),
-                            task.partition);
+    ctx.input = split.piece(std::span<const float>(out), task.partition);
     ctx.output = split.piece(out, task.partition);
+    ctx.divisor = comm->size();  // only averaging tensors are fused
     collectives::raw_allreduce(ctx);
   }
 
@@ -577,7 +599,6 @@ struct Engine::Impl {
     if (!error) copy_back(job);
     for (auto& it : job.items) set_in_flight(*it.record, false);
     job.staging = engine::Buffer();
-    job.fused_input = engine::Buffer();
     job.handle->complete(error);
     {
       std::lock_guard lock(queue_mu);
@@ -586,9 +607,16 @@ struct Engine::Impl {
     idle_cv.notify_all();
   }
 
-  // The staging span holding item i's sum.
-  static std::span<float> staged(const Job& job, int i) {
+  // What an error did to the user's tensors.
+  std::string outcome() const {
+    return options.keep_input_on_error ? " and left the tensors unchanged"
+                                       : " (the tensors may hold partial results)";
+  }
+
+  // Where item i's result is written: its own tensor, or the staging buffer.
+  static std::span<float> result(const Job& job, int i) {
     const Item& it = job.items[i];
+    if (!it.staged) return it.ref.data;
     return job.staging.as<float>(it.staging + it.ref.data.size()).subspan(it.staging);
   }
 
@@ -623,9 +651,8 @@ struct Engine::Impl {
                     ? fmt::format("rank {} received a payload it could not decode", f.origin)
                     : f.detail;
     }
-    const std::string msg = fmt::format(
-        "rank {}: allreduce of {} failed on every rank and left the tensors unchanged: {}",
-        comm->rank(), what, cause);
+    const std::string msg = fmt::format("rank {}: allreduce of {} failed on every rank{}: {}",
+                                        comm->rank(), what, outcome(), cause);
     if (f.kind == Failure::kBadPayload) return std::make_exception_ptr(DecodeError(msg));
     return std::make_exception_ptr(InvalidArgument(msg));
   }
@@ -635,31 +662,27 @@ struct Engine::Impl {
     for (std::size_t i = 0; i < job.items.size(); ++i) {
       const Item& it = job.items[i];
       if (it.plan.strategy != Strategy::kRaw) continue;
-      std::span<float> sum = staged(job, static_cast<int>(i));
+      std::span<float> sum = result(job, static_cast<int>(i));
       const std::size_t bad = kit::find_non_finite(sum);
       if (bad == sum.size()) continue;
-      const std::size_t own = kit::find_non_finite(it.ref.data);
+      // The input survives only when the result was staged.
+      const std::size_t own = it.staged ? kit::find_non_finite(it.ref.data) : it.ref.data.size();
       throw InvalidArgument(fmt::format(
-          "rank {}: allreduce of tensor '{}' failed on every rank and left the tensors "
-          "unchanged: the sum holds NaN or Inf at element {} ({})",
-          comm->rank(), it.ref.name, bad,
+          "rank {}: allreduce of tensor '{}' failed on every rank{}: the sum holds NaN or Inf at "
+          "element {} ({})",
+          comm->rank(), it.ref.name, outcome(), bad,
           own < it.ref.data.size()
               ? fmt::format("this rank's input holds NaN or Inf at element {}", own)
-              : std::string("another rank's input was not finite, or the sum overflowed")));
+              : std::string("some rank's input was not finite, or the sum overflowed")));
     }
   }
 
   void copy_back(Job& job) {
-    const auto ranks = static_cast<float>(comm->size());
     for (std::size_t i = 0; i < job.items.size(); ++i) {
       Item& it = job.items[i];
-      std::span<float> sum = staged(job, static_cast<int>(i));
-      if (sum.empty()) continue;
-      if (it.ref.options.average && comm->size() > 1) {
-        kit::divide_to(sum, ranks, it.ref.data);
-      } else {
-        std::memcpy(it.ref.data.data(), sum.data(), sum.size_bytes());
-      }
+      if (!it.staged || it.ref.data.empty()) continue;
+      std::memcpy(it.ref.data.data(), result(job, static_cast<int>(i)).data(),
+                  it.ref.data.size_bytes());
     }
   }
 };
@@ -674,6 +697,14 @@ Engine::Engine(std::shared_ptr<Communicator> comm, EngineOptions options)
   if (impl_->options.partition_bytes < 4096) {
     throw InvalidArgument("engine: partition_bytes must be at least 4096");
   }
+  if (!impl_->options.tracer) {
+    const char* dir = std::getenv("TERSE_TRACE");
+    if (dir != nullptr && *dir != '\0') {
+      impl_->env_trace = std::make_shared<TraceRecorder>();
+      impl_->env_trace_dir = dir;
+      impl_->options.tracer = impl_->env_trace;
+    }
+  }
   const int threads = impl_->options.threads > 0 ? impl_->options.threads : env_threads();
   for (int i = 0; i < threads; ++i) {
     impl_->workers.emplace_back([this, i] { impl_->worker(static_cast<std::uint32_t>(i)); });
@@ -687,6 +718,17 @@ Engine::~Engine() {
   }
   impl_->queue_cv.notify_all();
   for (auto& t : impl_->workers) t.join();
+  if (impl_->env_trace) {
+    try {
+      std::filesystem::create_directories(impl_->env_trace_dir);
+      impl_->env_trace->write_chrome_json(
+          fmt::format("{}/rank-{}.json", impl_->env_trace_dir, impl_->comm->rank()),
+          impl_->comm->rank());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "terse: cannot write the trace to %s: %s\n",
+                   impl_->env_trace_dir.c_str(), e.what());
+    }
+  }
 }
 
 Handle Engine::allreduce(std::string name, std::span<float> data, AllreduceOptions options) {

@@ -394,6 +394,8 @@ int Communicator::size() const noexcept { return impl_->size; }
 milliseconds Communicator::timeout() const noexcept { return impl_->timeout; }
 std::string Communicator::address() const { return impl_->address; }
 
+std::shared_ptr<gloo::Context> gloo_context(Communicator& comm) { return comm.impl_->context; }
+
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Communicator::~Communicator() = default;
 
@@ -472,7 +474,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int size, std::shar
   return comm;
 }
 
-std::unique_ptr<Communicator> Communicator::from_env(CommunicatorOptions options) {
+Bootstrap bootstrap_from_env(milliseconds timeout) {
   auto integer = [](const char* name, bool required, int fallback) {
     const std::string v = env(name);
     if (v.empty()) {
@@ -486,13 +488,12 @@ std::unique_ptr<Communicator> Communicator::from_env(CommunicatorOptions options
     }
     return static_cast<int>(x);
   };
-  const int rank = integer("RANK", true, 0);
-  const int size = integer("WORLD_SIZE", true, 1);
-  if (options.timeout.count() <= 0) options.timeout = default_timeout();
-  std::shared_ptr<Store> store;
+  Bootstrap b;
+  b.rank = integer("RANK", true, 0);
+  b.size = integer("WORLD_SIZE", true, 1);
   const std::string dir = env("TERSE_FILE_STORE");
   if (!dir.empty()) {
-    store = make_file_store(dir);
+    b.store = make_file_store(dir);
   } else {
     const std::string addr = env("MASTER_ADDR");
     if (addr.empty()) {
@@ -500,9 +501,15 @@ std::unique_ptr<Communicator> Communicator::from_env(CommunicatorOptions options
           "environment: set MASTER_ADDR and MASTER_PORT (torchrun does), or TERSE_FILE_STORE");
     }
     const int port = integer("MASTER_PORT", true, 0);
-    store = make_tcp_store(addr, port, rank == 0, options.timeout);
+    b.store = make_tcp_store(addr, port, b.rank == 0, timeout);
   }
-  return create(rank, size, std::move(store), std::move(options));
+  return b;
+}
+
+std::unique_ptr<Communicator> Communicator::from_env(CommunicatorOptions options) {
+  if (options.timeout.count() <= 0) options.timeout = default_timeout();
+  Bootstrap b = bootstrap_from_env(options.timeout);
+  return create(b.rank, b.size, std::move(b.store), std::move(options));
 }
 
 }  // namespace terse

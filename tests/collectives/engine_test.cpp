@@ -94,7 +94,9 @@ TEST_F(SingleRank, RejectsInvalidOptionsNamingWhatIsAllowed) {
 }
 
 TEST_F(SingleRank, ResultsMatchTheSimulationAndTheInputIsKeptOnError) {
-  Engine engine(comm_);
+  EngineOptions options;
+  options.keep_input_on_error = true;
+  Engine engine(comm_, options);
   testing::Simulator sim(1, 0);
   for (const char* spec : {"none", "fp16", "onebit:ef=1", "minmax8", "qsgd", "powersgd:rank=3"}) {
     for (std::size_t n : {0, 1, 100, 4097, 300000}) {
@@ -242,9 +244,10 @@ TEST_P(Ranks, GroupsFuseSmallTensorsAndResumeFromSavedState) {
   expect_all_ok(shell(run(n, "group")), n, "group");
 }
 
-TEST_P(Ranks, NonFiniteInputFailsEveryRankAndChangesNothing) {
+TEST_P(Ranks, NonFiniteInputFailsEveryRankAndTheEngineKeepsWorking) {
   const int n = GetParam();
   expect_all_ok(shell(run(n, "nonfinite")), n, "nonfinite");
+  expect_all_ok(shell(run(n, "nonfinite keep")), n, "nonfinite keep");
 }
 
 TEST_P(Ranks, MismatchedSubmissionsAreReportedOnFirstUse) {

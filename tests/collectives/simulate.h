@@ -26,9 +26,11 @@ class Simulator {
  public:
   Simulator(int ranks, std::uint64_t seed) : ranks_(ranks), seed_(seed) {}
 
-  // The sum the engine computes for tensor `name` at `step`. codec is null for raw.
+  // The result the engine computes for tensor `name` at `step`: the sum over ranks, divided by
+  // `divisor` where the strategy divides. codec is null for raw.
   std::vector<float> run(const std::string& name, std::uint64_t step, Strategy strategy,
-                         const Codec* codec, int partitions, const Inputs& x) {
+                         const Codec* codec, int partitions, const Inputs& x, int divisor = 1) {
+    divisor_ = divisor;
     const std::size_t n = x[0].size();
     std::vector<float> y(n);
     const collectives::Split parts(n, partitions);
@@ -86,14 +88,19 @@ class Simulator {
   }
 
   int mod(int v) const { return ((v % ranks_) + ranks_) % ranks_; }
+  void divide(std::span<float> y) const {
+    if (divisor_ > 1) kit::divide_to(y, static_cast<float>(divisor_), y);
+  }
 
-  void raw(const std::vector<std::span<const float>>& in, std::span<float> out) {
+  void raw(const std::vector<std::span<const float>>& in, std::span<float> out,
+           bool average = true) {
     const collectives::Split chunks(out.size(), ranks_);
     for (int c = 0; c < ranks_; ++c) {
       std::span<float> acc = chunks.piece(out, c);
       std::span<const float> first = chunks.piece(in[c], c);
       std::copy(first.begin(), first.end(), acc.begin());
       for (int h = 1; h < ranks_; ++h) kit::add_to(chunks.piece(in[mod(c + h)], c), acc, acc);
+      if (average) divide(acc);
     }
   }
 
@@ -103,6 +110,7 @@ class Simulator {
       p.codec->decode(encode(p, in[i], i, 0, 0), out,
                       i == 0 ? DecodeMode::kOverwrite : DecodeMode::kAccumulate);
     }
+    divide(out);
   }
 
   void sharded(const Piece& p, const std::vector<std::span<const float>>& in,
@@ -118,6 +126,7 @@ class Simulator {
                           i == 0 ? DecodeMode::kOverwrite : DecodeMode::kAccumulate);
         }
       }
+      divide(acc);
       auto final_payload = encode(p, acc, j, j, ranks_);
       p.codec->decode(final_payload, acc);
     }
@@ -131,6 +140,7 @@ class Simulator {
       for (int h = 1; h < ranks_; ++h) {
         const int k = mod(c + h);
         kit::store_or_add(chunks.piece(in[k], c).data(), acc, true);
+        if (h == ranks_ - 1) divide(acc);
         p.codec->decode(encode(p, acc, k, c, c), acc);
       }
     }
@@ -146,6 +156,7 @@ class Simulator {
         p.codec->combine(encode(p, chunks.piece(in[k], c), k, c, c), partial);
       }
       p.codec->decode(partial, chunks.piece(out, c));
+      divide(chunks.piece(out, c));
     }
   }
 
@@ -161,15 +172,17 @@ class Simulator {
       for (int i = 0; i < ranks_; ++i) rc.encode_round(round, in[i], contribution[i], ctx[i]);
       std::vector<std::span<const float>> views(contribution.begin(), contribution.end());
       std::vector<float> sum(m);
-      raw(views, sum);
+      raw(views, sum, /*average=*/false);  // round sums are plain sums
       for (int i = 0; i < ranks_; ++i) rc.absorb_round(round, sum, ctx[i]);
     }
     std::vector<float> other(n);
     for (int i = 0; i < ranks_; ++i) rc.finish(i == 0 ? out : std::span<float>(other), ctx[i]);
+    divide(out);
   }
 
   int ranks_;
   std::uint64_t seed_;
+  int divisor_ = 1;
   std::map<std::tuple<std::string, int, int, int>, std::pair<std::size_t, std::unique_ptr<CodecState>>>
       states_;
 };

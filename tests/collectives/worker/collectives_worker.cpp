@@ -6,8 +6,9 @@
 //                       strategy it is valid for x sizes x partitions, two steps each
 //   group               a DDP-like bucket of small raw (fused) and compressed tensors over
 //                       several steps; save_state/load_state resumes bit for bit
-//   nonfinite           one rank's input holds NaN or Inf: every rank gets a clear error, the
-//                       tensors stay unchanged and the engine keeps working
+//   nonfinite [keep]    one rank's input holds NaN or Inf: every rank gets a clear error naming
+//                       the rank and element, and the engine keeps working; with keep
+//                       (keep_input_on_error) the tensors stay unchanged
 //   mismatch KIND       ranks submit different sizes / names / codecs on first use
 //   die VICTIM          VICTIM kills itself mid-collective; the others must fail within the
 //                       timeout naming the tensor and the peer (they exit 3)
@@ -162,8 +163,8 @@ int matrix(Communicator& comm, Engine& engine, std::vector<std::string> specs) {
             std::vector<float> y = x[r];
             engine.allreduce(name, y, o).wait();
             const Codec* c = plan.strategy == Strategy::kRaw ? nullptr : codec.get();
-            auto want = averaged(sim.run(name, step, plan.strategy, c, plan.partitions, x),
-                                 n_ranks, o.average);
+            auto want = sim.run(name, step, plan.strategy, c, plan.partitions, x,
+                                o.average ? n_ranks : 1);
             check_equal(y, want, what);
             check_identical(comm, y, what);
             if (codec->traits().lossless && n > 0) {
@@ -225,19 +226,40 @@ int group(Communicator& comm, Engine& engine) {
     auto got = run_bucket(engine, r, step);
     if (step == 3) at_step3 = got;
     const auto tensors = bucket();
+    // The engine fuses small raw tensors into one message: simulate them as one tensor.
+    std::vector<std::vector<float>> want(tensors.size());
+    std::vector<std::size_t> fused;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const auto& t = tensors[i];
       AllreduceOptions o;
       o.codec = t.codec;
       o.strategy = t.strategy;
       TensorPlan plan = engine.plan(t.n, o);
+      if (plan.strategy == Strategy::kRaw && t.n * 4 <= EngineOptions{}.fuse_bytes) {
+        fused.push_back(i);
+        continue;
+      }
       auto codec = make_codec(t.codec);
       Inputs x = all_inputs(n_ranks, t.name, step, t.n);
       const Codec* c = plan.strategy == Strategy::kRaw ? nullptr : codec.get();
-      auto want = averaged(sim.run(t.name, step, plan.strategy, c, plan.partitions, x), n_ranks,
-                           true);
-      const std::string what = fmt::format("group step {} tensor {}", step, t.name);
-      check_equal(got[i], want, what);
+      want[i] = sim.run(t.name, step, plan.strategy, c, plan.partitions, x, n_ranks);
+    }
+    Inputs fx(n_ranks);
+    for (std::size_t i : fused) {
+      for (int k = 0; k < n_ranks; ++k) {
+        auto v = make_input(k, tensors[i].name, step, tensors[i].n);
+        fx[k].insert(fx[k].end(), v.begin(), v.end());
+      }
+    }
+    auto fw = sim.run("fused", step, Strategy::kRaw, nullptr, 1, fx, n_ranks);
+    std::size_t at = 0;
+    for (std::size_t i : fused) {
+      want[i].assign(fw.begin() + at, fw.begin() + at + tensors[i].n);
+      at += tensors[i].n;
+    }
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const std::string what = fmt::format("group step {} tensor {}", step, tensors[i].name);
+      check_equal(got[i], want[i], what);
       check_identical(comm, got[i], what);
     }
   }
@@ -257,7 +279,8 @@ bool contains(const std::string& s, const std::string& what) {
   return s.find(what) != std::string::npos;
 }
 
-int nonfinite(Communicator& comm, Engine& engine) {
+// keep: the engine stages results (keep_input_on_error), so tensors must stay unchanged.
+int nonfinite(Communicator& comm, Engine& engine, bool keep) {
   const int r = comm.rank(), bad_rank = comm.size() - 1;
   int cases = 0;
   for (const char* spec : {"none", "onebit", "fp16", "topk", "powersgd:rank=2", "terngrad"}) {
@@ -284,8 +307,8 @@ int nonfinite(Communicator& comm, Engine& engine) {
         error = e.what();
       }
       check(!error.empty(), name + ": no error on rank " + std::to_string(r));
-      check(contains(error, "unchanged"), name + ": error does not say the tensor is unchanged: " +
-                                              error);
+      check(contains(error, keep ? "unchanged" : "partial results"),
+            name + ": error does not say what happened to the tensor: " + error);
       if (std::string(spec) != "none" && std::string(spec).rfind("powersgd", 0) != 0) {
         check(contains(error, fmt::format("rank {}'s input holds NaN or Inf at element {}",
                                           bad_rank, at)),
@@ -294,14 +317,16 @@ int nonfinite(Communicator& comm, Engine& engine) {
         check(contains(error, fmt::format("at element {}", at)),
               name + ": error does not name the element: " + error);
       }
-      check(std::memcmp(x.data(), before.data(), n * 4) == 0, name + ": tensor was modified");
+      if (keep) {
+        check(std::memcmp(x.data(), before.data(), n * 4) == 0, name + ": tensor was modified");
+      }
       // The engine and communicator are still usable.
       std::vector<float> ok = make_input(r, name + "/after", 0, 1000);
       engine.allreduce(name + "/after", ok, o).wait();
       ++cases;
     }
   }
-  std::printf("OK rank %d nonfinite %d cases\n", r, cases);
+  std::printf("OK rank %d nonfinite%s %d cases\n", r, keep ? " keep" : "", cases);
   return 0;
 }
 
@@ -391,10 +416,9 @@ int stress(Communicator& comm, Engine& engine) {
     TensorPlan plan = engine.plan(data[i].size(), o);
     auto codec = make_codec(o.codec);
     Inputs x = all_inputs(n_ranks, name, 0, data[i].size());
-    auto want = averaged(sim.run(name, 0, plan.strategy,
-                                 plan.strategy == Strategy::kRaw ? nullptr : codec.get(),
-                                 plan.partitions, x),
-                         n_ranks, true);
+    auto want = sim.run(name, 0, plan.strategy,
+                        plan.strategy == Strategy::kRaw ? nullptr : codec.get(), plan.partitions,
+                        x, n_ranks);
     check_equal(data[i], want, "stress " + name);
   }
   std::printf("OK rank %d stress %d tensors\n", r, kTensors);
@@ -415,6 +439,8 @@ int main(int argc, char** argv) {
     options.seed = kSeed;
     if (scenario == "stress") options.threads = 2;
     if (scenario == "matrix") options.partition_bytes = 64 << 10;
+    const bool keep = argc == 3 && std::string(argv[2]) == "keep";
+    options.keep_input_on_error = keep;
     int rc = 0;
     {
       Engine engine(comm, options);
@@ -423,7 +449,7 @@ int main(int argc, char** argv) {
       } else if (scenario == "group") {
         rc = group(*comm, engine);
       } else if (scenario == "nonfinite") {
-        rc = nonfinite(*comm, engine);
+        rc = nonfinite(*comm, engine, keep);
       } else if (scenario == "mismatch" && argc == 3) {
         rc = mismatch(*comm, engine, argv[2]);
       } else if (scenario == "die" && argc == 3) {

@@ -1,0 +1,311 @@
+// terse bench allreduce: allreduce time of one large gradient, in the same processes and the
+// same run, for Gloo's own ring algorithms, terse's raw ring and terse's compressed strategies.
+//
+// Run under a launcher (scripts/cluster.sh or `terse run`), or alone: without RANK in the
+// environment it starts --ranks local ranks of itself through `terse run`. Every figure is the
+// median over --reps timed runs of the slowest rank's time; each run starts from the same input
+// after a barrier. With --link RATE (the emulated link's rate) it reports the ideal time, the
+// bytes on the busiest link over the link rate, and the measured time against it.
+#include <fmt/format.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "commands.h"
+#include "terse/communicator.h"
+#include "terse/engine.h"
+#include "terse/error.h"
+#include "terse/spec.h"
+
+namespace terse::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int ranks = 4;
+  std::string size = "100MB";
+  std::vector<std::string> codecs;
+  std::vector<std::string> strategies;
+  std::vector<int> partitions;
+  int reps = 5;
+  int threads = 0;
+  std::string link;
+  std::string json;
+  bool no_gloo = false;
+};
+
+// "100MB", "64MiB", "1e6" (bytes) -> bytes.
+std::size_t parse_size(const std::string& text) {
+  std::size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    throw InvalidArgument(fmt::format("--size '{}' is not a size such as 100MB or 64MiB", text));
+  }
+  const std::string unit = text.substr(pos);
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  if (unit == "KB" || unit == "kB") scale = 1e3;
+  if (unit == "MB") scale = 1e6;
+  if (unit == "GB") scale = 1e9;
+  if (unit == "KiB") scale = 1024;
+  if (unit == "MiB") scale = 1024.0 * 1024;
+  if (unit == "GiB") scale = 1024.0 * 1024 * 1024;
+  if (scale == 0 || !(v >= 0)) {
+    throw InvalidArgument(fmt::format("--size '{}': unknown unit (use B, KB, MB, GB, KiB, MiB, GiB)",
+                                      text));
+  }
+  return static_cast<std::size_t>(v * scale);
+}
+
+// "100mbit", "1gbit", "10gbit" -> bits per second.
+double parse_rate(const std::string& text) {
+  std::size_t pos = 0;
+  double v = std::stod(text, &pos);
+  const std::string unit = text.substr(pos);
+  if (unit == "gbit") return v * 1e9;
+  if (unit == "mbit") return v * 1e6;
+  if (unit == "kbit") return v * 1e3;
+  throw InvalidArgument(fmt::format("--link '{}': use a tc rate such as 100mbit or 1gbit", text));
+}
+
+struct Config {
+  std::string label;  // e.g. "sharded onebit K=8"
+  std::string kind;   // "gloo-ring", "gloo-ring-chunked", "terse"
+  AllreduceOptions options;
+};
+
+std::vector<Config> configs(const Options& opt) {
+  std::vector<Config> out;
+  if (!opt.no_gloo) {
+    out.push_back({"gloo AllreduceRing (fp32)", "gloo-ring", {}});
+    out.push_back({"gloo AllreduceRingChunked (fp32)", "gloo-ring-chunked", {}});
+  }
+  auto add = [&](const std::string& codec, Strategy s, int k) {
+    AllreduceOptions o;
+    o.codec = codec;
+    o.strategy = s;
+    o.partitions = k;
+    out.push_back({"", "terse", o});
+  };
+  if (opt.codecs.empty() && opt.strategies.empty() && opt.partitions.empty()) {
+    add("none", Strategy::kRaw, 1);
+    add("none", Strategy::kRaw, 0);
+    for (const char* c : {"onebit", "terngrad"}) {
+      add(c, Strategy::kSharded, 1);
+      add(c, Strategy::kSharded, 0);
+    }
+    add("onebit", Strategy::kAllgather, 0);
+    add("onebit", Strategy::kRing, 0);
+    add("fp16", Strategy::kSummable, 1);
+    add("fp16", Strategy::kSummable, 0);
+    add("bf16", Strategy::kSummable, 0);
+    return out;
+  }
+  std::vector<std::string> codecs = opt.codecs.empty() ? std::vector<std::string>{"none"}
+                                                       : opt.codecs;
+  std::vector<Strategy> strategies;
+  for (const auto& s : opt.strategies) strategies.push_back(parse_strategy(s));
+  if (strategies.empty()) strategies.push_back(Strategy::kAuto);
+  std::vector<int> parts = opt.partitions.empty() ? std::vector<int>{0} : opt.partitions;
+  for (const auto& c : codecs) {
+    for (Strategy s : strategies) {
+      for (int k : parts) add(c, s, k);
+    }
+  }
+  return out;
+}
+
+// Every rank's value, gathered (through the communicator's own collectives).
+std::vector<double> gather(Communicator& comm, double v) {
+  std::vector<double> all(comm.size());
+  std::vector<std::size_t> sizes(comm.size(), sizeof(double));
+  comm.allgatherv(std::as_bytes(std::span(&v, 1)), std::as_writable_bytes(std::span(all)), sizes,
+                  "bench");
+  return all;
+}
+
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+void run_rank(const Options& opt) {
+  Bootstrap boot = bootstrap_from_env(default_timeout());
+  std::shared_ptr<Communicator> comm = Communicator::create(boot.rank, boot.size, boot.store);
+  // Gloo's algorithms run on connections of their own, so that neither side inherits the
+  // other's socket state (Gloo resizes SO_SNDBUF per message size).
+  CommunicatorOptions gloo_options;
+  gloo_options.prefix = "gloo-baseline";
+  std::shared_ptr<Communicator> gloo_comm =
+      Communicator::create(boot.rank, boot.size, boot.store, gloo_options);
+  const int r = comm->rank(), n_ranks = comm->size();
+  const std::size_t n = parse_size(opt.size) / sizeof(float);
+  const double rate = opt.link.empty() ? 0 : parse_rate(opt.link);
+  EngineOptions eo;
+  eo.threads = opt.threads;
+  Engine engine(comm, eo);
+
+  // A gradient-like input, different on every rank: normal values with rare large outliers.
+  std::vector<float> input = touched<float>(n), data = touched<float>(n);
+  {
+    std::mt19937_64 gen(1000 + r);
+    std::normal_distribution<float> normal(0.0f, 1e-3f);
+    for (auto& v : input) v = normal(gen);
+    for (std::size_t i = r; i < n; i += 9973) input[i] *= 50.0f;
+  }
+  if (r == 0) {
+    fmt::print("terse bench allreduce: {} ranks, {} floats ({:.1f} MB) fp32, median of {} runs{}\n",
+               n_ranks, n, n * 4 / 1e6, opt.reps,
+               rate > 0 ? fmt::format(", links {} ({:.0f} Mbit/s)", opt.link, rate / 1e6) : "");
+    fmt::print("{:<34} {:>9} {:>9} {:>10} {:>9} {:>8} {:>9} {:>9}\n", "configuration", "median s",
+               "min s", "MB/rank", "ideal s", "x ideal", "vs gloo", "vs raw");
+    std::fflush(stdout);
+  }
+
+  nlohmann::json report;
+  report["ranks"] = n_ranks;
+  report["elements"] = n;
+  report["bytes"] = n * 4;
+  report["reps"] = opt.reps;
+  report["link"] = opt.link;
+  report["link_bits_per_second"] = rate;
+  report["configs"] = nlohmann::json::array();
+  double best_gloo = 0, raw = 0;
+
+  std::uint64_t tensor = 0;
+  for (Config& cfg : configs(opt)) {
+    std::vector<double> times;
+    double bytes_per_rank = 0;
+    bool identical = true;
+    if (cfg.kind == "terse") {
+      TensorPlan plan = engine.plan(n, cfg.options);
+      cfg.label = fmt::format("{} {} K={}{}", to_string(plan.strategy),
+                              cfg.options.codec.substr(0, 14), plan.partitions,
+                              cfg.options.partitions == 0 ? " (auto)" : "");
+      const std::string name = fmt::format("gradient{}", tensor++);
+      std::copy(input.begin(), input.end(), data.begin());
+      engine.allreduce(name, data, cfg.options).wait();  // warm-up: first use, buffers
+      const auto before = engine.bytes_sent();
+      for (int rep = 0; rep < opt.reps; ++rep) {
+        std::copy(input.begin(), input.end(), data.begin());
+        comm->barrier("bench");
+        const auto t0 = Clock::now();
+        engine.allreduce(name, data, cfg.options).wait();
+        times.push_back(max_of(
+            gather(*comm, std::chrono::duration<double>(Clock::now() - t0).count())));
+      }
+      bytes_per_rank = max_of(gather(
+          *comm, static_cast<double>(engine.bytes_sent() - before) / opt.reps));
+    } else {
+      auto ctx = gloo_context(*gloo_comm);
+      float* ptr = data.data();
+      std::unique_ptr<gloo::Algorithm> algo;
+      if (cfg.kind == "gloo-ring") {
+        algo = std::make_unique<gloo::AllreduceRing<float>>(ctx, std::vector<float*>{ptr},
+                                                            static_cast<int>(n));
+        bytes_per_rank = static_cast<double>(n_ranks - 1) * n * 4;
+      } else {
+        algo = std::make_unique<gloo::AllreduceRingChunked<float>>(
+            ctx, std::vector<float*>{ptr}, static_cast<int>(n));
+        bytes_per_rank = 2.0 * (n_ranks - 1) / n_ranks * n * 4;
+      }
+      std::copy(input.begin(), input.end(), data.begin());
+      algo->run();  // warm-up
+      for (int rep = 0; rep < opt.reps; ++rep) {
+        std::copy(input.begin(), input.end(), data.begin());
+        comm->barrier("bench");
+        const auto t0 = Clock::now();
+        algo->run();
+        times.push_back(max_of(
+            gather(*comm, std::chrono::duration<double>(Clock::now() - t0).count())));
+      }
+    }
+    // Every rank must hold the same result.
+    const double d = static_cast<double>(
+        fnv1a64(std::string_view(reinterpret_cast<const char*>(data.data()), n * 4)) >> 12);
+    for (double v : gather(*comm, d)) identical &= v == d;
+
+    const double med = median(times);
+    const double ideal = rate > 0 ? bytes_per_rank * 8 / rate : 0;
+    if (cfg.kind != "terse" && (best_gloo == 0 || med < best_gloo)) best_gloo = med;
+    if (cfg.kind == "terse" && cfg.options.codec == "none" && (raw == 0 || med < raw)) raw = med;
+    if (r == 0) {
+      fmt::print("{:<34} {:>9.4f} {:>9.4f} {:>10.2f} {:>9} {:>8} {:>9} {:>9}{}\n", cfg.label, med,
+                 *std::min_element(times.begin(), times.end()), bytes_per_rank / 1e6,
+                 ideal > 0 ? fmt::format("{:.4f}", ideal) : "-",
+                 ideal > 0 ? fmt::format("{:.2f}", med / ideal) : "-",
+                 best_gloo > 0 ? fmt::format("{:.2f}x", best_gloo / med) : "-",
+                 raw > 0 ? fmt::format("{:.2f}x", raw / med) : "-",
+                 identical ? "" : "  RESULTS DIFFER ACROSS RANKS");
+      std::fflush(stdout);
+    }
+    report["configs"].push_back({{"label", cfg.label},
+                                 {"kind", cfg.kind},
+                                 {"codec", cfg.options.codec},
+                                 {"strategy", std::string(to_string(cfg.options.strategy))},
+                                 {"partitions_requested", cfg.options.partitions},
+                                 {"times_s", times},
+                                 {"median_s", med},
+                                 {"bytes_per_rank", bytes_per_rank},
+                                 {"ideal_s", ideal},
+                                 {"identical_across_ranks", identical}});
+  }
+  if (r == 0) {
+    report["best_gloo_median_s"] = best_gloo;
+    report["terse_raw_median_s"] = raw;
+    if (!opt.json.empty()) {
+      std::ofstream(opt.json) << report.dump(2) << "\n";
+      fmt::print("wrote {}\n", opt.json);
+    }
+  }
+  engine.synchronize();
+  comm->barrier("end");
+}
+
+}  // namespace
+
+void add_bench_allreduce_command(CLI::App& bench) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand(
+      "allreduce", "Allreduce time: Gloo's rings, terse raw and compressed strategies");
+  cmd->add_option("--ranks", opt->ranks, "Local ranks to start when not under a launcher")
+      ->capture_default_str();
+  cmd->add_option("--size", opt->size, "Gradient size (B, KB, MB, GB, KiB, MiB, GiB)")
+      ->capture_default_str();
+  cmd->add_option("--codec", opt->codecs, "Codec specs (default: a standard suite)");
+  cmd->add_option("--strategy", opt->strategies, "Strategies (auto raw allgather sharded ring "
+                                                 "summable)");
+  cmd->add_option("--partitions", opt->partitions, "Partition counts K (0: the engine's choice)");
+  cmd->add_option("--reps", opt->reps, "Timed runs per configuration (median)")
+      ->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "Engine worker threads (0: default)");
+  cmd->add_option("--link", opt->link, "Link rate of the emulated cluster, e.g. 1gbit (for "
+                                       "the ideal time)");
+  cmd->add_option("--json", opt->json, "Write results as JSON to this file (rank 0)");
+  cmd->add_flag("--no-gloo", opt->no_gloo, "Skip Gloo's own algorithms");
+  cmd->callback([opt] {
+    if (std::getenv("RANK") != nullptr) {
+      run_rank(*opt);
+      return;
+    }
+    // Not under a launcher: start --ranks local ranks of this same command.
+    std::vector<std::string> args = {self_path(), "run", "-n", std::to_string(opt->ranks), "--",
+                                     self_path()};
+    for (const auto& a : command_line()) args.push_back(a);
+    std::string line;
+    for (const auto& a : args) line += "'" + a + "' ";
+    const int rc = std::system(line.c_str());
+    if (rc != 0) throw Error(fmt::format("bench allreduce: ranks failed (status {})", rc));
+  });
+}
+
+}  // namespace terse::tools
