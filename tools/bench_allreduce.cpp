@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -138,6 +139,13 @@ std::vector<double> gather(Communicator& comm, double v) {
 
 double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
+// CPU seconds (user + system) this process has used, all threads.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 void run_rank(const Options& opt) {
   Bootstrap boot = bootstrap_from_env(default_timeout());
   std::shared_ptr<Communicator> comm = Communicator::create(boot.rank, boot.size, boot.store);
@@ -166,8 +174,8 @@ void run_rank(const Options& opt) {
     fmt::print("terse bench allreduce: {} ranks, {} floats ({:.1f} MB) fp32, median of {} runs{}\n",
                n_ranks, n, n * 4 / 1e6, opt.reps,
                rate > 0 ? fmt::format(", links {} ({:.0f} Mbit/s)", opt.link, rate / 1e6) : "");
-    fmt::print("{:<34} {:>9} {:>9} {:>10} {:>9} {:>8} {:>9} {:>9}\n", "configuration", "median s",
-               "min s", "MB/rank", "ideal s", "x ideal", "vs gloo", "vs raw");
+    fmt::print("{:<34} {:>9} {:>9} {:>8} {:>10} {:>9} {:>8} {:>9} {:>9}\n", "configuration",
+               "median s", "min s", "CPU s", "MB/rank", "ideal s", "x ideal", "vs gloo", "vs raw");
     std::fflush(stdout);
   }
 
@@ -184,7 +192,7 @@ void run_rank(const Options& opt) {
   std::uint64_t tensor = 0;
   for (Config& cfg : configs(opt)) {
     std::vector<double> times;
-    double bytes_per_rank = 0;
+    double bytes_per_rank = 0, cpu = 0;
     bool identical = true;
     if (cfg.kind == "terse") {
       TensorPlan plan = engine.plan(n, cfg.options);
@@ -198,10 +206,12 @@ void run_rank(const Options& opt) {
       for (int rep = 0; rep < opt.reps; ++rep) {
         std::copy(input.begin(), input.end(), data.begin());
         comm->barrier("bench");
+        const double c0 = cpu_seconds();
         const auto t0 = Clock::now();
         engine.allreduce(name, data, cfg.options).wait();
-        times.push_back(max_of(
-            gather(*comm, std::chrono::duration<double>(Clock::now() - t0).count())));
+        const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+        cpu += cpu_seconds() - c0;
+        times.push_back(max_of(gather(*comm, t)));
       }
       bytes_per_rank = max_of(gather(
           *comm, static_cast<double>(engine.bytes_sent() - before) / opt.reps));
@@ -223,10 +233,12 @@ void run_rank(const Options& opt) {
       for (int rep = 0; rep < opt.reps; ++rep) {
         std::copy(input.begin(), input.end(), data.begin());
         comm->barrier("bench");
+        const double c0 = cpu_seconds();
         const auto t0 = Clock::now();
         algo->run();
-        times.push_back(max_of(
-            gather(*comm, std::chrono::duration<double>(Clock::now() - t0).count())));
+        const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+        cpu += cpu_seconds() - c0;
+        times.push_back(max_of(gather(*comm, t)));
       }
     }
     // Every rank must hold the same result.
@@ -235,12 +247,15 @@ void run_rank(const Options& opt) {
     for (double v : gather(*comm, d)) identical &= v == d;
 
     const double med = median(times);
+    // CPU seconds per allreduce of the busiest rank (includes the Gloo loop thread's work).
+    cpu = max_of(gather(*comm, cpu / opt.reps));
     const double ideal = rate > 0 ? bytes_per_rank * 8 / rate : 0;
     if (cfg.kind != "terse" && (best_gloo == 0 || med < best_gloo)) best_gloo = med;
     if (cfg.kind == "terse" && cfg.options.codec == "none" && (raw == 0 || med < raw)) raw = med;
     if (r == 0) {
-      fmt::print("{:<34} {:>9.4f} {:>9.4f} {:>10.2f} {:>9} {:>8} {:>9} {:>9}{}\n", cfg.label, med,
-                 *std::min_element(times.begin(), times.end()), bytes_per_rank / 1e6,
+      fmt::print("{:<34} {:>9.4f} {:>9.4f} {:>8.4f} {:>10.2f} {:>9} {:>8} {:>9} {:>9}{}\n",
+                 cfg.label, med, *std::min_element(times.begin(), times.end()), cpu,
+                 bytes_per_rank / 1e6,
                  ideal > 0 ? fmt::format("{:.4f}", ideal) : "-",
                  ideal > 0 ? fmt::format("{:.2f}", med / ideal) : "-",
                  best_gloo > 0 ? fmt::format("{:.2f}x", best_gloo / med) : "-",
@@ -255,6 +270,7 @@ void run_rank(const Options& opt) {
                                  {"partitions_requested", cfg.options.partitions},
                                  {"times_s", times},
                                  {"median_s", med},
+                                 {"cpu_s_per_rank", cpu},
                                  {"bytes_per_rank", bytes_per_rank},
                                  {"ideal_s", ideal},
                                  {"identical_across_ranks", identical}});
