@@ -42,6 +42,7 @@
 namespace terse {
 
 class Tracer;
+struct HandleAccess;
 
 // How a tensor's partitions are reduced (see src/collectives/; docs/design.md has the costs).
 enum class Strategy {
@@ -92,6 +93,7 @@ class Handle {
 
  private:
   friend class Engine;
+  friend struct HandleAccess;  // Channel and other producers of handles
   explicit Handle(std::shared_ptr<State> state) : state_(std::move(state)) {}
   std::shared_ptr<State> state_;
 };

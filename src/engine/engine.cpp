@@ -24,6 +24,7 @@
 #include "codecs/wire.h"
 #include "collectives/collective.h"
 #include "engine/buffer_pool.h"
+#include "engine/handle_access.h"
 #include "kit/basic.h"
 #include "kit/hash.h"
 #include "terse/codec.h"
@@ -109,11 +110,19 @@ void Handle::on_complete(std::function<void(std::exception_ptr)> f) const {
   f(e);
 }
 
+std::pair<Handle, std::function<void(std::exception_ptr)>> HandleAccess::make() {
+  auto state = std::make_shared<Handle::State>();
+  return {Handle(state), [state](std::exception_ptr e) { state->complete(e); }};
+}
+
 // ---- the engine -----------------------------------------------------------------------------
 
 namespace {
 
-constexpr std::uint64_t kVerifySignature = 0xffffff;
+// Tag bit 55 is clear for the engine's messages (Channel sets it); of the 23 signature bits
+// below it, the all-ones value marks the first-use check.
+constexpr std::uint64_t kSignatureMask = 0x7fffff;
+constexpr std::uint64_t kVerifySignature = kSignatureMask;
 constexpr int kMaxPartitions = 256;
 
 // What the engine remembers of a tensor between submissions.
@@ -432,7 +441,7 @@ struct Engine::Impl {
       t.partition = partition;
       t.partitions = partitions;
       std::uint64_t signature = fnv1a64(fmt::format("{}#{}/{}", what, partition, partitions)) &
-                                0xffffff;
+                                kSignatureMask;
       if (signature == kVerifySignature) signature = 0;
       t.tag_base = (signature << 32) | (static_cast<std::uint64_t>(task_seq++ & 0xffff) << 16);
       tasks.push_back(std::move(t));

@@ -285,6 +285,11 @@ TEST_P(Ranks, ManyConcurrentSubmissionsOnFewThreads) {
   expect_all_ok(shell(run(n, "stress")), n, "stress");
 }
 
+TEST_P(Ranks, ChannelsCarryCompressedTensorsBothWays) {
+  const int n = GetParam();
+  expect_all_ok(shell(run(n, "channel")), n, "channel");
+}
+
 INSTANTIATE_TEST_SUITE_P(Engine, Ranks, ::testing::Values(2, 3, 4), [](const auto& info) {
   std::string name = std::to_string(info.param);
   name.insert(name.begin(), 'N');

@@ -13,6 +13,8 @@
 //   die VICTIM          VICTIM kills itself mid-collective; the others must fail within the
 //                       timeout naming the tensor and the peer (they exit 3)
 //   stress              hundreds of concurrent submissions on few worker threads
+//   channel             point-to-point compressed messages along a chain of ranks, forward
+//                       and backward, alongside engine traffic; NaN input and codec mismatch
 // Prints "OK rank R ..." on success; "CHECK FAILED: ..." and exit 2 on a wrong result.
 #include <fmt/format.h>
 #include <signal.h>
@@ -29,6 +31,7 @@
 
 #include "../simulate.h"
 #include "kit/hash.h"
+#include "terse/channel.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
@@ -456,6 +459,97 @@ int stress(Communicator& comm, Engine& engine) {
   return 0;
 }
 
+// What rank `from` sends as message number seq of `name`, decoded, for the receiver to check.
+std::vector<float> expected_message(const std::string& spec, const std::vector<float>& x,
+                                    const std::string& name, std::uint32_t seq, int from) {
+  auto codec = make_codec(spec);
+  auto state = codec->make_state(x.size());
+  EncodeContext ec;
+  ec.seed = kSeed;
+  ec.step = seq;
+  ec.tensor = kit::combine_keys(fnv1a64(name), 0);
+  ec.rank = from;
+  ec.state = state.get();
+  std::vector<std::byte> out(codec->max_encoded_bytes(x.size()));
+  out.resize(codec->encode(x, out, ec));
+  std::vector<float> y(x.size());
+  codec->decode(out, y);
+  return y;
+}
+
+int channel(Communicator& comm, Engine& engine, std::shared_ptr<Communicator> shared) {
+  const int r = comm.rank(), n_ranks = comm.size();
+  ChannelOptions co;
+  co.seed = kSeed;
+  Channel ch(shared, co);
+  const char* specs[] = {"none", "fp16", "onebit", "minmax8"};
+  const std::size_t sizes[] = {0, 1, 1000, 300001};
+  int messages = 0;
+  // Engine traffic at the same time, on the same communicator.
+  std::vector<float> g = make_input(r, "engine-side", 0, 100000);
+  Handle side = engine.allreduce("engine-side", g);
+  for (int round = 0; round < 2; ++round) {
+    for (const char* spec : specs) {
+      for (std::size_t n : sizes) {
+        const std::string fwd = fmt::format("act/{}/{}", spec, n);
+        const std::string bwd = fmt::format("grad/{}/{}", spec, n);
+        const auto seq = static_cast<std::uint32_t>(round);
+        std::vector<Handle> pending;
+        std::vector<float> act_in(n), grad_in(n);
+        auto act_out = make_input(r, fwd, round, n), grad_out = make_input(r, bwd, round, n);
+        // Forward along the chain, then backward: post everything, then wait.
+        if (r > 0) pending.push_back(ch.recv(r - 1, fwd, act_in, spec));
+        if (r + 1 < n_ranks) pending.push_back(ch.send(r + 1, fwd, act_out, spec));
+        if (r + 1 < n_ranks) pending.push_back(ch.recv(r + 1, bwd, grad_in, spec));
+        if (r > 0) pending.push_back(ch.send(r - 1, bwd, grad_out, spec));
+        for (auto& h : pending) h.wait();
+        if (r > 0) {
+          auto want = expected_message(spec, make_input(r - 1, fwd, round, n), fwd, seq, r - 1);
+          check_equal(act_in, want, "channel " + fwd);
+          ++messages;
+        }
+        if (r + 1 < n_ranks) {
+          auto want = expected_message(spec, make_input(r + 1, bwd, round, n), bwd, seq, r + 1);
+          check_equal(grad_in, want, "channel " + bwd);
+          ++messages;
+        }
+      }
+    }
+  }
+  side.wait();
+  // A sender's NaN fails both ends; a codec mismatch fails the receiver.
+  if (n_ranks >= 2 && r <= 1) {
+    std::vector<float> x(5000, 1.0f), y(5000, 7.0f);
+    if (r == 0) {
+      x[1234] = NAN;
+      try {
+        ch.send(1, "bad", x, "fp16").wait();
+        fail("send of NaN succeeded");
+      } catch (const InvalidArgument& e) {
+        check(contains(e.what(), "element 1234"), std::string("send error: ") + e.what());
+      }
+      ch.send(1, "mismatch", std::vector<float>(5000, 2.0f), "none").wait();
+    } else {
+      try {
+        ch.recv(0, "bad", y, "fp16").wait();
+        fail("recv of a NaN message succeeded");
+      } catch (const InvalidArgument& e) {
+        check(contains(e.what(), "rank 0's input holds NaN or Inf at element 1234"),
+              std::string("recv error: ") + e.what());
+      }
+      check(y[0] == 7.0f, "failed recv wrote its output");
+      try {
+        ch.recv(0, "mismatch", y, "fp16").wait();
+        fail("recv with the wrong codec succeeded");
+      } catch (const MismatchError& e) {
+        check(contains(e.what(), "mismatch"), std::string("mismatch error: ") + e.what());
+      }
+    }
+  }
+  std::printf("OK rank %d channel %d messages\n", r, messages);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -485,6 +579,8 @@ int main(int argc, char** argv) {
         rc = mismatch(*comm, engine, argv[2]);
       } else if (scenario == "die" && argc == 3) {
         rc = die(*comm, engine, std::atoi(argv[2]));
+      } else if (scenario == "channel") {
+        rc = channel(*comm, engine, comm);
       } else if (scenario == "stress") {
         rc = stress(*comm, engine);
       } else {

@@ -1,0 +1,248 @@
+// Point-to-point compressed tensor exchange. Encoding and posting happen on the caller's thread
+// (so messages of one name leave in call order); waiting, decoding and completing handles
+// happen on the channel's completion threads. Payloads and failure messages are those of the
+// collectives (collective.h), so a sender's NaN reaches the receiver as an error, not a hang.
+//
+// Each message travels in two parts: its 24-byte payload header (or a 32-byte failure message)
+// first, then the rest. The receiver learns the sender's codec, element count and length before
+// it posts the receive for the rest, so it can always take the bytes (Gloo aborts the process
+// when a message is longer than the receive posted for it) and report a mismatch precisely.
+#include "terse/channel.h"
+
+#include <fmt/format.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "collectives/collective.h"
+#include "engine/buffer_pool.h"
+#include "engine/handle_access.h"
+#include "kit/hash.h"
+
+namespace terse {
+
+using collectives::Failure;
+using collectives::PartitionContext;
+
+namespace {
+// Bit 55 marks channel messages (the engine's tags keep it clear); 23 bits of the name's digest
+// and 16 bits of the message number follow.
+constexpr std::uint64_t kChannelBit = std::uint64_t{1} << 55;
+constexpr std::size_t kHeaderBytes = 24;   // a codec payload's header (codecs/wire.h)
+constexpr std::size_t kFailureBytes = 32;  // a failure message (collective.cpp)
+// Larger announcements cannot come from a terse peer: refuse rather than allocate.
+constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 36;
+
+std::uint64_t channel_tag(const std::string& name, std::uint32_t seq) {
+  return kChannelBit | ((fnv1a64(name) & 0x7fffff) << 32) |
+         (static_cast<std::uint64_t>(seq & 0xffff) << 16);
+}
+}  // namespace
+
+struct Channel::Impl {
+  std::shared_ptr<Communicator> comm;
+  ChannelOptions options;
+  engine::BufferPool pool;
+  std::atomic<std::uint64_t> bytes_sent{0};
+
+  std::mutex mu;  // codecs, counters and states
+  std::map<std::string, std::unique_ptr<Codec>, std::less<>> codecs;
+  std::map<std::tuple<int, std::string>, std::uint32_t> send_seq, recv_seq;
+  std::map<std::tuple<int, std::string>, collectives::StateSlots> states;
+
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  std::deque<std::function<void()>> queue;
+  bool stopping = false;
+  std::vector<std::thread> threads;
+
+  const Codec& codec_for(const std::string& spec) {
+    auto it = codecs.find(spec);
+    if (it == codecs.end()) it = codecs.emplace(spec, make_codec(spec)).first;
+    if (it->second->traits().multi_round) {
+      throw InvalidArgument(fmt::format(
+          "channel: codec {} needs sums across ranks and cannot compress a point-to-point "
+          "message",
+          spec));
+    }
+    return *it->second;
+  }
+
+  // A context for one message, as the collectives' helpers expect it.
+  PartitionContext context(const std::string& name, const Codec& codec, std::uint32_t seq,
+                           collectives::StateSlots& slots) {
+    PartitionContext ctx;
+    ctx.comm = comm.get();
+    ctx.tensor = name;
+    ctx.tag_base = channel_tag(name, seq);
+    ctx.codec = &codec;
+    ctx.states = &slots;
+    ctx.encode.seed = options.seed;
+    ctx.encode.step = seq;
+    ctx.encode.tensor = fnv1a64(name);
+    ctx.encode.rank = static_cast<std::uint64_t>(comm->rank());
+    ctx.pool = &pool;
+    ctx.bytes_sent = &bytes_sent;
+    return ctx;
+  }
+
+  void enqueue(std::function<void()> f) {
+    {
+      std::lock_guard lock(queue_mu);
+      queue.push_back(std::move(f));
+    }
+    queue_cv.notify_one();
+  }
+
+  void loop() {
+    Workspace workspace;
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock lock(queue_mu);
+        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        f = std::move(queue.front());
+        queue.pop_front();
+      }
+      f();
+    }
+  }
+
+  std::exception_ptr failure_error(const PartitionContext& ctx, const char* what, int peer) {
+    const Failure& f = ctx.failure;
+    const std::string where = fmt::format("rank {}: {} '{}' {} peer {}", comm->rank(), what,
+                                          ctx.tensor, what[0] == 's' ? "to" : "from", peer);
+    if (f.kind == Failure::kInputNotFinite) {
+      return std::make_exception_ptr(InvalidArgument(fmt::format(
+          "{}: rank {}'s input holds NaN or Inf at element {}", where, f.origin, f.index)));
+    }
+    return std::make_exception_ptr(MismatchError(fmt::format(
+        "{}: {} (do both ranks use the same codec and size for it?)", where,
+        f.detail.empty() ? "the message could not be decoded" : f.detail)));
+  }
+};
+
+Channel::Channel(std::shared_ptr<Communicator> comm, ChannelOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  if (!comm) throw InvalidArgument("channel: no communicator");
+  impl_->comm = std::move(comm);
+  impl_->options = options;
+  for (int i = 0; i < 2; ++i) impl_->threads.emplace_back([this] { impl_->loop(); });
+}
+
+Channel::~Channel() {
+  {
+    std::lock_guard lock(impl_->queue_mu);
+    impl_->stopping = true;
+  }
+  impl_->queue_cv.notify_all();
+  for (auto& t : impl_->threads) t.join();
+}
+
+Handle Channel::send(int peer, const std::string& name, std::span<const float> x,
+                     const std::string& codec_spec) {
+  Impl& c = *impl_;
+  std::unique_lock lock(c.mu);
+  const Codec& codec = c.codec_for(codec_spec);
+  const std::uint32_t seq = c.send_seq[{peer, name}]++;
+  auto ctx = std::make_shared<PartitionContext>(c.context(name, codec, seq, c.states[{peer, name}]));
+  lock.unlock();
+
+  Workspace workspace;
+  ctx->workspace = &workspace;
+  auto buffer = std::make_shared<engine::Buffer>(
+      c.pool.acquire(collectives::message_capacity(codec, x.size())));
+  std::span<const std::byte> message =
+      collectives::encode_or_fail(*ctx, x, 0, 0, 0, buffer->bytes());
+  ctx->workspace = nullptr;
+  // A failure message goes whole as the first part; a payload as header, then the rest.
+  const std::size_t first = ctx->failure.any() ? message.size() : kHeaderBytes;
+  auto head = std::make_shared<Request>(collectives::post_send(*ctx, peer, 0, message.first(first)));
+  auto rest = std::make_shared<Request>();
+  if (message.size() > first) {
+    *rest = collectives::post_send(*ctx, peer, 1, message.subspan(first));
+  }
+  auto [handle, complete] = HandleAccess::make();
+  c.enqueue([&c, ctx, buffer, head, rest, peer, bytes = message.size(), complete = complete] {
+    std::exception_ptr error;
+    try {
+      collectives::wait(*ctx, *head, true, peer, kHeaderBytes);
+      collectives::wait(*ctx, *rest, true, peer, bytes);
+      if (ctx->failure.any()) error = c.failure_error(*ctx, "send of", peer);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    complete(error);
+  });
+  return handle;
+}
+
+Handle Channel::recv(int peer, const std::string& name, std::span<float> out,
+                     const std::string& codec_spec) {
+  Impl& c = *impl_;
+  std::unique_lock lock(c.mu);
+  const Codec& codec = c.codec_for(codec_spec);
+  const std::uint32_t seq = c.recv_seq[{peer, name}]++;
+  auto ctx = std::make_shared<PartitionContext>(c.context(name, codec, seq, c.states[{peer, name}]));
+  lock.unlock();
+
+  const std::size_t cap = collectives::message_capacity(codec, out.size());
+  auto area = std::make_shared<engine::Buffer>(c.pool.acquire(cap));
+  auto head = std::make_shared<Request>(
+      collectives::post_recv(*ctx, peer, 0, area->bytes().first(kFailureBytes)));
+  auto [handle, complete] = HandleAccess::make();
+  c.enqueue([&c, ctx, area, head, peer, out, cap, complete = complete] {
+    std::exception_ptr error;
+    try {
+      collectives::wait(*ctx, *head, false, peer, kFailureBytes);
+      std::span<const std::byte> message = area->bytes().first(kFailureBytes);
+      if (collectives::accept_message(*ctx, message, peer)) {
+        // A payload header: take the rest whatever it announces, then let the codec judge it.
+        std::uint64_t length = 0;
+        std::memcpy(&length, area->bytes().data() + 16, 8);
+        if (length > kMaxMessageBytes) {
+          throw TransportError(fmt::format(
+              "rank {}: recv of '{}' from peer {}: the peer announces {} bytes; not a terse "
+              "message",
+              c.comm->rank(), ctx->tensor, peer, length));
+        }
+        engine::Buffer big;
+        std::span<std::byte> whole = area->bytes();
+        if (kHeaderBytes + length > cap) {
+          big = c.pool.acquire(kHeaderBytes + length);
+          std::memcpy(big.bytes().data(), area->bytes().data(), kHeaderBytes);
+          whole = big.bytes();
+        }
+        if (length > 0) {  // the sender sends no second part for an empty payload
+          Request rest =
+              collectives::post_recv(*ctx, peer, 1, whole.subspan(kHeaderBytes, length));
+          collectives::wait(*ctx, rest, false, peer, length);
+        }
+        // Decode into scratch, so that out is written only once the whole message decoded.
+        engine::Buffer scratch = c.pool.acquire(std::max<std::size_t>(out.size(), 1) * 4);
+        std::span<float> y = scratch.as<float>(out.size());
+        if (collectives::decode_or_record(*ctx, whole.first(kHeaderBytes + length), y,
+                                          DecodeMode::kOverwrite, peer)) {
+          if (!out.empty()) std::memcpy(out.data(), y.data(), out.size_bytes());
+        }
+      }
+      if (ctx->failure.any()) error = c.failure_error(*ctx, "recv of", peer);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    complete(error);
+  });
+  return handle;
+}
+
+std::uint64_t Channel::bytes_sent() const { return impl_->bytes_sent.load(); }
+Communicator& Channel::communicator() { return *impl_->comm; }
+
+}  // namespace terse
