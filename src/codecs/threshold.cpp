@@ -1,0 +1,85 @@
+// Threshold sparsification: Strom, "Scalable Distributed DNN Training Using Commodity GPU Cloud
+// Computing", Interspeech 2015, sending the values themselves rather than +-tau.
+// Wire format: header, u32 count, count u32 indices strictly increasing, count fp32 values.
+#include <fmt/format.h>
+
+#include <cfloat>
+
+#include "codecs/sparse_payload.h"
+#include "kit/basic.h"
+#include "kit/sparse.h"
+#include "terse/codec.h"
+
+namespace terse {
+namespace {
+
+struct ThresholdParams {
+  float tau = 1e-3f;
+  double max_ratio = 0.1;
+};
+
+ThresholdParams read_params(SpecReader& r) {
+  ThresholdParams p;
+  p.tau = static_cast<float>(r.number("tau", 1e-3, 0.0, FLT_MAX));
+  p.max_ratio = sparse::read_ratio(r, "max_ratio", 0.1);
+  return p;
+}
+
+class ThresholdCodec final : public Codec {
+ public:
+  explicit ThresholdCodec(SpecReader& r) : ThresholdCodec(read_params(r), r) {}
+
+  CodecTraits traits() const override {
+    CodecTraits t;
+    t.sparse = true;
+    return t;
+  }
+
+ protected:
+  std::size_t max_payload_bytes(std::size_t n) const override {
+    return sparse::payload_bytes(cap(n));
+  }
+
+  std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
+                             EncodeContext& ctx) const override {
+    sparse::check_encodable(x.size(), spec());
+    const std::size_t limit = cap(x.size());
+    Workspace& ws = ctx.scratch();
+    auto idx = ws.get<std::uint32_t>(1, limit + kit::kSelectSlack);
+    auto val = ws.get<float>(2, limit + kit::kSelectSlack);
+    std::size_t count =
+        kit::select_above(x, kit::magnitude_key(p_.tau), limit, idx.data(), val.data());
+    if (count == kit::kNotFinite) kit::throw_non_finite(x, spec());
+    if (count > limit) {
+      // More than the cap exceed tau, so the cap's largest all do: send exactly those.
+      auto scratch = ws.get<std::uint32_t>(0, kit::top_k_scratch_words(x.size(), limit));
+      if (!kit::top_k(x, limit, scratch, idx.data(), val.data())) kit::throw_non_finite(x, spec());
+      count = limit;
+    }
+    return sparse::write(out, idx.data(), val.data(), count);
+  }
+
+  void decode_payload(std::span<const std::byte> in, std::span<float> y,
+                      DecodeMode mode) const override {
+    sparse::Rules rules;
+    rules.max_count = cap(y.size());
+    rules.min_key = kit::magnitude_key(p_.tau) + 1;  // every value sent has |v| > tau
+    sparse::decode(in, y, mode, rules, spec());
+  }
+
+ private:
+  ThresholdCodec(ThresholdParams p, SpecReader& r)
+      : Codec("threshold", 10, r.canonical()), p_(p) {}
+
+  std::size_t cap(std::size_t n) const { return sparse::count_for(p_.max_ratio, n); }
+
+  ThresholdParams p_;
+};
+
+const bool registered = register_codec(
+    {"threshold", 10,
+     "every |x| > tau as index and fp32 value (8 bytes each), at most max_ratio * n of them",
+     [](SpecReader& r) { return std::make_unique<ThresholdCodec>(r); }});
+
+}  // namespace
+}  // namespace terse
