@@ -82,7 +82,7 @@ DgcParams read_params(SpecReader& r) {
   return p;
 }
 
-class DgcCodec final : public Codec {
+class DgcCodec final : public sparse::ListCodec {
  public:
   explicit DgcCodec(SpecReader& r) : DgcCodec(read_params(r), r) {}
 
@@ -100,8 +100,11 @@ class DgcCodec final : public Codec {
   }
 
  protected:
-  std::size_t max_payload_bytes(std::size_t n) const override {
-    return sparse::payload_bytes(cap(n));
+  sparse::Rules rules(std::size_t n) const override {
+    sparse::Rules r;
+    r.max_count = cap(n);
+    r.min_key = 1;  // zeros are never sent
+    return r;
   }
 
   std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
@@ -127,16 +130,8 @@ class DgcCodec final : public Codec {
     return sparse::write(out, c.idx, c.v, count);
   }
 
-  void decode_payload(std::span<const std::byte> in, std::span<float> y,
-                      DecodeMode mode) const override {
-    sparse::Rules rules;
-    rules.max_count = cap(y.size());
-    rules.min_key = 1;  // zeros are never sent
-    sparse::decode(in, y, mode, rules, spec());
-  }
-
  private:
-  DgcCodec(DgcParams p, SpecReader& r) : Codec("dgc", 11, r.canonical()), p_(p) {}
+  DgcCodec(DgcParams p, SpecReader& r) : ListCodec("dgc", 11, r.canonical()), p_(p) {}
 
   // At most twice the target: a sampled threshold lets the count wander, and beyond 2k the
   // encoder keeps exactly the k largest.

@@ -40,4 +40,27 @@ struct Rules {
 void decode(std::span<const std::byte> in, std::span<float> y, DecodeMode mode,
             const Rules& rules, const std::string& spec);
 
+// Base of the codecs that send this payload: the size bound and the decoder follow from the
+// rules for n, so a codec only states them and writes its encoder.
+class ListCodec : public Codec {
+ public:
+  CodecTraits traits() const override {  // deterministic and stateless unless overridden
+    CodecTraits t;
+    t.sparse = true;
+    return t;
+  }
+
+ protected:
+  using Codec::Codec;
+  virtual Rules rules(std::size_t n) const = 0;
+
+  std::size_t max_payload_bytes(std::size_t n) const final {
+    return payload_bytes(rules(n).max_count);
+  }
+  void decode_payload(std::span<const std::byte> in, std::span<float> y,
+                      DecodeMode mode) const final {
+    sparse::decode(in, y, mode, rules(y.size()), spec());
+  }
+};
+
 }  // namespace terse::sparse

@@ -25,19 +25,16 @@ ThresholdParams read_params(SpecReader& r) {
   return p;
 }
 
-class ThresholdCodec final : public Codec {
+class ThresholdCodec final : public sparse::ListCodec {
  public:
   explicit ThresholdCodec(SpecReader& r) : ThresholdCodec(read_params(r), r) {}
 
-  CodecTraits traits() const override {
-    CodecTraits t;
-    t.sparse = true;
-    return t;
-  }
-
  protected:
-  std::size_t max_payload_bytes(std::size_t n) const override {
-    return sparse::payload_bytes(cap(n));
+  sparse::Rules rules(std::size_t n) const override {
+    sparse::Rules r;
+    r.max_count = cap(n);
+    r.min_key = kit::magnitude_key(p_.tau) + 1;  // every value sent has |v| > tau
+    return r;
   }
 
   std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
@@ -59,17 +56,9 @@ class ThresholdCodec final : public Codec {
     return sparse::write(out, idx.data(), val.data(), count);
   }
 
-  void decode_payload(std::span<const std::byte> in, std::span<float> y,
-                      DecodeMode mode) const override {
-    sparse::Rules rules;
-    rules.max_count = cap(y.size());
-    rules.min_key = kit::magnitude_key(p_.tau) + 1;  // every value sent has |v| > tau
-    sparse::decode(in, y, mode, rules, spec());
-  }
-
  private:
   ThresholdCodec(ThresholdParams p, SpecReader& r)
-      : Codec("threshold", 10, r.canonical()), p_(p) {}
+      : ListCodec("threshold", 10, r.canonical()), p_(p) {}
 
   std::size_t cap(std::size_t n) const { return sparse::count_for(p_.max_ratio, n); }
 

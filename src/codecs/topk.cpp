@@ -11,19 +11,16 @@
 namespace terse {
 namespace {
 
-class TopKCodec final : public Codec {
+class TopKCodec final : public sparse::ListCodec {
  public:
   explicit TopKCodec(SpecReader& r) : TopKCodec(sparse::read_ratio(r, "ratio", 0.01), r) {}
 
-  CodecTraits traits() const override {
-    CodecTraits t;
-    t.sparse = true;
-    return t;
-  }
-
  protected:
-  std::size_t max_payload_bytes(std::size_t n) const override {
-    return sparse::payload_bytes(sparse::count_for(ratio_, n));
+  sparse::Rules rules(std::size_t n) const override {
+    sparse::Rules r;
+    r.max_count = sparse::count_for(ratio_, n);
+    r.exact_count = true;
+    return r;
   }
 
   std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
@@ -38,16 +35,8 @@ class TopKCodec final : public Codec {
     return sparse::write(out, idx.data(), val.data(), k);
   }
 
-  void decode_payload(std::span<const std::byte> in, std::span<float> y,
-                      DecodeMode mode) const override {
-    sparse::Rules rules;
-    rules.max_count = sparse::count_for(ratio_, y.size());
-    rules.exact_count = true;
-    sparse::decode(in, y, mode, rules, spec());
-  }
-
  private:
-  TopKCodec(double ratio, SpecReader& r) : Codec("topk", 8, r.canonical()), ratio_(ratio) {}
+  TopKCodec(double ratio, SpecReader& r) : ListCodec("topk", 8, r.canonical()), ratio_(ratio) {}
 
   double ratio_;
 };
