@@ -25,6 +25,7 @@ inline SparseList parse_sparse(const Encoded& e) {
   std::memcpy(&count, e.bytes.data() + 24, 4);
   s.idx.resize(count);
   s.val.resize(count);
+  if (count == 0) return s;  // no memcpy from or to null
   std::memcpy(s.idx.data(), e.bytes.data() + 28, 4 * count);
   std::memcpy(s.val.data(), e.bytes.data() + 28 + 4 * count, 4 * count);
   return s;
@@ -41,6 +42,7 @@ inline Encoded build_sparse(const Encoded& like, const SparseList& s, long count
   std::memcpy(e.bytes.data() + 16, &len, 8);
   e.bytes.resize(24 + len);
   std::memcpy(e.bytes.data() + 24, &c, 4);
+  if (s.idx.empty()) return e;
   std::memcpy(e.bytes.data() + 28, s.idx.data(), 4 * s.idx.size());
   std::memcpy(e.bytes.data() + 28 + 4 * s.idx.size(), s.val.data(), 4 * s.val.size());
   return e;
