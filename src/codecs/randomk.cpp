@@ -38,9 +38,10 @@ class RandomKCodec final : public Codec {
     const std::size_t k = check_payload(src, n);
     check_payload(dst, n);
     if (std::memcmp(src.data(), dst.data(), 8) != 0) {
-      throw DecodeError(fmt::format("terse: {}: encodings of different steps or tensors keep "
-                                    "different indices and cannot be combined",
-                                    spec()));
+      throw DecodeError(
+          fmt::format("terse: {}: encodings of different steps or tensors keep "
+                      "different indices and cannot be combined",
+                      spec()));
     }
     auto* out = const_cast<std::byte*>(dst.data()) + 8;
     for (std::size_t t = 0; t < k; ++t) {
@@ -99,9 +100,10 @@ class RandomKCodec final : public Codec {
                                     spec(), in.size(), n, 8 + 4 * k));
     }
     if (!kit::values_valid(in.data() + 8, k, 0)) {
-      throw DecodeError(fmt::format("terse: {}: payload holds NaN or Inf, which the encoder "
-                                    "never produces",
-                                    spec()));
+      throw DecodeError(
+          fmt::format("terse: {}: payload holds NaN or Inf, which the encoder "
+                      "never produces",
+                      spec()));
     }
     return k;
   }

@@ -27,9 +27,10 @@ double read_ratio(SpecReader& r, std::string_view key, double def) {
 
 void check_encodable(std::size_t n, const std::string& spec) {
   if (n > kMaxElements) {
-    throw InvalidArgument(fmt::format("terse: {}: {} elements are beyond 32-bit indices; "
-                                      "partition the tensor",
-                                      spec, n));
+    throw InvalidArgument(
+        fmt::format("terse: {}: {} elements are beyond 32-bit indices; "
+                    "partition the tensor",
+                    spec, n));
   }
 }
 
@@ -37,8 +38,8 @@ std::size_t write(std::span<std::byte> out, const std::uint32_t* idx, const floa
                   std::size_t count) {
   const std::size_t bytes = payload_bytes(count);
   if (out.size() < bytes) {
-    throw InvalidArgument(fmt::format("terse: sparse payload of {} bytes does not fit {}", bytes,
-                                      out.size()));
+    throw InvalidArgument(
+        fmt::format("terse: sparse payload of {} bytes does not fit {}", bytes, out.size()));
   }
   const auto c32 = static_cast<std::uint32_t>(count);
   std::memcpy(out.data(), &c32, 4);
@@ -49,8 +50,8 @@ std::size_t write(std::span<std::byte> out, const std::uint32_t* idx, const floa
   return bytes;
 }
 
-void decode(std::span<const std::byte> in, std::span<float> y, DecodeMode mode,
-            const Rules& rules, const std::string& spec) {
+void decode(std::span<const std::byte> in, std::span<float> y, DecodeMode mode, const Rules& rules,
+            const std::string& spec) {
   const std::size_t n = y.size();
   if (n > kMaxElements) {
     throw DecodeError(fmt::format("terse: {}: {} elements are beyond 32-bit indices", spec, n));
@@ -61,10 +62,10 @@ void decode(std::span<const std::byte> in, std::span<float> y, DecodeMode mode,
   std::uint32_t count;
   std::memcpy(&count, in.data(), 4);
   if (count > rules.max_count || (rules.exact_count && count != rules.max_count)) {
-    throw DecodeError(fmt::format("terse: {}: payload holds {} entries for {} elements "
-                                  "({} {})",
-                                  spec, count, n, rules.exact_count ? "expected" : "at most",
-                                  rules.max_count));
+    throw DecodeError(
+        fmt::format("terse: {}: payload holds {} entries for {} elements "
+                    "({} {})",
+                    spec, count, n, rules.exact_count ? "expected" : "at most", rules.max_count));
   }
   if (in.size() != payload_bytes(count)) {
     throw DecodeError(fmt::format("terse: {}: payload of {} bytes for {} entries (expected {})",
@@ -73,12 +74,14 @@ void decode(std::span<const std::byte> in, std::span<float> y, DecodeMode mode,
   const std::byte* idx = in.data() + 4;
   const std::byte* val = idx + 4 * std::size_t{count};
   if (!kit::indices_valid(idx, count, n)) {
-    throw DecodeError(fmt::format("terse: {}: indices are not strictly increasing below {}", spec,
-                                  n));
+    throw DecodeError(
+        fmt::format("terse: {}: indices are not strictly increasing below {}", spec, n));
   }
   if (!kit::values_valid(val, count, rules.min_key)) {
-    throw DecodeError(fmt::format("terse: {}: a value is NaN, Inf or below what the encoder "
-                                  "sends", spec));
+    throw DecodeError(
+        fmt::format("terse: {}: a value is NaN, Inf or below what the encoder "
+                    "sends",
+                    spec));
   }
   kit::scatter(idx, val, count, y, mode == DecodeMode::kAccumulate);
 }

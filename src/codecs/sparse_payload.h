@@ -37,8 +37,8 @@ struct Rules {
 };
 // Checks everything (length, count, order and range of indices, values) before writing y, then
 // decodes: y[index] = value and zeros elsewhere (overwrite), or y[index] += value (accumulate).
-void decode(std::span<const std::byte> in, std::span<float> y, DecodeMode mode,
-            const Rules& rules, const std::string& spec);
+void decode(std::span<const std::byte> in, std::span<float> y, DecodeMode mode, const Rules& rules,
+            const std::string& spec);
 
 // Base of the codecs that send this payload: the size bound and the decoder follow from the
 // rules for n, so a codec only states them and writes its encoder.

@@ -101,7 +101,8 @@ void Uniform(std::uint64_t key, std::uint64_t first, float* HWY_RESTRICT out, st
 HWY_INLINE VU MulHigh32(VU a, VU b) {
   const DU du;
 #if HWY_TARGET == HWY_SCALAR
-  return hn::Set(du, static_cast<std::uint32_t>((std::uint64_t{hn::GetLane(a)} * hn::GetLane(b)) >> 32));
+  const std::uint64_t product = std::uint64_t{hn::GetLane(a)} * hn::GetLane(b);
+  return hn::Set(du, static_cast<std::uint32_t>(product >> 32));
 #else
   // The even lanes' 64-bit products keep their high halves in the low half of each 64-bit lane;
   // the odd lanes' (moved down first) in the high half.
@@ -124,8 +125,8 @@ HWY_INLINE VU RandomKPositions(Stream& s, std::uint32_t j0, VU q, VU r) {
 }
 
 // Writes b_j + o_j + shift (mod 2^32) for j in [j0, j1) to out[0 .. j1 - j0).
-void RandomKRange(Stream& s, std::uint32_t j0, std::uint32_t j1, std::uint32_t q, std::uint32_t r,
-                  std::uint32_t shift, std::uint32_t* HWY_RESTRICT out) {
+void RandomKRange(Stream& s, std::uint32_t j0, std::uint32_t j1, std::uint32_t q,
+                  std::uint32_t r, std::uint32_t shift, std::uint32_t* HWY_RESTRICT out) {
   const DU du;
   const std::size_t N = hn::Lanes(du);
   const auto vq = hn::Set(du, q), vr = hn::Set(du, r), vs = hn::Set(du, shift);
@@ -137,12 +138,14 @@ void RandomKRange(Stream& s, std::uint32_t j0, std::uint32_t j1, std::uint32_t q
   }
   if (i < count) {
     HWY_ALIGN std::uint32_t buf[kMaxLanes];
-    hn::Store(hn::Add(RandomKPositions(s, static_cast<std::uint32_t>(j0 + i), vq, vr), vs), du, buf);
+    const auto last = RandomKPositions(s, static_cast<std::uint32_t>(j0 + i), vq, vr);
+    hn::Store(hn::Add(last, vs), du, buf);
     for (std::size_t t = i; t < count; ++t) out[t] = buf[t - i];
   }
 }
 
-void RandomKIndices(std::uint64_t key, std::size_t n, std::size_t k, std::uint32_t* HWY_RESTRICT out) {
+void RandomKIndices(std::uint64_t key, std::size_t n, std::size_t k,
+                    std::uint32_t* HWY_RESTRICT out) {
   const std::uint64_t c = random_k_rotation(key, n);
   const std::uint64_t t = n - c;  // rotated positions >= t wrap around to the front
   const std::uint64_t q = n / k, r = n % k;

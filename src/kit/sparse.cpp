@@ -31,14 +31,15 @@ struct Plan {
 inline Plan plan_for(std::size_t n, std::size_t k) {
   Plan p;
   p.samples = n / 8 < 65536 ? n / 8 : 65536;
-  const double mu = static_cast<double>(k) * static_cast<double>(p.samples) / static_cast<double>(n);
+  const double mu =
+      static_cast<double>(k) * static_cast<double>(p.samples) / static_cast<double>(n);
   const double margin = 4 * std::sqrt(mu) + 8;
   const double low = std::ceil(mu + margin), high = std::floor(mu - margin);
   p.rank_low = low >= static_cast<double>(p.samples) ? p.samples : static_cast<std::size_t>(low);
   p.rank_high = high < 1 ? 0 : static_cast<std::size_t>(high);
   // Keys expected inside the bracket, twice over, plus room for small samples' noise.
-  const double inside = static_cast<double>(p.rank_low - p.rank_high + 1) *
-                        static_cast<double>(n) / static_cast<double>(p.samples);
+  const double inside = static_cast<double>(p.rank_low - p.rank_high + 1) * static_cast<double>(n) /
+                        static_cast<double>(p.samples);
   const double cap = 2 * inside + 4096;
   p.capacity = cap >= static_cast<double>(n) ? n : static_cast<std::size_t>(cap);
   return p;
@@ -528,11 +529,10 @@ bool top_k(std::span<const float> x, std::size_t k, std::span<std::uint32_t> scr
   return HWY_DYNAMIC_DISPATCH(TopK)(x.data(), x.size(), k, scratch.data(), idx, val);
 }
 
-std::size_t dgc_accumulate_select(std::span<const float> g, std::span<float> u,
-                                  std::span<float> v, float momentum, std::uint32_t min_key,
-                                  const DgcCandidates& c) {
-  return HWY_DYNAMIC_DISPATCH(DgcAccumulateSelect)(g.data(), u.data(), v.data(), g.size(),
-                                                   momentum, min_key, c);
+std::size_t dgc_accumulate_select(std::span<const float> g, std::span<float> u, std::span<float> v,
+                                  float momentum, std::uint32_t min_key, const DgcCandidates& c) {
+  return HWY_DYNAMIC_DISPATCH(DgcAccumulateSelect)(g.data(), u.data(), v.data(), g.size(), momentum,
+                                                   min_key, c);
 }
 
 std::size_t dgc_cut(const DgcCandidates& c, std::size_t count, std::span<float> u,
@@ -542,8 +542,7 @@ std::size_t dgc_cut(const DgcCandidates& c, std::size_t count, std::span<float> 
 
 void dgc_sample(std::span<const float> g, std::span<const float> u, std::span<const float> v,
                 float momentum, std::uint64_t key, std::size_t runs, float* out) {
-  HWY_DYNAMIC_DISPATCH(DgcSample)(g.data(), u.data(), v.data(), g.size(), momentum, key, runs,
-                                  out);
+  HWY_DYNAMIC_DISPATCH(DgcSample)(g.data(), u.data(), v.data(), g.size(), momentum, key, runs, out);
 }
 
 void dgc_preview(std::span<const float> g, std::span<const float> u, std::span<const float> v,
@@ -562,9 +561,9 @@ bool values_valid(const std::byte* p, std::size_t count, std::uint32_t min_key) 
 
 void scatter(const std::byte* idx, const std::byte* val, std::size_t count, std::span<float> y,
              bool accumulate) {
-  HWY_DYNAMIC_DISPATCH(Scatter)(reinterpret_cast<const std::uint8_t*>(idx),
-                                reinterpret_cast<const std::uint8_t*>(val), count, y.data(),
-                                y.size(), accumulate);
+  const auto* i = reinterpret_cast<const std::uint8_t*>(idx);
+  const auto* v = reinterpret_cast<const std::uint8_t*>(val);
+  HWY_DYNAMIC_DISPATCH(Scatter)(i, v, count, y.data(), y.size(), accumulate);
 }
 
 void gather(std::span<const float> x, const std::uint32_t* idx, std::size_t count, float scale,

@@ -17,7 +17,9 @@ namespace terse::kit {
 
 // Orders floats by magnitude: the bits of |x| as an unsigned integer. Every NaN and Inf has a
 // key >= kNonFiniteKey; -0 and +0 have key 0.
-constexpr std::uint32_t magnitude_key(float x) { return std::bit_cast<std::uint32_t>(x) & 0x7fffffffu; }
+constexpr std::uint32_t magnitude_key(float x) {
+  return std::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
+}
 inline constexpr std::uint32_t kNonFiniteKey = 0x7f800000u;
 inline constexpr std::size_t kSelectSlack = 64;
 
@@ -69,9 +71,8 @@ struct DgcCandidates {
   std::size_t limit;  // >= keep
   std::size_t keep;   // >= 1
 };
-std::size_t dgc_accumulate_select(std::span<const float> g, std::span<float> u,
-                                  std::span<float> v, float momentum, std::uint32_t min_key,
-                                  const DgcCandidates& c);
+std::size_t dgc_accumulate_select(std::span<const float> g, std::span<float> u, std::span<float> v,
+                                  float momentum, std::uint32_t min_key, const DgcCandidates& c);
 // Cuts DGC candidate lists of `count` entries to their `keep` largest |v| (ties to the lower
 // index), restoring the dropped entries' u and v; returns the new count (keep).
 std::size_t dgc_cut(const DgcCandidates& c, std::size_t count, std::span<float> u,

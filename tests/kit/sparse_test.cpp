@@ -316,8 +316,8 @@ TEST(SparseKit, IndexAndValueChecks) {
   EXPECT_TRUE(indices_valid(ok.data() + 1, 0, 0));
   EXPECT_FALSE(indices_valid(ok.data() + 1, 1, 0));
   for (std::size_t at : {1, 5, 17, 18}) {
-    std::vector<std::uint32_t> w = {0, 3, 4, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
-                                    22, 23, 99};
+    std::vector<std::uint32_t> w = {0,  3,  4,  9,  10, 11, 12, 13, 14, 15,
+                                    16, 17, 18, 19, 20, 21, 22, 23, 99};
     w[at] = w[at - 1];  // duplicate
     auto b = bytes_of(w);
     EXPECT_FALSE(indices_valid(b.data() + 1, w.size(), 100)) << at;
