@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 
 #include <cfloat>
+#include <cmath>
 
 #include "codecs/sparse_payload.h"
 #include "kit/basic.h"
+#include "kit/random.h"
 #include "kit/sparse.h"
 #include "terse/codec.h"
 
@@ -41,19 +43,27 @@ class ThresholdCodec final : public sparse::ListCodec {
                              EncodeContext& ctx) const override {
     sparse::check_encodable(x.size(), spec());
     const std::size_t limit = cap(x.size());
+    const std::uint32_t key = kit::magnitude_key(p_.tau);
     Workspace& ws = ctx.scratch();
     auto idx = ws.get<std::uint32_t>(1, limit + kit::kSelectSlack);
     auto val = ws.get<float>(2, limit + kit::kSelectSlack);
-    std::size_t count =
-        kit::select_above(x, kit::magnitude_key(p_.tau), limit, idx.data(), val.data());
-    if (count == kit::kNotFinite) kit::throw_non_finite(x, spec());
-    if (count > limit) {
-      // More than the cap exceed tau, so the cap's largest all do: send exactly those.
+    auto capped = [&] {
+      // Send the cap's largest; right whenever they all exceed tau (then at least cap do).
       auto scratch = ws.get<std::uint32_t>(0, kit::top_k_scratch_words(x.size(), limit));
-      if (!kit::top_k(x, limit, scratch, idx.data(), val.data())) kit::throw_non_finite(x, spec());
-      count = limit;
+      kit::MagnitudeCut cut;
+      if (!kit::top_k(x, limit, scratch, idx.data(), val.data(), &cut)) {
+        kit::throw_non_finite(x, spec());
+      }
+      return cut.key > key;
+    };
+    if (far_over_cap(x, key, limit) && capped()) {
+      return sparse::write(out, idx.data(), val.data(), limit);
     }
-    return sparse::write(out, idx.data(), val.data(), count);
+    const std::size_t count = kit::select_above(x, key, limit, idx.data(), val.data());
+    if (count == kit::kNotFinite) kit::throw_non_finite(x, spec());
+    if (count <= limit) return sparse::write(out, idx.data(), val.data(), count);
+    capped();  // more than the cap exceed tau, so the cap's largest all do
+    return sparse::write(out, idx.data(), val.data(), limit);
   }
 
  private:
@@ -61,6 +71,23 @@ class ThresholdCodec final : public sparse::ListCodec {
       : ListCodec("threshold", 10, r.canonical()), p_(p) {}
 
   std::size_t cap(std::size_t n) const { return sparse::count_for(p_.max_ratio, n); }
+
+  // A glance at 4096 random elements: true when far more than the cap exceed tau, so that the
+  // select pass, which would only overflow, is skipped. A wrong guess costs time, not results.
+  static bool far_over_cap(std::span<const float> x, std::uint32_t key, std::size_t limit) {
+    constexpr std::size_t kGlance = 4096;
+    constexpr std::uint64_t kGlanceKey = 0x7468726573686f6cull;
+    const std::size_t n = x.size();
+    if (n < 8 * kGlance) return false;
+    std::size_t above = 0;
+    for (std::size_t j = 0; j < kGlance; ++j) {
+      above +=
+          kit::magnitude_key(x[(std::uint64_t{kit::random_bits(kGlanceKey, j)} * n) >> 32]) > key;
+    }
+    const double mu =
+        static_cast<double>(kGlance) * static_cast<double>(limit) / static_cast<double>(n);
+    return static_cast<double>(above) > mu + 4 * std::sqrt(mu) + 8;
+  }
 
   ThresholdParams p_;
 };

@@ -249,7 +249,7 @@ uint32_t Emit(const float* HWY_RESTRICT x, size_t n, MagnitudeCut cut, uint32_t*
 }
 
 bool TopK(const float* HWY_RESTRICT x, size_t n, size_t k, uint32_t* HWY_RESTRICT scratch,
-          uint32_t* HWY_RESTRICT idx, float* HWY_RESTRICT val) {
+          uint32_t* HWY_RESTRICT idx, float* HWY_RESTRICT val, MagnitudeCut* cut_out) {
   auto key_of_x = [x](size_t i) { return KeyOf(x[i]); };
   MagnitudeCut cut;
   if (k == n) {
@@ -275,6 +275,7 @@ bool TopK(const float* HWY_RESTRICT x, size_t n, size_t k, uint32_t* HWY_RESTRIC
       cut = CutKeys(n, k, key_of_x);  // the sample misled: exact over everything
     }
   }
+  if (cut_out != nullptr) *cut_out = cut;
   return Emit(x, n, cut, idx, val) < kNonFiniteKey;
 }
 
@@ -521,12 +522,12 @@ std::size_t top_k_scratch_words(std::size_t n, std::size_t k) {
 }
 
 bool top_k(std::span<const float> x, std::size_t k, std::span<std::uint32_t> scratch,
-           std::uint32_t* idx, float* val) {
+           std::uint32_t* idx, float* val, MagnitudeCut* cut) {
   if (k > x.size() || scratch.size() < top_k_scratch_words(x.size(), k)) {
     throw std::logic_error("terse: kit::top_k: k > n or scratch too small");
   }
   if (k == 0) return find_non_finite(x) == x.size();
-  return HWY_DYNAMIC_DISPATCH(TopK)(x.data(), x.size(), k, scratch.data(), idx, val);
+  return HWY_DYNAMIC_DISPATCH(TopK)(x.data(), x.size(), k, scratch.data(), idx, val, cut);
 }
 
 std::size_t dgc_accumulate_select(std::span<const float> g, std::span<float> u, std::span<float> v,

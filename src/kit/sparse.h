@@ -46,7 +46,7 @@ std::size_t select_above(std::span<const float> x, std::uint32_t key, std::size_
 std::size_t top_k_scratch_words(std::size_t n, std::size_t k);
 // The k (<= n) elements of largest |x|, ties broken towards the lower index, written in index
 // order to idx/val (k + kSelectSlack entries). Exact for every input; returns false if x holds
-// NaN or Inf (outputs unspecified).
+// NaN or Inf (outputs unspecified). *cut, if given, receives the cut that was applied (k >= 1).
 //
 // Large inputs: a random sample brackets the k-th largest magnitude between two keys whose
 // ranks hold it with overwhelming probability; one vector pass counts the elements above the
@@ -54,7 +54,7 @@ std::size_t top_k_scratch_words(std::size_t n, std::size_t k);
 // and a second vector pass writes the selection. If the sample misled (the bracket missed, or
 // held too many keys to collect), an exact radix select over all of x takes over.
 bool top_k(std::span<const float> x, std::size_t k, std::span<std::uint32_t> scratch,
-           std::uint32_t* idx, float* val);
+           std::uint32_t* idx, float* val, MagnitudeCut* cut = nullptr);
 
 // ---- Deep Gradient Compression (Lin et al., ICLR 2018) ---------------------------------------
 
