@@ -42,6 +42,7 @@ struct CodecTraits {
   bool stateful = false;    // make_state() returns state that must persist per tensor
   bool sparse = false;      // sends a subset of elements (indices or a shared-seed mask)
   bool multi_round = false;  // a RoundCodec: needs sums across ranks between its phases
+  bool builtin_feedback = false;  // keeps what it did not send in its own state (DGC): no ef=1
 };
 
 enum class DecodeMode {

@@ -213,8 +213,9 @@ std::unique_ptr<Codec> make_codec(std::string_view text) {
       throw SpecError(fmt::format("terse: ef=1 is meaningless for lossless codec '{}'",
                                   codec->name()));
     }
-    if (codec->traits().multi_round) {
-      // Round codecs (PowerSGD) keep their own residual; ef=1 would feed errors back twice.
+    if (codec->traits().multi_round || codec->traits().builtin_feedback) {
+      // Round codecs (PowerSGD) and DGC keep their own residual; ef=1 would feed errors back
+      // twice.
       throw SpecError(fmt::format("terse: '{}' has error feedback built in; ef=1 would apply it "
                                   "twice", codec->name()));
     }

@@ -95,6 +95,78 @@ void Uniform(std::uint64_t key, std::uint64_t first, float* HWY_RESTRICT out, st
   }
 }
 
+// ---- Random-k ----
+
+// (a * b) >> 32 in every lane.
+HWY_INLINE VU MulHigh32(VU a, VU b) {
+  const DU du;
+#if HWY_TARGET == HWY_SCALAR
+  const std::uint64_t product = std::uint64_t{hn::GetLane(a)} * hn::GetLane(b);
+  return hn::Set(du, static_cast<std::uint32_t>(product >> 32));
+#else
+  // The even lanes' 64-bit products keep their high halves in the low half of each 64-bit lane;
+  // the odd lanes' (moved down first) in the high half.
+  const hn::Repartition<std::uint64_t, DU> d64;
+  const auto even = hn::ShiftRight<32>(hn::MulEven(a, b));
+  const auto odd = hn::MulEven(hn::BitCast(du, hn::ShiftRight<32>(hn::BitCast(d64, a))),
+                               hn::BitCast(du, hn::ShiftRight<32>(hn::BitCast(d64, b))));
+  return hn::Or(hn::BitCast(du, even),
+                hn::BitCast(du, hn::And(odd, hn::Set(d64, 0xffffffff00000000ull))));
+#endif
+}
+
+// b_j + o_j (see random.h) for the lanes j0 .. j0 + N - 1.
+HWY_INLINE VU RandomKPositions(Stream& s, std::uint32_t j0, VU q, VU r) {
+  const DU du;
+  const auto j = hn::Add(hn::Iota(du, 0), hn::Set(du, j0));
+  const auto start = hn::Add(j * q, hn::Min(j, r));
+  const auto len = hn::Sub(q, hn::VecFromMask(du, hn::Lt(j, r)));  // q + 1 where j < r
+  return hn::Add(start, MulHigh32(s.Bits(j0), len));
+}
+
+// Writes b_j + o_j + shift (mod 2^32) for j in [j0, j1) to out[0 .. j1 - j0).
+void RandomKRange(Stream& s, std::uint32_t j0, std::uint32_t j1, std::uint32_t q,
+                  std::uint32_t r, std::uint32_t shift, std::uint32_t* HWY_RESTRICT out) {
+  const DU du;
+  const std::size_t N = hn::Lanes(du);
+  const auto vq = hn::Set(du, q), vr = hn::Set(du, r), vs = hn::Set(du, shift);
+  std::size_t i = 0;
+  const std::size_t count = j1 - j0;
+  for (; i + N <= count; i += N) {
+    hn::StoreU(hn::Add(RandomKPositions(s, static_cast<std::uint32_t>(j0 + i), vq, vr), vs), du,
+               out + i);
+  }
+  if (i < count) {
+    HWY_ALIGN std::uint32_t buf[kMaxLanes];
+    const auto last = RandomKPositions(s, static_cast<std::uint32_t>(j0 + i), vq, vr);
+    hn::Store(hn::Add(last, vs), du, buf);
+    for (std::size_t t = i; t < count; ++t) out[t] = buf[t - i];
+  }
+}
+
+void RandomKIndices(std::uint64_t key, std::size_t n, std::size_t k,
+                    std::uint32_t* HWY_RESTRICT out) {
+  const std::uint64_t c = random_k_rotation(key, n);
+  const std::uint64_t t = n - c;  // rotated positions >= t wrap around to the front
+  const std::uint64_t q = n / k, r = n % k;
+  const std::uint64_t block_key = random_k_block_key(key);
+  // w = the blocks whose position does not wrap: all below the block holding t, plus that
+  // block if its offset lands before t.
+  std::uint64_t w = k;
+  if (t < n) {
+    const std::uint64_t j = t < r * (q + 1) ? t / (q + 1) : r + (t - r * (q + 1)) / q;
+    const std::uint64_t b = j * q + (j < r ? j : r), len = q + (j < r ? 1 : 0);
+    const std::uint64_t o = (std::uint64_t{random_bits(block_key, j)} * len) >> 32;
+    w = j + (b + o < t ? 1 : 0);
+  }
+  Stream s(block_key);
+  const auto q32 = static_cast<std::uint32_t>(q), r32 = static_cast<std::uint32_t>(r);
+  RandomKRange(s, static_cast<std::uint32_t>(w), static_cast<std::uint32_t>(k), q32, r32,
+               static_cast<std::uint32_t>(0 - t), out);
+  RandomKRange(s, 0, static_cast<std::uint32_t>(w), q32, r32, static_cast<std::uint32_t>(c),
+               out + (k - w));
+}
+
 // ---- Levels ----
 
 struct LevelParams {
@@ -460,6 +532,7 @@ HWY_AFTER_NAMESPACE();
 namespace terse::kit {
 
 HWY_EXPORT(Uniform);
+HWY_EXPORT(RandomKIndices);
 HWY_EXPORT(QuantizeLevels);
 HWY_EXPORT(DequantizeLevels);
 HWY_EXPORT(NaturalTop);
@@ -468,6 +541,11 @@ HWY_EXPORT(NaturalDecode);
 
 void uniform(std::uint64_t key, std::uint64_t first_index, std::span<float> out) {
   HWY_DYNAMIC_DISPATCH(Uniform)(key, first_index, out.data(), out.size());
+}
+
+void random_k_indices(std::uint64_t key, std::size_t n, std::size_t k, std::uint32_t* out) {
+  if (k == 0) return;
+  HWY_DYNAMIC_DISPATCH(RandomKIndices)(key, n, k, out);
 }
 
 bool quantize_levels(const LevelQuantizer& q, std::span<const float> x, std::uint64_t key,

@@ -53,6 +53,33 @@ constexpr float uniform_at(std::uint64_t key, std::uint64_t index) {
 // out[i] = uniform_at(key, first_index + i), vectorized.
 void uniform(std::uint64_t key, std::uint64_t first_index, std::span<float> out);
 
+// ---- Random-k index sets ------------------------------------------------------------------
+
+// The k of n indices (1 <= k <= n < 2^32) that random-k keeps for `key`, in increasing order:
+// stratified sampling on a randomly rotated circle. With q = n / k and r = n % k, block j
+// (0 <= j < k) covers L_j = q + [j < r] positions from b_j = j q + min(j, r); it keeps
+// position (c + b_j + o_j) mod n, where c = random_k_rotation(key, n) is uniform in [0, n) and
+// o_j = (random_bits(random_k_block_key(key), j) * L_j) >> 32.
+//
+// Every index is kept with probability exactly k / n: as c runs over [0, n), each index falls
+// once on every (block, offset) pair, and each block keeps exactly one offset. Indices are
+// spread evenly (one per block), and the set depends only on (key, n, k), so every rank that
+// shares the key regenerates it without it being sent. O(k) and vectorized.
+void random_k_indices(std::uint64_t key, std::size_t n, std::size_t k, std::uint32_t* out);
+
+constexpr std::uint64_t random_k_block_key(std::uint64_t key) {
+  return combine_keys(key, 0x72616e646b626c6bull);  // "randkblk"
+}
+// Uniform in [0, n) by rejection: draws below 2^64 mod n are redrawn, so no residue is favoured.
+constexpr std::uint64_t random_k_rotation(std::uint64_t key, std::uint64_t n) {
+  const std::uint64_t stream = combine_keys(key, 0x72616e646b726f74ull);  // "randkrot"
+  const std::uint64_t reject_below = (0 - n) % n;
+  for (std::uint64_t i = 0;; ++i) {
+    const std::uint64_t x = mix64(stream + i);
+    if (x >= reject_below) return x % n;
+  }
+}
+
 // ---- Stochastic rounding to integer levels (TernGrad, QSGD) ------------------------------
 
 // How each bucket's scale is measured.

@@ -20,8 +20,9 @@ std::vector<std::string> all_specs() {
   for (const auto& info : registered_codecs()) {
     specs.push_back(info.name);
     auto c = make_codec(info.name);
-    // Round codecs (PowerSGD) have error feedback built in and refuse ef=1.
-    if (!c->traits().lossless && !c->traits().multi_round) specs.push_back(info.name + ":ef=1");
+    // Round codecs (PowerSGD) and DGC have error feedback built in and refuse ef=1.
+    const CodecTraits t = c->traits();
+    if (!t.lossless && !t.multi_round && !t.builtin_feedback) specs.push_back(info.name + ":ef=1");
   }
   return specs;
 }
