@@ -73,7 +73,9 @@ class ErrorFeedbackCodec final : public Codec {
     CodecTraits t = inner_->traits();
     t.stateful = true;
     t.unbiased = false;  // per step; the accumulated update is what EF corrects
-    t.summable = false;  // residuals differ per rank; the compressed sum is no longer exact
+    // Summability is a property of the wire format, which error feedback does not change: the
+    // sum of the ranks' encodings is the sum of their corrected gradients, the same sum every
+    // other strategy computes.
     return t;
   }
 
@@ -108,6 +110,11 @@ class ErrorFeedbackCodec final : public Codec {
   void decode_payload(std::span<const std::byte> in, std::span<float> y,
                       DecodeMode mode) const override {
     inner_->decode_payload(in, y, mode);
+  }
+
+ public:
+  void combine(std::span<const std::byte> in, std::span<std::byte> acc) const override {
+    inner_->combine(in, acc);
   }
 
  private:

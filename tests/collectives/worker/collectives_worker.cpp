@@ -158,7 +158,8 @@ int matrix(Communicator& comm, Engine& engine, std::vector<std::string> specs) {
     for (const auto& info : registered_codecs()) {
       specs.push_back(info.name);
       auto c = make_codec(info.name);
-      if (!c->traits().lossless && !c->traits().multi_round) specs.push_back(info.name + ":ef=1");
+      const CodecTraits t = c->traits();
+      if (!t.lossless && !t.multi_round && !t.builtin_feedback) specs.push_back(info.name + ":ef=1");
     }
   }
   const std::size_t sizes[] = {0, 1, 63, 1000, 65537, 262147};
