@@ -86,7 +86,13 @@ std::span<float> torch_tensor_span(py::handle tensor, const std::string& name) {
 }
 
 std::span<float> buffer_span(py::handle obj, const std::string& name) {
-  py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request(/*writable=*/true);
+  py::buffer_info info;
+  try {
+    info = py::reinterpret_borrow<py::buffer>(obj).request(/*writable=*/true);
+  } catch (py::error_already_set& e) {
+    // Results are written in place, so a read-only buffer cannot take part.
+    throw InvalidArgument(fmt::format("tensor '{}': not a writable buffer ({})", name, e.what()));
+  }
   const std::string& f = info.format;
   if (info.itemsize != 4 || (f != "f" && f != "<f" && f != "=f" && f != "@f")) {
     throw py::type_error(
