@@ -53,7 +53,9 @@ void register_errors(py::module_& m) {
                             "A wait ran past its deadline (a dead or stalled peer).");
   types.transport = make_type(m, "TransportError", py::make_tuple(base, builtin("ConnectionError")),
                               "A peer closed its connection or could not be reached.");
-  py::register_exception_translator([](std::exception_ptr p) {
+  // Local: torch is built with the same pybind11 and shares its internals; its functions never
+  // throw terse errors, so they need not pass through this translator.
+  py::register_local_exception_translator([](std::exception_ptr p) {
     if (!p) return;
     try {
       std::rethrow_exception(p);

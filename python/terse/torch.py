@@ -2,7 +2,7 @@
 
 Two lines turn DDP's allreduce into terse's compression-aware one::
 
-    state, hook = terse.torch.ddp_hook(model, codec="onebit:ef=1")
+    state, hook = terse.torch.ddp_hook(model, codec="powersgd")
     model.register_comm_hook(state, hook)
 
 Each DDP bucket becomes one terse submission (``Engine.allreduce_group``) of its per-parameter
@@ -83,8 +83,10 @@ class TerseHookState:
     across ranks on first use and raises :class:`terse.MismatchError` otherwise):
 
     codec
-        Codec spec for parameters of at least ``min_bytes``, e.g. ``"fp16"``,
-        ``"onebit:ef=1"`` (1 bit per element with error feedback), ``"powersgd:rank=4"``,
+        Codec spec for parameters of at least ``min_bytes``. The default, ``"powersgd"``
+        (rank 4, with its built-in error feedback), sends about 1% of the fp32 bytes of an MLP
+        and reached DDP's test accuracy within a point in the demo. Others: ``"fp16"``,
+        ``"bf16"``, ``"onebit:ef=1"`` (1 bit per element with error feedback),
         ``"qsgd:levels=16"``; ``terse.codec_names()`` lists them and
         ``terse.canonical_spec(spec)`` shows every parameter. ``"none"`` reduces raw fp32
         (terse's ring; equal to DDP's own allreduce up to summation order). ``"auto"`` leaves
@@ -131,7 +133,7 @@ class TerseHookState:
         self,
         model: Optional[torch.nn.Module] = None,
         *,
-        codec: str = "onebit:ef=1",
+        codec: str = "powersgd",
         strategy: str = "auto",
         partitions: int = 0,
         min_bytes: int = 64 << 10,

@@ -18,6 +18,7 @@ Scenarios:
 """
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -219,6 +220,9 @@ def run(args, init_method: str = "env://", rank: Optional[int] = None,
         # The process group may still wait for the dead peer at teardown: leave at once.
         sys.stdout.flush()
         os._exit(3 if args.scenario in ("kill", "stall") else 0)
+    # Models (and with them DDP's reducers, which hold the process group) must be gone before
+    # the group: see the note in terse/demo.py.
+    gc.collect()
     dist.destroy_process_group()
 
 
