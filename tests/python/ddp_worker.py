@@ -2,10 +2,12 @@
 torchrun's environment, or by torch.multiprocessing.spawn). Each rank writes OUT/rank-R.json.
 
 Scenarios:
-  train CODEC...        trains a DDP model with DDP's own allreduce, then one per codec with the
+  train CODEC... [--subgroups]
+                        trains a DDP model with DDP's own allreduce, then one per codec with the
                         terse hook, from the same initial weights on the same data; records a
                         digest of the parameters, the losses, the bytes sent and the largest
-                        difference from DDP's own result
+                        difference from DDP's own result. --subgroups: then trains over process
+                        groups {0, 1} and {2, 3}
   resume save|load CODEC...
                         save: trains K steps, checkpoints model, optimizer and hook state, trains
                         M more; load: restores the checkpoint in fresh processes and trains the
@@ -126,6 +128,21 @@ def scenario_train(args) -> Dict:
             "plan": [(name, n, plan.codec, plan.strategy) for name, n, plan in state.plan()],
         }
         state.close()
+    if args.subgroups:
+        # Two DDP jobs side by side: ranks {0, 1} and {2, 3}, each with its own process group
+        # and its own terse communicator (bootstrapped through the shared default store).
+        world = dist.get_world_size()
+        groups = [dist.new_group(list(range(g, g + 2))) for g in range(0, world, 2)]
+        group = groups[dist.get_rank() // 2]
+        model = DDP(make_model(), process_group=group, bucket_cap_mb=BUCKET_CAP_MB)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        state, hook = terse.torch.ddp_hook(model, codec="fp16", min_bytes=MIN_BYTES, threads=2,
+                                           timeout=20, process_group=group)
+        model.register_comm_hook(state, hook)
+        train(model, optimizer, 0, steps)
+        out["subgroup"] = {"digest": digest(model), "size": state.engine.size,
+                           "rank": state.engine.rank}
+        state.close()
     return out
 
 
@@ -238,6 +255,8 @@ def parse(argv: List[str]):
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--checkpoint", default="")
+    p.add_argument("--subgroups", action="store_true",
+                   help="train: also two DDP jobs over process groups of 2 ranks each")
     p.add_argument("--victim", type=int, default=-1)
     p.add_argument("--at-step", type=int, default=3)
     return p.parse_args(argv)

@@ -40,18 +40,25 @@ def train2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def train4(tmp_path_factory):
-    return launch(4, ["train", "none", "fp16", "onebit:ef=1", "powersgd", "--steps", str(STEPS)],
-                  tmp_path_factory.mktemp("train4"))
+    return launch(4, ["train", "none", "fp16", "onebit:ef=1", "powersgd", "--steps", str(STEPS),
+                      "--subgroups"], tmp_path_factory.mktemp("train4"))
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_replicas_are_bit_identical_for_every_codec(world, train2, train4):
     results = train2 if world == 2 else train4
-    codecs = [k for k, v in results[0].items() if isinstance(v, dict)]
+    codecs = [k for k, v in results[0].items() if isinstance(v, dict) and k != "subgroup"]
     assert len(codecs) >= 5
     for codec in codecs:
         digests = {r[codec]["digest"] for r in results}
         assert len(digests) == 1, f"{codec}: ranks disagree after training: {digests}"
+
+
+def test_process_groups_get_their_own_terse_communicators(train4):
+    sub = [r["subgroup"] for r in train4]
+    assert [(s["rank"], s["size"]) for s in sub] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    assert sub[0]["digest"] == sub[1]["digest"] and sub[2]["digest"] == sub[3]["digest"]
+    assert sub[0]["digest"] != sub[2]["digest"]  # different batches: really separate jobs
 
 
 def test_none_equals_ddp_exactly_on_two_ranks(train2):

@@ -155,3 +155,15 @@ def test_hook_state_checks_what_it_loads(one_rank_group):
     with pytest.raises(terse.DecodeError):
         state.load_state_dict(dict(saved, engine=b"\0" * 40))
     state.close()
+
+
+def test_auto_passes_through_to_the_engine(one_rank_group):
+    model = make_ddp()
+    state, hook = terse.torch.ddp_hook(model, codec="auto", timeout=TIMEOUT)
+    model.register_comm_hook(state, hook)
+    torch.nn.functional.cross_entropy(model(torch.randn(4, 784)),
+                                      torch.randint(0, 10, (4,))).backward()
+    plan = {name: p for name, _, p in state.plan()}
+    # The engine decides; without its planner, "auto" reduces raw fp32.
+    assert (plan["0.weight"].codec, plan["0.weight"].strategy) == ("none", "raw")
+    state.close()
