@@ -98,15 +98,30 @@ def make_ddp():
     return torch.nn.parallel.DistributedDataParallel(model)
 
 
+def hooked(codec: str):
+    """A one-rank DDP model with the terse hook, and the hook's state."""
+    model = make_ddp()
+    state, hook = terse.torch.ddp_hook(model, codec=codec, timeout=TIMEOUT)
+    model.register_comm_hook(state, hook)
+    return model, state
+
+
+def backward(model, x=None) -> None:
+    x = torch.randn(4, 784) if x is None else x
+    torch.nn.functional.cross_entropy(model(x), torch.randint(0, 10, (len(x),))).backward()
+
+
+def planned(state):
+    return {name: p for name, _, p in state.plan()}
+
+
 def test_hook_plans_per_parameter_and_matches_plain_ddp(one_rank_group):
     reference = make_ddp()
-    model = make_ddp()
-    state, hook = terse.torch.ddp_hook(model, codec="onebit:ef=1", timeout=TIMEOUT)
-    model.register_comm_hook(state, hook)
+    model, state = hooked("onebit:ef=1")
     x, y = torch.randn(16, 784), torch.randint(0, 10, (16,))
     for m in (reference, model):
         torch.nn.functional.cross_entropy(m(x), y).backward()
-    plan = {name: p for name, _, p in state.plan()}
+    plan = planned(state)
     assert set(plan) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert plan["0.weight"].codec.startswith("onebit") and plan["0.weight"].strategy == "sharded"
     for small in ("0.bias", "2.weight", "2.bias"):  # under min_bytes (64 KiB): raw
@@ -124,27 +139,21 @@ def test_hook_plans_per_parameter_and_matches_plain_ddp(one_rank_group):
 
 
 def test_hook_errors_fail_backward_and_keep_their_type(one_rank_group):
-    model = make_ddp()
-    state, hook = terse.torch.ddp_hook(model, codec="fp16", timeout=TIMEOUT)
-    model.register_comm_hook(state, hook)
-    x, y = torch.randn(4, 784), torch.randint(0, 10, (4,))
+    model, state = hooked("fp16")
+    x = torch.randn(4, 784)
     x[0, 0] = float("nan")
     with pytest.raises(RuntimeError, match="InvalidArgument: rank 0: allreduce of tensor "
                                            "'0.weight'.*NaN or Inf"):
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        backward(model, x)
     assert isinstance(state.error, terse.InvalidArgument)
     state.close()
 
 
 def test_hook_state_checks_what_it_loads(one_rank_group):
-    model = make_ddp()
-    state, hook = terse.torch.ddp_hook(model, codec="powersgd", timeout=TIMEOUT)
-    model.register_comm_hook(state, hook)
-    torch.nn.functional.cross_entropy(model(torch.randn(4, 784)),
-                                      torch.randint(0, 10, (4,))).backward()
+    model, state = hooked("powersgd")
+    backward(model)
     # PowerSGD views each weight as a matrix of shape[0] rows, as PyTorch's hook does.
-    plan = {name: p for name, _, p in state.plan()}
-    assert "rows=128" in plan["0.weight"].codec
+    assert "rows=128" in planned(state)["0.weight"].codec
     saved = state.state_dict()
     assert saved["codec"] == "powersgd" and len(saved["engine"]) > 128 * 4
     state.load_state_dict(saved)
@@ -158,12 +167,9 @@ def test_hook_state_checks_what_it_loads(one_rank_group):
 
 
 def test_auto_passes_through_to_the_engine(one_rank_group):
-    model = make_ddp()
-    state, hook = terse.torch.ddp_hook(model, codec="auto", timeout=TIMEOUT)
-    model.register_comm_hook(state, hook)
-    torch.nn.functional.cross_entropy(model(torch.randn(4, 784)),
-                                      torch.randint(0, 10, (4,))).backward()
-    plan = {name: p for name, _, p in state.plan()}
+    model, state = hooked("auto")
+    backward(model)
     # The engine decides; without its planner, "auto" reduces raw fp32.
-    assert (plan["0.weight"].codec, plan["0.weight"].strategy) == ("none", "raw")
+    plan = planned(state)["0.weight"]
+    assert (plan.codec, plan.strategy) == ("none", "raw")
     state.close()
