@@ -75,8 +75,8 @@ def _worker(args: argparse.Namespace) -> None:
     parameters = sum(p.numel() for p in model.parameters())
 
     if rank == 0:
-        print(f"[{args.label}] ranks connected, data loaded ({time.perf_counter() - started:.1f} s)",
-              flush=True)
+        setup = time.perf_counter() - started
+        print(f"[{args.label}] ranks connected, data loaded ({setup:.1f} s)", flush=True)
     global_batch = BATCH * world
     steps_per_epoch = len(x) // global_batch
     total = steps_per_epoch * args.epochs
@@ -224,7 +224,8 @@ def _table(results: List[Dict]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python3 -m terse.demo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python3 -m terse.demo",
+                                description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--ranks", type=int, default=4, help="local ranks (default 4)")
     p.add_argument("--codec", default="powersgd",
                    help="terse codec for the weight matrices (default powersgd: rank 4)")

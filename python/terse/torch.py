@@ -7,12 +7,13 @@ Two lines turn DDP's allreduce into terse's compression-aware one::
 
 Each DDP bucket becomes one terse submission (``Engine.allreduce_group``) of its per-parameter
 gradients: parameters smaller than ``min_bytes`` travel raw (fp32) and fused into one message,
-larger ones are compressed with ``codec``. Results are averaged in place in the bucket, bit-identical
-on every rank, and the hook's future completes from the engine's completion callback.
+larger ones are compressed with ``codec``. Results are averaged in place in the bucket,
+bit-identical on every rank, and the hook's future completes from the engine's completion
+callback.
 
-The hook state (error-feedback residuals, PowerSGD's Q, step counters) is keyed by parameter name,
-so it survives DDP's bucket rebuilds, and ``state.state_dict()`` / ``state.load_state_dict()``
-make it part of a checkpoint: a resumed run continues bit for bit.
+The hook state (error-feedback residuals, PowerSGD's Q, step counters) is keyed by parameter
+name, so it survives DDP's bucket rebuilds, and ``state.state_dict()`` /
+``state.load_state_dict()`` make it part of a checkpoint: a resumed run continues bit for bit.
 """
 
 import itertools

@@ -2,10 +2,8 @@
 group, Fashion-MNIST images, Debian's torch), ranks started by `terse run`, by plain subprocesses
 with torchrun's environment, and by torch.multiprocessing.spawn."""
 
-import json
 import signal
 import subprocess
-import time
 
 import pytest
 import torch.multiprocessing as mp
@@ -89,7 +87,8 @@ def test_compressed_training_learns_and_sends_less(train2):
 
 
 def test_small_tensors_travel_raw_and_weights_compressed(train2):
-    plan = {name: (codec, strategy) for name, _, codec, strategy in train2[0]["onebit:ef=1"]["plan"]}
+    plan = {name: (codec, strategy)
+            for name, _, codec, strategy in train2[0]["onebit:ef=1"]["plan"]}
     assert plan["0.weight"][0].startswith("onebit") and plan["2.weight"][0].startswith("onebit")
     for small in ("0.bias", "2.bias", "4.weight", "4.bias"):
         assert plan[small] == ("none", "raw"), small

@@ -4,7 +4,6 @@ the DDP hook on a one-rank process group (its multi-rank behaviour is in test_dd
 import datetime
 import threading
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
