@@ -1,0 +1,574 @@
+// terse._C: the Python binding of terse's public C++ API (codecs, stores, Communicator, Engine).
+// The pure-Python package terse re-exports it; terse.torch builds the DDP hook on top.
+//
+// Tensors are borrowed zero-copy: a contiguous float32 CPU torch.Tensor is read through its
+// data_ptr() and numel() (so the module does not link libtorch, whose C++ ABI is tied to one
+// torch build), any other object through the buffer protocol (numpy arrays, array('f')). The
+// binding keeps every submitted object alive until its submission completes.
+//
+// GIL: released around every call that can block or talk to other ranks (communicator creation,
+// barrier, submission, whose first-use check exchanges messages, wait, synchronize, state
+// save/load, engine shutdown). Engine threads take it only to run Python callbacks and to drop
+// references, so a thread that holds the GIL while waiting for the engine would deadlock; the
+// binding never does.
+#include <fmt/format.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "errors.h"
+#include "gil.h"
+#include "python_store.h"
+#include "terse/codec.h"
+#include "terse/communicator.h"
+#include "terse/engine.h"
+#include "terse/error.h"
+
+namespace terse::python {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Seconds from Python (None: the default, TERSE_TIMEOUT or 60 s) to the C++ convention, where
+// zero means the default.
+milliseconds to_timeout(std::optional<double> seconds) {
+  if (!seconds) return milliseconds(0);
+  if (!std::isfinite(*seconds) || *seconds <= 0) {
+    throw InvalidArgument(
+        fmt::format("timeout must be a positive number of seconds, not {}", *seconds));
+  }
+  return milliseconds(static_cast<std::int64_t>(std::ceil(*seconds * 1000)));
+}
+milliseconds resolved_timeout(std::optional<double> seconds) {
+  const milliseconds t = to_timeout(seconds);
+  return t.count() > 0 ? t : default_timeout();
+}
+double to_seconds(milliseconds t) { return static_cast<double>(t.count()) / 1000.0; }
+
+std::string type_name(py::handle obj) {
+  return py::type::of(obj).attr("__name__").cast<std::string>();
+}
+
+// ---- borrowing tensors ----------------------------------------------------------------------
+
+std::span<float> torch_tensor_span(py::handle tensor, const std::string& name) {
+  // torch.float32, looked up once and kept for the life of the process (no destructor at exit).
+  static PyObject* float32 =
+      py::object(py::module_::import("torch").attr("float32")).release().ptr();
+  py::object dtype = tensor.attr("dtype");
+  if (!dtype.is(py::handle(float32))) {
+    throw py::type_error(fmt::format("tensor '{}': dtype is {}, terse reduces torch.float32", name,
+                                     std::string(py::str(dtype))));
+  }
+  const auto device = tensor.attr("device").attr("type").cast<std::string>();
+  if (device != "cpu") {
+    throw InvalidArgument(
+        fmt::format("tensor '{}' is on {}; terse reduces CPU tensors", name, device));
+  }
+  if (!tensor.attr("is_contiguous")().cast<bool>()) {
+    throw InvalidArgument(
+        fmt::format("tensor '{}' is not contiguous; pass .contiguous() and "
+                    "copy the result back",
+                    name));
+  }
+  const auto n = tensor.attr("numel")().cast<std::size_t>();
+  const auto address = tensor.attr("data_ptr")().cast<std::uintptr_t>();
+  return {n == 0 ? nullptr : reinterpret_cast<float*>(address), n};
+}
+
+std::span<float> buffer_span(py::handle obj, const std::string& name) {
+  py::buffer_info info;
+  try {
+    info = py::reinterpret_borrow<py::buffer>(obj).request(/*writable=*/true);
+  } catch (py::error_already_set& e) {
+    // Results are written in place, so a read-only buffer cannot take part.
+    throw InvalidArgument(fmt::format("tensor '{}': not a writable buffer ({})", name, e.what()));
+  }
+  const std::string& f = info.format;
+  if (info.itemsize != 4 || (f != "f" && f != "<f" && f != "=f" && f != "@f")) {
+    throw py::type_error(
+        fmt::format("tensor '{}': buffer holds '{}' items of {} bytes, terse "
+                    "reduces float32",
+                    name, f, info.itemsize));
+  }
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expected) {
+      throw InvalidArgument(fmt::format("tensor '{}': buffer is not C-contiguous", name));
+    }
+    expected *= info.shape[d];
+  }
+  return {info.size == 0 ? nullptr : static_cast<float*>(info.ptr),
+          static_cast<std::size_t>(info.size)};
+}
+
+std::span<float> float_span(py::handle obj, const std::string& name) {
+  if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "numel")) {
+    return torch_tensor_span(obj, name);
+  }
+  if (PyObject_CheckBuffer(obj.ptr()) != 0) return buffer_span(obj, name);
+  throw py::type_error(
+      fmt::format("tensor '{}': expected a float32 torch.Tensor or a writable "
+                  "float32 buffer, got {}",
+                  name, type_name(obj)));
+}
+
+// ---- handles --------------------------------------------------------------------------------
+
+class PyHandle {
+ public:
+  PyHandle(Handle handle, py::list borrowed)
+      : handle_(std::move(handle)), borrowed_(std::make_shared<PythonRef>(std::move(borrowed))) {
+    // The engine may write into the tensors until the submission completes, even if Python
+    // drops this handle first: the completion callback holds them until then.
+    handle_.on_complete([keep = borrowed_](std::exception_ptr) {});
+  }
+
+  void wait() const {
+    py::gil_scoped_release release;
+    handle_.wait();
+  }
+  bool ready() const { return handle_.ready(); }
+
+  void on_complete(py::function f) const {
+    auto callback = std::make_shared<PythonRef>(std::move(f));
+    handle_.on_complete([callback](std::exception_ptr error) {
+      py::gil_scoped_acquire gil;
+      try {
+        callback->get()(error ? to_python_error(error) : py::none());
+      } catch (py::error_already_set& e) {
+        // Nobody up this (engine) thread's stack could handle it: report it like Python does
+        // for exceptions in __del__ and carry on.
+        e.discard_as_unraisable("terse: Handle.on_complete callback");
+      }
+    });
+  }
+
+ private:
+  Handle handle_;
+  std::shared_ptr<PythonRef> borrowed_;
+};
+
+// ---- the engine -----------------------------------------------------------------------------
+
+AllreduceOptions make_options(std::string codec, const std::string& strategy, int partitions,
+                              bool average) {
+  AllreduceOptions o;
+  o.codec = std::move(codec);
+  o.strategy = parse_strategy(strategy);
+  o.partitions = partitions;
+  o.average = average;
+  return o;
+}
+
+class PyEngine;
+// Engines still open, closed by an atexit hook: their worker threads must be gone before the
+// interpreter finalizes, since a callback taking the GIL then would crash. Guarded by the GIL.
+std::set<PyEngine*>& open_engines() {
+  static auto* engines = new std::set<PyEngine*>();
+  return *engines;
+}
+
+class PyEngine {
+ public:
+  PyEngine(std::shared_ptr<Communicator> comm, const EngineOptions& options) : comm_(comm) {
+    std::unique_ptr<Engine> engine;
+    {
+      py::gil_scoped_release release;
+      engine = std::make_unique<Engine>(std::move(comm), options);
+    }
+    engine_ = share_releasing_gil(std::move(engine));
+    open_engines().insert(this);
+  }
+  ~PyEngine() {
+    open_engines().erase(this);
+    close();
+  }
+  PyEngine(const PyEngine&) = delete;
+  PyEngine& operator=(const PyEngine&) = delete;
+
+  // Waits for every submission (each bounded by the timeout) and stops the worker threads. The
+  // deleter releases the GIL meanwhile, so completion callbacks still waiting for it can run.
+  void close() { engine_.reset(); }
+  bool closed() const { return !engine_; }
+
+  std::shared_ptr<Engine> get() const {
+    if (!engine_) throw InvalidArgument("engine: used after close()");
+    return engine_;
+  }
+  const std::shared_ptr<Communicator>& communicator() const { return comm_; }
+
+  PyHandle allreduce(std::string name, py::object data, std::string codec,
+                     const std::string& strategy, int partitions, bool average) {
+    auto engine = get();
+    AllreduceOptions options = make_options(std::move(codec), strategy, partitions, average);
+    const std::span<float> span = float_span(data, name);
+    py::list borrowed;
+    borrowed.append(data);
+    Handle handle;
+    {
+      py::gil_scoped_release release;
+      handle = engine->allreduce(std::move(name), span, std::move(options));
+    }
+    return PyHandle(std::move(handle), std::move(borrowed));
+  }
+
+  PyHandle allreduce_group(py::iterable items) {
+    auto engine = get();
+    std::vector<TensorRef> refs;
+    py::list borrowed;
+    for (py::handle item : items) {
+      const py::tuple t(py::reinterpret_borrow<py::object>(item));
+      if (t.size() != 2 && t.size() != 3) {
+        throw py::type_error(
+            "allreduce_group: each item is (name, tensor) or (name, tensor, "
+            "AllreduceOptions)");
+      }
+      TensorRef ref;
+      ref.name = t[0].cast<std::string>();
+      ref.data = float_span(t[1], ref.name);
+      if (t.size() == 3 && !t[2].is_none()) ref.options = t[2].cast<AllreduceOptions>();
+      borrowed.append(t[1]);
+      refs.push_back(std::move(ref));
+    }
+    Handle handle;
+    {
+      py::gil_scoped_release release;
+      handle = engine->allreduce_group(std::move(refs));
+    }
+    return PyHandle(std::move(handle), std::move(borrowed));
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<Engine> engine_;
+};
+
+std::string options_repr(const AllreduceOptions& o) {
+  return fmt::format("AllreduceOptions(codec='{}', strategy='{}', partitions={}, average={})",
+                     o.codec, to_string(o.strategy), o.partitions, o.average ? "True" : "False");
+}
+
+void bind(py::module_& m) {
+  m.doc() = "terse's C++ core: codecs, stores, Communicator and the allreduce Engine.";
+  m.attr("__version__") = TERSE_VERSION;
+  register_errors(m);
+
+  // ---- codecs -------------------------------------------------------------------------------
+  m.def(
+      "codecs",
+      [] {
+        py::list out;
+        for (const auto& c : registered_codecs()) {
+          py::dict d;
+          d["name"] = c.name;
+          d["id"] = c.id;
+          d["summary"] = c.summary;
+          out.append(d);
+        }
+        return out;
+      },
+      "The registered codecs, sorted by name: dicts with name, id (on the wire) and summary.");
+  m.def(
+      "canonical_spec", [](const std::string& spec) { return make_codec(spec)->spec(); },
+      py::arg("spec"),
+      "The canonical form of a codec spec (every parameter, defaults included): equal on two "
+      "ranks iff they use the same codec. Raises SpecError listing what is allowed.");
+  m.def(
+      "strategies",
+      [] {
+        std::vector<std::string> out;
+        for (auto s : {Strategy::kAuto, Strategy::kRaw, Strategy::kAllgather, Strategy::kSharded,
+                       Strategy::kRing, Strategy::kSummable}) {
+          out.emplace_back(to_string(s));
+        }
+        return out;
+      },
+      "Names of the collective strategies (docs/design.md explains their costs).");
+  m.def(
+      "default_timeout", [] { return to_seconds(default_timeout()); },
+      "Seconds every wait is bounded by when no timeout is given: TERSE_TIMEOUT, else 60.");
+
+  // ---- stores -------------------------------------------------------------------------------
+  py::class_<Store, std::shared_ptr<Store>>(
+      m, "Store",
+      "A key-value store every rank reaches, used only to bootstrap connections. Keys are set "
+      "once per job.")
+      .def(
+          "set",
+          [](Store& s, const std::string& key, py::bytes value) {
+            std::string v = value;
+            py::gil_scoped_release release;
+            s.set(key, std::as_bytes(std::span(v.data(), v.size())));
+          },
+          py::arg("key"), py::arg("value"))
+      .def(
+          "get",
+          [](Store& s, const std::string& key, std::optional<double> timeout) {
+            std::vector<std::byte> v;
+            {
+              py::gil_scoped_release release;
+              v = s.get(key, resolved_timeout(timeout));
+            }
+            return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+          },
+          py::arg("key"), py::arg("timeout") = py::none(),
+          "The value of key, waiting up to timeout seconds for some rank to set it.")
+      .def(
+          "wait",
+          [](Store& s, const std::vector<std::string>& keys, std::optional<double> timeout) {
+            py::gil_scoped_release release;
+            s.wait(keys, resolved_timeout(timeout));
+          },
+          py::arg("keys"), py::arg("timeout") = py::none())
+      .def_property_readonly(
+          "port", [](const Store& s) { return tcp_store_port(s); },
+          "The TCP store's port; -1 for other stores.");
+  m.def("file_store", &make_file_store, py::arg("directory"),
+        "A store in a directory every rank sees (use a fresh directory per job).");
+  m.def(
+      "tcp_store",
+      [](const std::string& host, int port, bool is_server, std::optional<double> timeout) {
+        py::gil_scoped_release release;
+        return make_tcp_store(host, port, is_server, resolved_timeout(timeout));
+      },
+      py::arg("host"), py::arg("port"), py::arg("is_server"), py::arg("timeout") = py::none(),
+      "A TCP store served by one process (is_server; port 0 picks a free one) and used by all.");
+  m.def("prefix_store", &make_prefix_store, py::arg("prefix"), py::arg("store"),
+        "A view of store whose keys all start with prefix + '/'.");
+  m.def("python_store", &make_python_store, py::arg("store"),
+        "Adapts a torch.distributed.Store (or any object with set(key, bytes), get(key) -> bytes "
+        "and wait(keys, timedelta)) to terse.");
+  m.def(
+      "bootstrap_from_env",
+      [](std::optional<double> timeout) {
+        Bootstrap b;
+        {
+          py::gil_scoped_release release;
+          b = bootstrap_from_env(resolved_timeout(timeout));
+        }
+        return py::make_tuple(b.rank, b.size, b.store);
+      },
+      py::arg("timeout") = py::none(),
+      "(rank, size, store) from torchrun's environment: RANK, WORLD_SIZE and TERSE_FILE_STORE or "
+      "MASTER_ADDR/MASTER_PORT (rank 0 then serves a TCP store on MASTER_PORT).");
+
+  // ---- communicator -------------------------------------------------------------------------
+  auto make_comm_options = [](std::optional<double> timeout, std::string interface,
+                              std::string hostname, std::string prefix) {
+    CommunicatorOptions o;
+    o.timeout = to_timeout(timeout);
+    o.interface = std::move(interface);
+    o.hostname = std::move(hostname);
+    o.prefix = std::move(prefix);
+    return o;
+  };
+  py::class_<Communicator, std::shared_ptr<Communicator>>(
+      m, "Communicator",
+      "A fully connected group of processes over Gloo TCP. Every wait is bounded by timeout; "
+      "after any failure the communicator is failed for good and peers learn it promptly.")
+      .def(py::init([make_comm_options](int rank, int size, std::shared_ptr<Store> store,
+                                        std::optional<double> timeout, std::string interface,
+                                        std::string hostname, std::string prefix) {
+             auto options = make_comm_options(timeout, std::move(interface), std::move(hostname),
+                                              std::move(prefix));
+             std::unique_ptr<Communicator> comm;
+             {
+               py::gil_scoped_release release;
+               comm = Communicator::create(rank, size, std::move(store), std::move(options));
+             }
+             return share_releasing_gil(std::move(comm));
+           }),
+           py::arg("rank"), py::arg("size"), py::arg("store"), py::arg("timeout") = py::none(),
+           py::arg("interface") = "", py::arg("hostname") = "", py::arg("prefix") = "terse",
+           "Connects to every other rank through store (collective: every rank calls it with the "
+           "same size and prefix). timeout: seconds (None: TERSE_TIMEOUT, else 60). interface: "
+           "network interface to bind (None: TERSE_IFNAME, GLOO_SOCKET_IFNAME, else hostname).")
+      .def_static(
+          "from_env",
+          [make_comm_options](std::optional<double> timeout, std::string interface,
+                              std::string hostname, std::string prefix) {
+            auto options = make_comm_options(timeout, std::move(interface), std::move(hostname),
+                                             std::move(prefix));
+            std::unique_ptr<Communicator> comm;
+            {
+              py::gil_scoped_release release;
+              comm = Communicator::from_env(std::move(options));
+            }
+            return share_releasing_gil(std::move(comm));
+          },
+          py::arg("timeout") = py::none(), py::arg("interface") = "", py::arg("hostname") = "",
+          py::arg("prefix") = "terse",
+          "Bootstraps from torchrun's environment (see bootstrap_from_env).")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly(
+          "timeout", [](const Communicator& c) { return to_seconds(c.timeout()); },
+          "Seconds every wait is bounded by.")
+      .def_property_readonly("address", &Communicator::address)
+      .def_property_readonly("failed", &Communicator::failed)
+      .def(
+          "barrier",
+          [](Communicator& c, const std::string& label) {
+            py::gil_scoped_release release;
+            c.barrier(label);
+          },
+          py::arg("label") = "")
+      .def(
+          "abort", [](Communicator& c, const std::string& reason) { c.abort(reason); },
+          py::arg("reason"),
+          "Fails the communicator now: pending and later operations here raise TransportError "
+          "with reason, and peers blocked on this rank fail promptly.");
+
+  // ---- options and plans --------------------------------------------------------------------
+  py::class_<AllreduceOptions>(m, "AllreduceOptions",
+                               "How one tensor is reduced: codec spec (or 'auto'), strategy, "
+                               "partitions (0: from the size) and average (divide by ranks).")
+      .def(py::init(&make_options), py::arg("codec") = "none", py::arg("strategy") = "auto",
+           py::arg("partitions") = 0, py::arg("average") = true)
+      .def_readwrite("codec", &AllreduceOptions::codec)
+      .def_property(
+          "strategy", [](const AllreduceOptions& o) { return std::string(to_string(o.strategy)); },
+          [](AllreduceOptions& o, const std::string& s) { o.strategy = parse_strategy(s); })
+      .def_readwrite("partitions", &AllreduceOptions::partitions)
+      .def_readwrite("average", &AllreduceOptions::average)
+      .def("__repr__", &options_repr);
+
+  py::class_<TensorPlan>(m, "TensorPlan", "What the engine does with a tensor.")
+      .def_readonly("codec", &TensorPlan::codec, "Canonical codec spec ('none': raw fp32).")
+      .def_property_readonly("strategy",
+                             [](const TensorPlan& p) { return std::string(to_string(p.strategy)); })
+      .def_readonly("partitions", &TensorPlan::partitions)
+      .def_readonly("fused", &TensorPlan::fused)
+      .def("__repr__", [](const TensorPlan& p) {
+        return fmt::format("TensorPlan(codec='{}', strategy='{}', partitions={})", p.codec,
+                           to_string(p.strategy), p.partitions);
+      });
+
+  py::class_<EngineOptions>(m, "EngineOptions",
+                            "Engine-wide settings (see include/terse/engine.h).")
+      .def(py::init([](std::uint64_t seed, int threads, std::size_t fuse_bytes,
+                       std::size_t partition_bytes, bool keep_input_on_error) {
+             EngineOptions o;
+             o.seed = seed;
+             o.threads = threads;
+             o.fuse_bytes = fuse_bytes;
+             o.partition_bytes = partition_bytes;
+             o.keep_input_on_error = keep_input_on_error;
+             return o;
+           }),
+           py::arg("seed") = 0, py::arg("threads") = 0,
+           py::arg("fuse_bytes") = EngineOptions{}.fuse_bytes,
+           py::arg("partition_bytes") = EngineOptions{}.partition_bytes,
+           py::arg("keep_input_on_error") = false)
+      .def_readwrite("seed", &EngineOptions::seed, "Seed of stochastic codecs, equal on all ranks.")
+      .def_readwrite("threads", &EngineOptions::threads,
+                     "Worker threads (0: TERSE_THREADS, else 4).")
+      .def_readwrite("fuse_bytes", &EngineOptions::fuse_bytes,
+                     "Raw tensors of a group up to this size travel in one fused message.")
+      .def_readwrite("partition_bytes", &EngineOptions::partition_bytes,
+                     "Target partition size when a tensor's partitions is 0.")
+      .def_readwrite("keep_input_on_error", &EngineOptions::keep_input_on_error,
+                     "Stage results so a failed submission leaves the tensors unchanged.");
+
+  // ---- engine -------------------------------------------------------------------------------
+  py::class_<PyHandle>(m, "Handle", "The outcome of a submission.")
+      .def("wait", &PyHandle::wait,
+           "Blocks (without the GIL) until the submission completed; raises its error. Bounded "
+           "by the communicator's timeout.")
+      .def("ready", &PyHandle::ready)
+      .def("on_complete", &PyHandle::on_complete, py::arg("callback"),
+           "Calls callback(error) once the submission completed (error is None on success): at "
+           "once if it already has, else on an engine thread holding the GIL. The callback must "
+           "not wait for the engine.");
+
+  py::class_<PyEngine>(m, "Engine",
+                       "Asynchronous compression-aware allreduce of named float32 tensors. Every "
+                       "rank must submit the same tensors with the same options in the same "
+                       "order; results are written in place and are bit-identical on all ranks.")
+      .def(py::init<std::shared_ptr<Communicator>, const EngineOptions&>(), py::arg("comm"),
+           py::arg("options") = EngineOptions{})
+      .def("allreduce", &PyEngine::allreduce, py::arg("name"), py::arg("tensor"),
+           py::arg("codec") = "none", py::arg("strategy") = "auto", py::arg("partitions") = 0,
+           py::arg("average") = true,
+           "Starts an allreduce of one tensor (float32 CPU torch.Tensor or buffer, contiguous); "
+           "returns a Handle. Raises at once for invalid options.")
+      .def("allreduce_group", &PyEngine::allreduce_group, py::arg("items"),
+           "Starts one submission of (name, tensor[, AllreduceOptions]) items, e.g. a DDP "
+           "bucket: small raw tensors travel fused, the others per their codec.")
+      .def(
+          "plan",
+          [](PyEngine& e, std::size_t elements, std::string codec, const std::string& strategy,
+             int partitions, bool average) {
+            return e.get()->plan(elements,
+                                 make_options(std::move(codec), strategy, partitions, average));
+          },
+          py::arg("elements"), py::arg("codec") = "none", py::arg("strategy") = "auto",
+          py::arg("partitions") = 0, py::arg("average") = true,
+          "What the engine will do with a tensor of that many elements (validates the options).")
+      .def(
+          "synchronize",
+          [](PyEngine& e) {
+            auto engine = e.get();
+            py::gil_scoped_release release;
+            engine->synchronize();
+          },
+          "Blocks until every submission so far completed (errors stay with their handles).")
+      .def(
+          "save_state",
+          [](PyEngine& e) {
+            auto engine = e.get();
+            std::vector<std::byte> state;
+            {
+              py::gil_scoped_release release;
+              state = engine->save_state();
+            }
+            return py::bytes(reinterpret_cast<const char*>(state.data()), state.size());
+          },
+          "Error-feedback residuals, codec state and step counters of every tensor, as bytes.")
+      .def(
+          "load_state",
+          [](PyEngine& e, py::buffer state) {
+            auto engine = e.get();
+            py::buffer_info info = state.request();
+            const std::span<const std::byte> bytes(
+                static_cast<const std::byte*>(info.ptr),
+                static_cast<std::size_t>(info.size) * static_cast<std::size_t>(info.itemsize));
+            py::gil_scoped_release release;
+            engine->load_state(bytes);
+          },
+          py::arg("state"),
+          "Restores save_state() bytes (no submission may be in flight); the named tensors' next "
+          "allreduce continues bit for bit. Raises DecodeError, changing nothing, on bad bytes.")
+      .def_property_readonly("rank", [](const PyEngine& e) { return e.get()->rank(); })
+      .def_property_readonly("size", [](const PyEngine& e) { return e.get()->size(); })
+      .def_property_readonly(
+          "bytes_sent", [](const PyEngine& e) { return e.get()->bytes_sent(); },
+          "Bytes this rank sent so far (payloads and fp32 chunks, no transport framing).")
+      .def_property_readonly("communicator", &PyEngine::communicator)
+      .def_property_readonly("closed", &PyEngine::closed)
+      .def("close", &PyEngine::close,
+           "Waits for every submission and stops the worker threads; later calls raise.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyEngine& e, py::args) { e.close(); });
+
+  // Close engines still open before the interpreter finalizes (see open_engines).
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    const std::set<PyEngine*> engines = open_engines();
+    for (PyEngine* e : engines) e->close();
+  }));
+}
+
+}  // namespace
+}  // namespace terse::python
+
+PYBIND11_MODULE(_C, m) { terse::python::bind(m); }

@@ -1,0 +1,76 @@
+"""terse: compression-aware collective communication for distributed deep learning.
+
+The C++ core (codecs, Gloo transport, the asynchronous allreduce engine) as a Python module::
+
+    import terse
+    comm = terse.Communicator.from_env()           # torchrun's RANK, WORLD_SIZE, MASTER_*
+    with terse.Engine(comm) as engine:
+        handle = engine.allreduce("grad", tensor, codec="onebit:ef=1")
+        handle.wait()                              # tensor now holds the average, in place
+
+PyTorch integration lives in :mod:`terse.torch` (imported separately, since importing torch
+takes a second): ``terse.torch.ddp_hook`` is a DistributedDataParallel communication hook.
+
+Errors are :class:`terse.Error` subclasses carrying the C++ message (rank, tensor, peer):
+SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError.
+"""
+
+from terse._C import (
+    AllreduceOptions,
+    Communicator,
+    DecodeError,
+    Engine,
+    EngineOptions,
+    Error,
+    Handle,
+    InvalidArgument,
+    MismatchError,
+    SpecError,
+    Store,
+    TensorPlan,
+    TimeoutError,
+    TransportError,
+    __version__,
+    bootstrap_from_env,
+    canonical_spec,
+    codecs,
+    default_timeout,
+    file_store,
+    prefix_store,
+    python_store,
+    strategies,
+    tcp_store,
+)
+
+__all__ = [
+    "AllreduceOptions",
+    "Communicator",
+    "DecodeError",
+    "Engine",
+    "EngineOptions",
+    "Error",
+    "Handle",
+    "InvalidArgument",
+    "MismatchError",
+    "SpecError",
+    "Store",
+    "TensorPlan",
+    "TimeoutError",
+    "TransportError",
+    "__version__",
+    "bootstrap_from_env",
+    "canonical_spec",
+    "codec_names",
+    "codecs",
+    "default_timeout",
+    "file_store",
+    "prefix_store",
+    "python_store",
+    "strategies",
+    "tcp_store",
+]
+
+
+def codec_names() -> list:
+    """Names of the registered codecs ("none", "fp16", "onebit", ...)."""
+    return [c["name"] for c in codecs()]

@@ -1,0 +1,77 @@
+"""Shared helpers of the Python tests: where the build is, and launching multi-process runs.
+
+CTest runs these tests with PYTHONPATH=<build>/python. Run by hand, `pytest tests/python` finds
+the package in build/python of this checkout.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+
+try:
+    import terse  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(REPO / "build" / "python"))
+    import terse  # noqa: F401
+
+# Child processes import the same build of terse.
+_package_root = str(pathlib.Path(terse.__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ["OMP_NUM_THREADS"] = "1"  # the machine has 2 cores; ranks share them
+
+from terse import _paths  # noqa: E402
+
+WORKER = HERE / "ddp_worker.py"
+PYTHON = _paths.PYTHON
+TERSE_CLI = _paths.TERSE_CLI
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_results(out: pathlib.Path, n: int) -> List[Dict]:
+    results = []
+    for r in range(n):
+        path = out / f"rank-{r}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else None)
+    return results
+
+
+def launch(n: int, args: List[str], out: pathlib.Path, timeout: float = 120) -> List[Dict]:
+    """Runs N ranks of ddp_worker.py through `terse run`; returns each rank's result."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [TERSE_CLI, "run", "-n", str(n), "--", PYTHON, str(WORKER), *args, "--out", str(out)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}"
+    results = read_results(out, n)
+    assert all(results), f"a rank wrote no result:\n{proc.stdout}"
+    return results
+
+
+def start_ranks(n: int, args: List[str], out: pathlib.Path,
+                env: Optional[Dict[str, str]] = None) -> List[subprocess.Popen]:
+    """Starts N ranks with torchrun's environment as separate processes (no launcher that would
+    stop the others when one fails)."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = []
+    for r in range(n):
+        rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                        WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                        **(env or {}))
+        procs.append(subprocess.Popen(
+            [PYTHON, str(WORKER), *args, "--out", str(out)], env=rank_env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs

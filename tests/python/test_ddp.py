@@ -1,0 +1,171 @@
+"""The terse DDP hook in real multi-process DistributedDataParallel training on CPU (Gloo process
+group, Fashion-MNIST images, Debian's torch), ranks started by `terse run`, by plain subprocesses
+with torchrun's environment, and by torch.multiprocessing.spawn."""
+
+import signal
+import subprocess
+
+import pytest
+import torch.multiprocessing as mp
+
+import terse
+from conftest import launch, read_results, start_ranks
+import ddp_worker
+
+# Codecs every DDP test trains with; topk joins once its branch registers it.
+CODECS = ["none", "fp16", "onebit:ef=1", "powersgd", "qsgd"]
+if "topk" in terse.codec_names():
+    CODECS.append("topk:ratio=0.01,ef=1")
+STEPS = 10
+PARAMETERS = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+
+# Largest parameter difference allowed between codec "none" and DDP's own allreduce on 4
+# ranks. Both average the same fp32 gradients exactly once per step, but Gloo's ring and terse's
+# ring add the 4 contributions of an element in different orders, so an average can differ in
+# its last bit (relative 2^-24, about 6e-8). Ten SGD steps with momentum 0.9 carry such
+# differences forward and the network feeds them back through later gradients; observed
+# differences are about 2e-8 for weights of magnitude up to about 0.1. 1e-6 leaves a wide
+# margin yet is 10 times smaller than what fp16 (11-bit mantissa) rounding of the same gradients
+# produces, which test_none_matches_ddp_up_to_summation_order checks as its control.
+SUMMATION_ORDER_TOLERANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def train2(tmp_path_factory):
+    return launch(2, ["train", *CODECS, "--steps", str(STEPS)],
+                  tmp_path_factory.mktemp("train2"))
+
+
+@pytest.fixture(scope="module")
+def train4(tmp_path_factory):
+    return launch(4, ["train", "none", "fp16", "onebit:ef=1", "powersgd", "--steps", str(STEPS),
+                      "--subgroups"], tmp_path_factory.mktemp("train4"))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_replicas_are_bit_identical_for_every_codec(world, train2, train4):
+    results = train2 if world == 2 else train4
+    codecs = [k for k, v in results[0].items() if isinstance(v, dict) and k != "subgroup"]
+    assert len(codecs) >= 5
+    for codec in codecs:
+        digests = {r[codec]["digest"] for r in results}
+        assert len(digests) == 1, f"{codec}: ranks disagree after training: {digests}"
+
+
+def test_process_groups_get_their_own_terse_communicators(train4):
+    sub = [r["subgroup"] for r in train4]
+    assert [(s["rank"], s["size"]) for s in sub] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    assert sub[0]["digest"] == sub[1]["digest"] and sub[2]["digest"] == sub[3]["digest"]
+    assert sub[0]["digest"] != sub[2]["digest"]  # different batches: really separate jobs
+
+
+def test_none_equals_ddp_exactly_on_two_ranks(train2):
+    # With two ranks each average is (a + b) / 2 in either implementation: no order to differ.
+    for r in train2:
+        assert r["none"]["digest"] == r["ddp"]["digest"]
+        assert r["none"]["max_abs_diff_from_ddp"] == 0.0
+
+
+def test_none_matches_ddp_up_to_summation_order(train4):
+    for r in train4:
+        assert r["none"]["max_abs_diff_from_ddp"] <= SUMMATION_ORDER_TOLERANCE
+        # Control: a real numerical change of the gradients exceeds the tolerance.
+        assert r["fp16"]["max_abs_diff_from_ddp"] > 10 * SUMMATION_ORDER_TOLERANCE
+        assert r["onebit:ef=1"]["max_abs_diff_from_ddp"] > 1000 * SUMMATION_ORDER_TOLERANCE
+
+
+def test_compressed_training_learns_and_sends_less(train2):
+    r = train2[0]
+    raw = r["none"]["bytes_sent"]
+    assert raw > 0
+    for codec in CODECS:
+        losses = r[codec]["losses"]
+        assert sum(losses[-3:]) / 3 < losses[0] - 0.2, f"{codec} did not learn: {losses}"
+    assert r["fp16"]["bytes_sent"] < 0.55 * raw
+    assert r["onebit:ef=1"]["bytes_sent"] < 0.1 * raw
+    assert r["powersgd"]["bytes_sent"] < 0.1 * raw
+
+
+def test_small_tensors_travel_raw_and_weights_compressed(train2):
+    plan = {name: (codec, strategy)
+            for name, _, codec, strategy in train2[0]["onebit:ef=1"]["plan"]}
+    assert plan["0.weight"][0].startswith("onebit") and plan["2.weight"][0].startswith("onebit")
+    for small in ("0.bias", "2.bias", "4.weight", "4.bias"):
+        assert plan[small] == ("none", "raw"), small
+
+
+STATEFUL = ["onebit:ef=1", "powersgd", "qsgd"]
+
+
+def test_resume_from_checkpoint_is_bit_identical(tmp_path):
+    # Three ranks: with two, sums do not depend on their order, which would hide a resumed run
+    # that fuses small tensors differently from the run it continues.
+    codecs = STATEFUL + ["fp16", "none"]
+    args = ["--steps", "4", "--checkpoint", str(tmp_path / "checkpoints")]
+    (tmp_path / "checkpoints").mkdir()
+    saved = launch(3, ["resume", "save", *codecs, *args], tmp_path / "save")
+    loaded = launch(3, ["resume", "load", *codecs, *args], tmp_path / "load")
+    for s, l in zip(saved, loaded):
+        for codec in codecs:
+            assert l[codec]["resumed"] == s[codec]["continued"], codec
+    for codec in STATEFUL:
+        # Control: residuals, PowerSGD's Q and the step counter matter; without them the run
+        # differs, so the equality above is the hook state's doing.
+        assert loaded[0][codec]["resumed_without_hook_state"] != saved[0][codec]["continued"]
+
+
+@pytest.mark.parametrize("how", ["kill", "stall"])
+def test_a_dead_or_stalled_rank_fails_the_others_with_a_terse_error(how, tmp_path):
+    # kill: the victim's connections close and the others fail at once (TransportError).
+    # stall: SIGSTOP keeps its connections open; the others fail at TERSE_TIMEOUT (TimeoutError).
+    timeout = 3.0
+    procs = start_ranks(3, [how, "--victim", "2", "--at-step", "3"], tmp_path,
+                        env={"TERSE_TIMEOUT": str(timeout)})
+    outputs = {}
+    try:
+        for rank in (0, 1):
+            try:
+                outputs[rank] = procs[rank].communicate(timeout=60)[0]
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rank {rank} hung after its peer died")
+    finally:
+        procs[2].kill()  # the stalled victim; a no-op for the dead one
+        outputs[2] = procs[2].communicate()[0]
+    if how == "kill":
+        assert procs[2].returncode == -signal.SIGKILL, outputs[2]
+    results = read_results(tmp_path, 3)
+    for rank in (0, 1):
+        r = results[rank]
+        assert procs[rank].returncode == 3, outputs[rank]
+        assert r["failed"] and r["timeout"] == timeout
+        expected = "TransportError" if how == "kill" else ("TimeoutError", "TransportError")
+        assert r["error_type"] in expected, r
+        # The error names this rank, the peer and the tensor (or the fused group of small
+        # ones); DDP re-raises it with that text.
+        error = r["error"]
+        assert f"rank {rank}" in error and "peer" in error, error
+        assert any(f"'{name}'" in error for name in PARAMETERS) or "fused group" in error, error
+        assert error in r["message"]
+        assert r["seconds_to_fail"] < timeout + 5, r
+        if how == "stall" and r["error_type"] == "TimeoutError":
+            assert r["seconds_to_fail"] > timeout - 0.5, r
+
+
+def test_different_codecs_across_ranks_are_a_mismatch_error(tmp_path):
+    results = launch(2, ["mismatch"], tmp_path)
+    for r in results:
+        assert r["failed"] and r["is_mismatch"], r
+        assert r["error_type"] == "MismatchError"
+        assert "fp16" in r["error"] and "onebit" in r["error"]
+        assert "MismatchError" in r["message"]
+
+
+def test_spawned_ranks_bootstrap_through_a_file_store(tmp_path):
+    # torch.multiprocessing with file:// rendezvous: terse finds its peers through the process
+    # group's FileStore, with no MASTER_ADDR anywhere.
+    argv = ["train", "fp16", "onebit:ef=1", "--steps", "4", "--out", str(tmp_path)]
+    mp.spawn(ddp_worker.spawned, args=(2, f"file://{tmp_path}/rendezvous", argv), nprocs=2,
+             join=True)
+    results = read_results(tmp_path, 2)
+    for codec in ("fp16", "onebit:ef=1"):
+        assert results[0][codec]["digest"] == results[1][codec]["digest"]

@@ -1,0 +1,259 @@
+"""terse._C without torch: codecs, errors, stores, Communicator and Engine on numpy buffers.
+
+Multi-rank cases run two ranks as two threads of this process. That only works because the
+binding releases the GIL while it connects and waits: were it held, the second rank could never
+enter Communicator() and both would fail at the (short) timeout.
+"""
+
+import array
+import gc
+import threading
+import time
+import weakref
+from typing import Callable, List
+
+import numpy as np
+import pytest
+
+import terse
+
+TIMEOUT = 10.0
+
+
+def run_ranks(n: int, body: Callable[[int], object]) -> List[object]:
+    """Runs body(rank) on n threads; returns the results, re-raising the first error."""
+    results: List[object] = [None] * n
+    errors: List[BaseException] = []
+
+    def target(rank: int) -> None:
+        try:
+            results[rank] = body(rank)
+        except BaseException as e:  # noqa: B902 - reported to the test below
+            errors.append(e)
+
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(3 * TIMEOUT)
+        assert not t.is_alive(), "a rank hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def one_rank_engine(tmp_path, **options) -> terse.Engine:
+    comm = terse.Communicator(0, 1, terse.file_store(str(tmp_path)), timeout=TIMEOUT)
+    return terse.Engine(comm, terse.EngineOptions(**options))
+
+
+def test_codecs_are_listed_and_specs_canonical():
+    names = terse.codec_names()
+    for expected in ("none", "fp16", "bf16", "onebit", "powersgd", "qsgd"):
+        assert expected in names
+    assert names == sorted(names)
+    assert all(c["summary"] and c["id"] >= 0 for c in terse.codecs())
+    spec = terse.canonical_spec("onebit:ef=1")
+    assert spec.startswith("onebit:") and "ef=1" in spec
+    assert terse.canonical_spec(spec) == spec
+    assert "sharded" in terse.strategies() and "auto" in terse.strategies()
+
+
+def test_errors_form_a_hierarchy_with_the_cpp_text():
+    for cls in (terse.SpecError, terse.InvalidArgument, terse.DecodeError, terse.MismatchError,
+                terse.TimeoutError, terse.TransportError):
+        assert issubclass(cls, terse.Error)
+        assert cls.__module__ == "terse"
+    assert issubclass(terse.Error, RuntimeError)
+    assert issubclass(terse.TimeoutError, TimeoutError)
+    assert issubclass(terse.TransportError, ConnectionError)
+    assert issubclass(terse.SpecError, ValueError)
+    with pytest.raises(terse.SpecError) as e:
+        terse.canonical_spec("nope:x=1")
+    assert "unknown codec 'nope'" in str(e.value) and "fp16" in str(e.value)
+    with pytest.raises(terse.SpecError, match="unknown strategy 'diagonal'"):
+        terse.AllreduceOptions(codec="fp16", strategy="diagonal")
+
+
+def test_one_rank_allreduce_in_place(tmp_path):
+    with one_rank_engine(tmp_path) as engine:
+        assert (engine.rank, engine.size) == (0, 1)
+        x = np.linspace(-1, 1, 1000, dtype=np.float32)
+        original = x.copy()
+        engine.allreduce("exact", x).wait()
+        np.testing.assert_array_equal(x, original)
+        # fp16 rounds in place: the result is the input rounded to half precision.
+        engine.allreduce("half", x, codec="fp16").wait()
+        np.testing.assert_array_equal(x, original.astype(np.float16).astype(np.float32))
+        assert not np.array_equal(x, original)
+        # Any writable float32 buffer works, e.g. array('f').
+        a = array.array("f", [1.0, 2.0, 3.0])
+        engine.allreduce("array", a).wait()
+        assert list(a) == [1.0, 2.0, 3.0]
+    assert engine.closed
+    with pytest.raises(terse.InvalidArgument, match="after close"):
+        engine.allreduce("late", x)
+
+
+def test_bad_tensors_are_rejected_naming_them(tmp_path):
+    with one_rank_engine(tmp_path) as engine:
+        with pytest.raises(TypeError, match="tensor 'd'.*float32"):
+            engine.allreduce("d", np.zeros(4, dtype=np.float64))
+        with pytest.raises(terse.InvalidArgument, match="tensor 's'.*not C-contiguous"):
+            engine.allreduce("s", np.zeros((4, 4), dtype=np.float32)[:, 1])
+        read_only = np.zeros(4, dtype=np.float32)
+        read_only.flags.writeable = False
+        with pytest.raises(terse.InvalidArgument, match="tensor 'r': not a writable buffer"):
+            engine.allreduce("r", read_only)
+        with pytest.raises(TypeError, match="tensor 'l'"):
+            engine.allreduce("l", [1.0, 2.0])
+        with pytest.raises(terse.SpecError):
+            engine.allreduce("c", np.zeros(4, dtype=np.float32), codec="nope")
+        with pytest.raises(terse.InvalidArgument, match="strategy raw"):
+            engine.allreduce("c", np.zeros(4, dtype=np.float32), codec="fp16", strategy="raw")
+
+
+def test_errors_reach_wait_and_on_complete_with_their_type(tmp_path):
+    with one_rank_engine(tmp_path) as engine:
+        x = np.ones(256, dtype=np.float32)
+        x[17] = np.nan
+        seen = []
+        handle = engine.allreduce("bad", x, codec="fp16")
+        handle.on_complete(seen.append)
+        with pytest.raises(terse.InvalidArgument) as e:
+            handle.wait()
+        assert "tensor 'bad'" in str(e.value) and "element 17" in str(e.value)
+        assert handle.ready()
+        assert len(seen) == 1 and type(seen[0]) is terse.InvalidArgument
+        assert str(seen[0]) == str(e.value)
+        # Success reports None, and a callback added after completion runs at once.
+        ok = engine.allreduce("good", np.ones(8, dtype=np.float32))
+        ok.wait()
+        ok.on_complete(seen.append)
+        assert seen[1] is None
+
+
+def test_plans_and_auto(tmp_path):
+    with one_rank_engine(tmp_path) as engine:
+        plan = engine.plan(1 << 20, codec="onebit:ef=1")
+        assert plan.strategy == "sharded" and plan.codec.startswith("onebit")
+        assert engine.plan(1 << 20, codec="fp16").strategy == "summable"
+        # Until the planner exists, "auto" reduces raw fp32.
+        auto = engine.plan(1000, codec="auto")
+        assert (auto.codec, auto.strategy) == ("none", "raw")
+        assert engine.plan(1 << 24, codec="none", partitions=3).partitions == 3
+
+
+def test_state_round_trips_and_rejects_garbage(tmp_path):
+    with one_rank_engine(tmp_path) as engine:
+        x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+        engine.allreduce("w", x, codec="onebit:ef=1").wait()
+        state = engine.save_state()
+        assert isinstance(state, bytes) and len(state) > 4096 * 4  # holds the residual
+        engine.load_state(state)
+        assert engine.save_state() == state
+        with pytest.raises(terse.DecodeError, match="engine state"):
+            engine.load_state(b"garbage")
+        assert engine.save_state() == state  # unchanged
+
+
+def test_submitted_buffers_are_released_after_completion(tmp_path):
+    class Buffer(bytearray):  # bytearray itself has no weak references
+        pass
+
+    with one_rank_engine(tmp_path) as engine:
+        b = Buffer(np.ones(64, dtype=np.float32).tobytes())
+        view = memoryview(b).cast("f")
+        ref = weakref.ref(b)
+        engine.allreduce("b", view).wait()
+        view.release()
+        del view, b
+        gc.collect()
+        assert ref() is None
+
+
+def test_two_ranks_in_two_threads_over_a_file_store(tmp_path):
+    store = terse.file_store(str(tmp_path))
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal(10000).astype(np.float32) for _ in range(2)]
+
+    def rank(r: int):
+        comm = terse.Communicator(r, 2, store, timeout=TIMEOUT)
+        with terse.Engine(comm, terse.EngineOptions(threads=2)) as engine:
+            exact = inputs[r].copy()
+            half = inputs[r].copy()
+            h1 = engine.allreduce("exact", exact)
+            h2 = engine.allreduce_group([("half", half, terse.AllreduceOptions(codec="fp16"))])
+            h1.wait()
+            h2.wait()
+            sent = engine.bytes_sent
+            comm.barrier("end")
+        return exact, half, sent
+
+    (e0, f0, s0), (e1, f1, s1) = run_ranks(2, rank)
+    np.testing.assert_array_equal(e0, e1)  # bit-identical on both ranks
+    np.testing.assert_array_equal(f0, f1)
+    np.testing.assert_array_equal(e0, (inputs[0] + inputs[1]) / 2)
+    np.testing.assert_allclose(f0, (inputs[0] + inputs[1]) / 2, rtol=2e-3, atol=2e-3)
+    assert s0 > 0 and s1 > 0
+
+
+class DictStore:
+    """A store in plain Python, shaped like torch.distributed.Store (set/get/wait)."""
+
+    def __init__(self) -> None:
+        self.values = {}
+        self.cv = threading.Condition()
+        self.calls = 0
+
+    def set(self, key: str, value: bytes) -> None:
+        with self.cv:
+            self.calls += 1
+            self.values[key] = bytes(value)
+            self.cv.notify_all()
+
+    def get(self, key: str) -> bytes:
+        with self.cv:
+            self.calls += 1
+            return self.values[key]
+
+    def wait(self, keys, timeout) -> None:
+        with self.cv:
+            self.calls += 1
+            if not self.cv.wait_for(lambda: all(k in self.values for k in keys),
+                                    timeout.total_seconds()):
+                raise RuntimeError(f"keys {keys} not set in time")
+
+
+def test_a_python_store_bootstraps_two_ranks(tmp_path):
+    backing = DictStore()
+    store = terse.prefix_store("job", terse.python_store(backing))
+
+    def rank(r: int):
+        comm = terse.Communicator(r, 2, store, timeout=TIMEOUT)
+        x = np.full(100, float(r + 1), dtype=np.float32)
+        with terse.Engine(comm) as engine:
+            engine.allreduce("x", x, average=False).wait()
+        return x
+
+    a, b = run_ranks(2, rank)
+    np.testing.assert_array_equal(a, np.full(100, 3.0, dtype=np.float32))
+    np.testing.assert_array_equal(a, b)
+    assert backing.calls > 0 and all(k.startswith("job/") for k in backing.values)
+    # The store interface itself, through the adapter.
+    store.set("k", b"v")
+    assert store.get("k") == b"v"
+    with pytest.raises(terse.TimeoutError, match="missing"):
+        store.wait(["missing"], timeout=0.2)
+
+
+def test_a_missing_rank_times_out_naming_it(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(terse.TimeoutError):
+        terse.Communicator(0, 2, terse.file_store(str(tmp_path)), timeout=1.0)
+    assert time.monotonic() - start < 10
+
+
+def test_an_object_without_store_methods_is_refused():
+    with pytest.raises(terse.InvalidArgument, match="wait"):
+        terse.python_store(object())

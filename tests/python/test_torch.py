@@ -1,0 +1,174 @@
+"""terse with torch in one process: zero-copy tensors, the torch.distributed.Store adapter, and
+the DDP hook on a one-rank process group (its multi-rank behaviour is in test_ddp.py)."""
+
+import datetime
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import terse
+import terse.torch
+
+TIMEOUT = 10.0
+
+
+@pytest.fixture
+def engine(tmp_path):
+    comm = terse.Communicator(0, 1, terse.file_store(str(tmp_path)), timeout=TIMEOUT)
+    with terse.Engine(comm) as e:
+        yield e
+
+
+def test_tensors_are_reduced_in_place_without_copies(engine):
+    t = torch.linspace(-3, 3, 5000)
+    address = t.data_ptr()
+    expected = t.half().float()
+    engine.allreduce("t", t, codec="fp16").wait()
+    assert t.data_ptr() == address
+    assert torch.equal(t, expected)
+    # A view at an offset into a larger tensor is reduced where it lies.
+    big = torch.ones(100)
+    engine.allreduce("view", big[10:20], codec="none", average=False).wait()
+    assert torch.equal(big, torch.ones(100))
+
+
+def test_unsuitable_tensors_are_refused(engine):
+    with pytest.raises(TypeError, match="tensor 'd': dtype is torch.float64"):
+        engine.allreduce("d", torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(terse.InvalidArgument, match="tensor 't' is not contiguous"):
+        engine.allreduce("t", torch.zeros(4, 3).t())
+
+
+def test_a_torch_tcp_store_bootstraps_terse():
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, datetime.timedelta(seconds=TIMEOUT),
+                           wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, 2, False,
+                           datetime.timedelta(seconds=TIMEOUT))
+    results = [None, None]
+
+    def rank(r: int, store) -> None:
+        adapted = terse.python_store(dist.PrefixStore("terse", store))
+        comm = terse.Communicator(r, 2, adapted, timeout=TIMEOUT)
+        t = torch.full((1000,), float(r))
+        with terse.Engine(comm) as e:
+            e.allreduce("t", t).wait()
+        results[r] = t
+
+    threads = [threading.Thread(target=rank, args=(r, s)) for r, s in ((0, server), (1, client))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(3 * TIMEOUT)
+    assert results[0] is not None and results[1] is not None
+    assert torch.equal(results[0], torch.full((1000,), 0.5))
+    assert torch.equal(results[0], results[1])
+
+
+def test_a_torch_store_timeout_is_a_terse_timeout():
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=TIMEOUT))
+    adapted = terse.python_store(store)
+    with pytest.raises(terse.TimeoutError, match="never-set"):
+        adapted.get("never-set", timeout=0.3)
+
+
+def test_without_a_process_group_or_environment_the_hook_says_what_to_do(monkeypatch):
+    for var in ("MASTER_ADDR", "TERSE_FILE_STORE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(terse.InvalidArgument, match="init_process_group"):
+        terse.torch.ddp_hook(codec="fp16")
+    with pytest.raises(terse.SpecError, match="unknown codec"):
+        terse.torch.ddp_hook(codec="fp17")
+
+
+@pytest.fixture(scope="module")
+def one_rank_group(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def make_ddp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    return torch.nn.parallel.DistributedDataParallel(model)
+
+
+def hooked(codec: str):
+    """A one-rank DDP model with the terse hook, and the hook's state."""
+    model = make_ddp()
+    state, hook = terse.torch.ddp_hook(model, codec=codec, timeout=TIMEOUT)
+    model.register_comm_hook(state, hook)
+    return model, state
+
+
+def backward(model, x=None) -> None:
+    x = torch.randn(4, 784) if x is None else x
+    torch.nn.functional.cross_entropy(model(x), torch.randint(0, 10, (len(x),))).backward()
+
+
+def planned(state):
+    return {name: p for name, _, p in state.plan()}
+
+
+def test_hook_plans_per_parameter_and_matches_plain_ddp(one_rank_group):
+    reference = make_ddp()
+    model, state = hooked("onebit:ef=1")
+    x, y = torch.randn(16, 784), torch.randint(0, 10, (16,))
+    for m in (reference, model):
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+    plan = planned(state)
+    assert set(plan) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert plan["0.weight"].codec.startswith("onebit") and plan["0.weight"].strategy == "sharded"
+    for small in ("0.bias", "2.weight", "2.bias"):  # under min_bytes (64 KiB): raw
+        assert (plan[small].codec, plan[small].strategy) == ("none", "raw")
+    # One rank: raw tensors come back unchanged; the onebit weight is its 1-bit approximation.
+    for (name, p), r in zip(model.module.named_parameters(), reference.module.parameters()):
+        if name == "0.weight":
+            # onebit (chunk=1024, scale=mean): one magnitude per chunk of 1024 elements.
+            assert p.grad.abs().unique().numel() <= 100352 // 1024 + 1
+            assert r.grad.abs().unique().numel() > 1000
+        else:
+            assert torch.equal(p.grad, r.grad), name
+    assert state.steps >= 1 and state.error is None
+    state.close()
+
+
+def test_hook_errors_fail_backward_and_keep_their_type(one_rank_group):
+    model, state = hooked("fp16")
+    x = torch.randn(4, 784)
+    x[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="InvalidArgument: rank 0: allreduce of tensor "
+                                           "'0.weight'.*NaN or Inf"):
+        backward(model, x)
+    assert isinstance(state.error, terse.InvalidArgument)
+    state.close()
+
+
+def test_hook_state_checks_what_it_loads(one_rank_group):
+    model, state = hooked("powersgd")
+    backward(model)
+    # PowerSGD views each weight as a matrix of shape[0] rows, as PyTorch's hook does.
+    assert "rows=128" in planned(state)["0.weight"].codec
+    saved = state.state_dict()
+    assert saved["codec"] == "powersgd" and len(saved["engine"]) > 128 * 4
+    state.load_state_dict(saved)
+    with pytest.raises(terse.MismatchError, match="codec='fp16'"):
+        state.load_state_dict(dict(saved, codec="fp16"))
+    with pytest.raises(terse.DecodeError, match="version"):
+        state.load_state_dict(dict(saved, version=99))
+    with pytest.raises(terse.DecodeError):
+        state.load_state_dict(dict(saved, engine=b"\0" * 40))
+    state.close()
+
+
+def test_auto_passes_through_to_the_engine(one_rank_group):
+    model, state = hooked("auto")
+    backward(model)
+    # The engine decides; without its planner, "auto" reduces raw fp32.
+    plan = planned(state)["0.weight"]
+    assert (plan.codec, plan.strategy) == ("none", "raw")
+    state.close()
