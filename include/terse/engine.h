@@ -5,7 +5,7 @@
 // codec, with a collective strategy and a number of partitions K. Each partition is one task; a
 // pool of worker threads runs tasks in submission order, so encode and decode work of one
 // partition overlaps the transfer of others. Small raw tensors of a group are fused into one
-// message per peer.
+// message per peer, laid out by name (so that results do not depend on the group's order).
 //
 // Promises:
 // - Every rank ends a collective with bit-identical results: sums run in a fixed order and every
@@ -86,7 +86,8 @@ class Handle {
   void wait() const;
   bool ready() const;
   // Runs f(error) once the submission completed (null error on success): immediately if it
-  // already has, else on the engine thread that completes it. f must not block on the engine.
+  // already has, else on the engine's completion thread (one per engine, so callbacks run one
+  // at a time, in completion order). f may submit more work; it must not wait for it.
   void on_complete(std::function<void(std::exception_ptr)> f) const;
 
   struct State;

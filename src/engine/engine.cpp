@@ -212,9 +212,11 @@ struct Engine::Impl {
   std::mutex queue_mu;
   std::condition_variable queue_cv, idle_cv;
   std::deque<Task> queue;
+  std::deque<std::pair<std::shared_ptr<Handle::State>, std::exception_ptr>> completions;
   int outstanding_jobs = 0;
   bool stopping = false;
   std::vector<std::thread> workers;
+  std::thread completion_thread;
 
   const Codec& codec_for(const std::string& spec) const {
     std::lock_guard lock(codecs_mu);
@@ -417,6 +419,11 @@ struct Engine::Impl {
           job->fused_elements += it.ref.data.size();
         }
       }
+      // Fused tensors are laid out by name: an element's position in the fused ring decides the
+      // order in which its sum is taken, which must not depend on the order of the group.
+      std::sort(job->fused.begin(), job->fused.end(), [&](int a, int b) {
+        return job->items[a].ref.name < job->items[b].ref.name;
+      });
     }
     // Staging layout: the fused items' sums first, contiguous in fused order, then the others.
     std::size_t staging = 0;
@@ -621,12 +628,34 @@ struct Engine::Impl {
       e.thread = 1000;  // a track of its own
       options.tracer->record(std::move(e));
     }
-    job.handle->complete(error);
+    // Callbacks run on the completion thread, so that one which blocks (a Python callback
+    // waiting for the GIL) cannot hold up a worker that other partitions need.
     {
       std::lock_guard lock(queue_mu);
-      --outstanding_jobs;
+      completions.emplace_back(job.handle, error);
     }
-    idle_cv.notify_all();
+    queue_cv.notify_all();
+  }
+
+  void completer() {
+    for (;;) {
+      std::pair<std::shared_ptr<Handle::State>, std::exception_ptr> done;
+      {
+        std::unique_lock lock(queue_mu);
+        queue_cv.wait(lock, [&] { return !completions.empty() || (stopping && queue.empty() &&
+                                                                   outstanding_jobs == 0); });
+        if (completions.empty()) return;
+        done = std::move(completions.front());
+        completions.pop_front();
+      }
+      done.first->complete(done.second);
+      {
+        std::lock_guard lock(queue_mu);
+        --outstanding_jobs;
+      }
+      idle_cv.notify_all();
+      queue_cv.notify_all();
+    }
   }
 
   // What an error did to the user's tensors.
@@ -731,6 +760,7 @@ Engine::Engine(std::shared_ptr<Communicator> comm, EngineOptions options)
   for (int i = 0; i < threads; ++i) {
     impl_->workers.emplace_back([this, i] { impl_->worker(static_cast<std::uint32_t>(i)); });
   }
+  impl_->completion_thread = std::thread([this] { impl_->completer(); });
 }
 
 Engine::~Engine() {
@@ -740,6 +770,8 @@ Engine::~Engine() {
   }
   impl_->queue_cv.notify_all();
   for (auto& t : impl_->workers) t.join();
+  impl_->queue_cv.notify_all();
+  impl_->completion_thread.join();
   if (impl_->env_trace) {
     try {
       std::filesystem::create_directories(impl_->env_trace_dir);
