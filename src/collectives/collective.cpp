@@ -124,6 +124,37 @@ void apply_divisor(PartitionContext& ctx, std::span<float> y) {
   kit::divide_to(y, static_cast<float>(ctx.divisor), y);
 }
 
+// ---- the final exchange -------------------------------------------------------------------
+
+FinalExchange::FinalExchange(PartitionContext& ctx, std::size_t capacity, std::uint32_t index)
+    : ctx_(ctx), capacity_(capacity), index_(index),
+      areas_(ctx.pool->acquire(capacity * ctx.size())), rx_(ctx.size()), tx_(ctx.size()) {
+  for (int j = 0; j < ctx.size(); ++j) {
+    if (j != ctx.rank()) {
+      rx_[j] = post_recv(ctx, j, index, areas_.bytes().subspan(capacity * j, capacity));
+    }
+  }
+}
+
+void FinalExchange::start(std::span<const std::byte> mine) {
+  const int n = ctx_.size();
+  for (int k = 1; k < n; ++k) {
+    const int j = (ctx_.rank() + k) % n;
+    tx_[j] = post_send(ctx_, j, index_, mine);
+  }
+}
+
+std::span<const std::byte> FinalExchange::receive(int owner) {
+  wait(ctx_, rx_[owner], false, owner, capacity_);
+  return received_message(ctx_, areas_.bytes().subspan(capacity_ * owner, capacity_), owner);
+}
+
+void FinalExchange::end(std::size_t bytes) {
+  for (int j = 0; j < ctx_.size(); ++j) {
+    if (j != ctx_.rank()) wait(ctx_, tx_[j], true, j, bytes);
+  }
+}
+
 // ---- payloads -------------------------------------------------------------------------------
 
 std::size_t message_capacity(const Codec& codec, std::size_t n) {

@@ -187,6 +187,40 @@ bool accept_message(PartitionContext& ctx, std::span<const std::byte> message, i
 bool decode_or_record(PartitionContext& ctx, std::span<const std::byte> message,
                       std::span<float> y, DecodeMode mode, int peer);
 
+// The last phase of sharded, ring and summable: every rank owns one piece of the partition
+// and sends that piece's final payload to every other rank; every rank, the owner included,
+// decodes every final payload, so all end with the same bytes decoded the same way.
+class FinalExchange {
+ public:
+  // Posts the receives from every other rank (message `index`) into n areas of `capacity`
+  // bytes each, taken from the pool.
+  FinalExchange(PartitionContext& ctx, std::size_t capacity, std::uint32_t index);
+  // Sends our final payload to every other rank (the next rank first), decodes it into
+  // out(rank), then waits for and decodes owner j's payload into out(j) (the previous rank
+  // first, as it sent to us first), and waits for the sends.
+  template <typename Out>
+  void finish(std::span<const std::byte> mine, Out&& out) {
+    start(mine);
+    decode_or_record(ctx_, mine, out(ctx_.rank()), DecodeMode::kOverwrite, ctx_.rank());
+    const int n = ctx_.size();
+    for (int k = 1; k < n; ++k) {
+      const int j = (ctx_.rank() + n - k) % n;
+      decode_or_record(ctx_, receive(j), out(j), DecodeMode::kOverwrite, j);
+    }
+    end(mine.size());
+  }
+
+ private:
+  void start(std::span<const std::byte> mine);
+  std::span<const std::byte> receive(int owner);
+  void end(std::size_t bytes);
+  PartitionContext& ctx_;
+  std::size_t capacity_;
+  std::uint32_t index_;
+  engine::Buffer areas_;
+  std::vector<Request> rx_, tx_;
+};
+
 // y /= ctx.divisor (in place; nothing when averaging is off or there is one rank).
 void apply_divisor(PartitionContext& ctx, std::span<float> y);
 

@@ -19,18 +19,11 @@ void ring_allreduce(PartitionContext& ctx) {
   const Split split(ctx.input.size(), n);
   auto mod = [n](int v) { return ((v % n) + n) % n; };
   const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
-  // Areas: 0-1 outgoing (alternating by step), 2 incoming, 3 our final payload, 4 + j the
-  // final payload of owner j.
-  engine::Buffer areas = ctx.pool->acquire(cap * (n + 4));
+  // Areas: 0-1 outgoing (alternating by step), 2 incoming, 3 our final payload.
+  engine::Buffer areas = ctx.pool->acquire(cap * 4);
   auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
-  auto final_area = [&](int owner) { return area(4 + owner); };
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  const auto final_index = static_cast<std::uint32_t>(n - 1);
-
-  std::vector<Request> final_rx(n), final_tx(n);
-  for (int j = 0; j < n; ++j) {
-    if (j != r) final_rx[j] = post_recv(ctx, j, final_index, final_area(j));
-  }
+  FinalExchange finals(ctx, cap, static_cast<std::uint32_t>(n - 1));
   engine::Buffer scratch = ctx.pool->acquire(split.max_size() * sizeof(float));
   // Step 0 sends our own input's chunk r.
   std::span<const std::byte> outgoing =
@@ -65,24 +58,10 @@ void ring_allreduce(PartitionContext& ctx) {
     }
   }
   // Allgather of the owners' sums: owner j holds chunk j+1.
-  const int mine = mod(r + 1);
   if (n == 1) {
     final_payload = outgoing;  // a single rank: its input chunk is the whole sum (divisor 1)
   }
-  for (int k = 1; k < n; ++k) {
-    const int j = (r + k) % n;
-    final_tx[j] = post_send(ctx, j, final_index, final_payload);
-  }
-  decode_or_record(ctx, final_payload, split.piece(ctx.output, mine), DecodeMode::kOverwrite, r);
-  for (int k = 1; k < n; ++k) {
-    const int j = (r + n - k) % n;
-    wait(ctx, final_rx[j], false, j, cap);
-    decode_or_record(ctx, received_message(ctx, final_area(j), j),
-                     split.piece(ctx.output, mod(j + 1)), DecodeMode::kOverwrite, j);
-  }
-  for (int j = 0; j < n; ++j) {
-    if (j != r) wait(ctx, final_tx[j], true, j, final_payload.size());
-  }
+  finals.finish(final_payload, [&](int j) { return split.piece(ctx.output, mod(j + 1)); });
 }
 
 }  // namespace terse::collectives

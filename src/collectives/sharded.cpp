@@ -18,17 +18,16 @@ void sharded_allreduce(PartitionContext& ctx) {
   const Split split(ctx.input.size(), n);
   const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
   // Areas: [0, n) outgoing (our payload for owner j at j, our final payload at r),
-  // [n, 2n) contributions to our shard from rank i, [2n, 3n) the final payload of owner j.
-  engine::Buffer areas = ctx.pool->acquire(cap * 3 * n);
+  // [n, 2n) contributions to our shard from rank i. Final payloads use message index 1.
+  engine::Buffer areas = ctx.pool->acquire(cap * 2 * n);
   auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
-  std::vector<Request> push_rx(n), final_rx(n), push_tx(n), final_tx(n);
+  std::vector<Request> push_rx(n), push_tx(n);
   std::vector<std::span<const std::byte>> sent(n);
 
   for (int i = 0; i < n; ++i) {
-    if (i == r) continue;
-    push_rx[i] = post_recv(ctx, i, 0, area(n + i));
-    final_rx[i] = post_recv(ctx, i, 1, area(2 * n + i));
+    if (i != r) push_rx[i] = post_recv(ctx, i, 0, area(n + i));
   }
+  FinalExchange finals(ctx, cap, 1);
   for (int k = 1; k < n; ++k) {  // owners r+1, r+2, ...: every rank starts on another owner
     const int j = (r + k) % n;
     sent[j] = encode_or_fail(ctx, split.piece(ctx.input, j), split.begin(j), j, j, area(j));
@@ -56,21 +55,9 @@ void sharded_allreduce(PartitionContext& ctx) {
   if (!ctx.failure.any()) apply_divisor(ctx, acc);
   std::span<const std::byte> final_payload =
       encode_or_fail(ctx, acc, split.begin(r), r, n, area(r), /*sum=*/true);
-  for (int k = 1; k < n; ++k) {
-    const int j = (r + k) % n;
-    final_tx[j] = post_send(ctx, j, 1, final_payload);
-  }
-  decode_or_record(ctx, final_payload, split.piece(ctx.output, r), DecodeMode::kOverwrite, r);
-  for (int k = 1; k < n; ++k) {
-    const int j = (r + n - k) % n;  // owner r-1 sent first (it started with us)
-    wait(ctx, final_rx[j], false, j, cap);
-    decode_or_record(ctx, received_message(ctx, area(2 * n + j), j), split.piece(ctx.output, j),
-                     DecodeMode::kOverwrite, j);
-  }
+  finals.finish(final_payload, [&](int j) { return split.piece(ctx.output, j); });
   for (int j = 0; j < n; ++j) {
-    if (j == r) continue;
-    wait(ctx, push_tx[j], true, j, sent[j].size());
-    wait(ctx, final_tx[j], true, j, final_payload.size());
+    if (j != r) wait(ctx, push_tx[j], true, j, sent[j].size());
   }
 }
 

@@ -72,17 +72,11 @@ void summable_allreduce(PartitionContext& ctx) {
   auto mod = [n](int v) { return ((v % n) + n) % n; };
   const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
   // Areas: 0-1 incoming partial payloads (alternating: the one received at step s is sent on at
-  // step s+1), 2 our own encoding of the current chunk, 3 + j the final payload of owner j.
-  engine::Buffer areas = ctx.pool->acquire(cap * (n + 3));
+  // step s+1), 2 our own encoding of the current chunk.
+  engine::Buffer areas = ctx.pool->acquire(cap * 3);
   auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
-  auto final_area = [&](int owner) { return area(3 + owner); };
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  const auto final_index = static_cast<std::uint32_t>(n - 1);
-
-  std::vector<Request> final_rx(n), final_tx(n);
-  for (int j = 0; j < n; ++j) {
-    if (j != r) final_rx[j] = post_recv(ctx, j, final_index, final_area(j));
-  }
+  FinalExchange finals(ctx, cap, static_cast<std::uint32_t>(n - 1));
   std::span<const std::byte> outgoing =
       encode_or_fail(ctx, split.piece(ctx.input, r), split.begin(r), r, r, area(2));
   for (int s = 0; s < n - 1; ++s) {
@@ -111,21 +105,8 @@ void summable_allreduce(PartitionContext& ctx) {
     outgoing = ctx.failure.any() ? failure_message(ctx, in_area) : partial;
   }
   // outgoing now holds the complete payload of our chunk r+1 (or our own chunk when n == 1).
-  for (int k = 1; k < n; ++k) {
-    const int j = (r + k) % n;
-    final_tx[j] = post_send(ctx, j, final_index, outgoing);
-  }
-  decode_or_record(ctx, outgoing, split.piece(ctx.output, mod(r + 1)), DecodeMode::kOverwrite, r);
-  for (int k = 1; k < n; ++k) {
-    const int j = (r + n - k) % n;
-    wait(ctx, final_rx[j], false, j, cap);
-    decode_or_record(ctx, received_message(ctx, final_area(j), j),
-                     split.piece(ctx.output, mod(j + 1)), DecodeMode::kOverwrite, j);
-  }
+  finals.finish(outgoing, [&](int j) { return split.piece(ctx.output, mod(j + 1)); });
   if (!ctx.failure.any()) apply_divisor(ctx, ctx.output);
-  for (int j = 0; j < n; ++j) {
-    if (j != r) wait(ctx, final_tx[j], true, j, outgoing.size());
-  }
 }
 
 }  // namespace terse::collectives

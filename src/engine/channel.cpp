@@ -92,6 +92,16 @@ struct Channel::Impl {
     return ctx;
   }
 
+  // The context of the next message of `name` with peer in one direction (its counter).
+  std::shared_ptr<PartitionContext> next_message(
+      int peer, const std::string& name, const std::string& codec_spec,
+      std::map<std::tuple<int, std::string>, std::uint32_t>& counters) {
+    std::lock_guard lock(mu);
+    const Codec& codec = codec_for(codec_spec);
+    const std::uint32_t seq = counters[{peer, name}]++;
+    return std::make_shared<PartitionContext>(context(name, codec, seq, states[{peer, name}]));
+  }
+
   void enqueue(std::function<void()> f) {
     {
       std::lock_guard lock(queue_mu);
@@ -149,12 +159,8 @@ Channel::~Channel() {
 Handle Channel::send(int peer, const std::string& name, std::span<const float> x,
                      const std::string& codec_spec) {
   Impl& c = *impl_;
-  std::unique_lock lock(c.mu);
-  const Codec& codec = c.codec_for(codec_spec);
-  const std::uint32_t seq = c.send_seq[{peer, name}]++;
-  auto ctx = std::make_shared<PartitionContext>(c.context(name, codec, seq, c.states[{peer, name}]));
-  lock.unlock();
-
+  auto ctx = c.next_message(peer, name, codec_spec, c.send_seq);
+  const Codec& codec = *ctx->codec;
   Workspace workspace;
   ctx->workspace = &workspace;
   auto buffer = std::make_shared<engine::Buffer>(
@@ -187,12 +193,8 @@ Handle Channel::send(int peer, const std::string& name, std::span<const float> x
 Handle Channel::recv(int peer, const std::string& name, std::span<float> out,
                      const std::string& codec_spec) {
   Impl& c = *impl_;
-  std::unique_lock lock(c.mu);
-  const Codec& codec = c.codec_for(codec_spec);
-  const std::uint32_t seq = c.recv_seq[{peer, name}]++;
-  auto ctx = std::make_shared<PartitionContext>(c.context(name, codec, seq, c.states[{peer, name}]));
-  lock.unlock();
-
+  auto ctx = c.next_message(peer, name, codec_spec, c.recv_seq);
+  const Codec& codec = *ctx->codec;
   const std::size_t cap = collectives::message_capacity(codec, out.size());
   auto area = std::make_shared<engine::Buffer>(c.pool.acquire(cap));
   auto head = std::make_shared<Request>(
