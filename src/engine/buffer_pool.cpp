@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 
 #include <bit>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -55,7 +54,6 @@ Buffer BufferPool::acquire(std::size_t bytes) {
     }
   }
   auto* p = static_cast<std::byte*>(std::aligned_alloc(64, cap));
-  if (std::getenv("TERSE_DEBUG_POOL")) fprintf(stderr, "pool: fresh %zu bytes (asked %zu)\n", cap, bytes);
   if (p == nullptr) throw std::bad_alloc();
   if (cap >= (std::size_t{2} << 20)) madvise(p, cap, MADV_HUGEPAGE);
   // Touch every page now, once, so that no later use pays for first-touch faults.
