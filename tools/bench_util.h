@@ -6,7 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <span>
+#include <string>
 #include <vector>
+
+#include "terse/communicator.h"
+#include "terse/engine.h"
 
 namespace terse::tools {
 
@@ -38,6 +43,37 @@ double median_seconds(int reps, F&& f) {
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return median(std::move(t));
+}
+
+// Every rank's value, gathered (through the communicator's own collectives).
+inline std::vector<double> gather(Communicator& comm, double v) {
+  std::vector<double> all(comm.size());
+  std::vector<std::size_t> sizes(comm.size(), sizeof(double));
+  comm.allgatherv(std::as_bytes(std::span(&v, 1)), std::as_writable_bytes(std::span(all)), sizes,
+                  "bench");
+  return all;
+}
+
+inline double max_of(const std::vector<double>& v) {
+  return *std::max_element(v.begin(), v.end());
+}
+
+// `reps` timed allreduces of `data` through the engine, each starting from `input` after a
+// barrier; each figure is the slowest rank's time in seconds. Warm up before calling.
+inline std::vector<double> time_allreduce(Engine& engine, Communicator& comm,
+                                          const std::string& name, std::span<float> data,
+                                          std::span<const float> input,
+                                          const AllreduceOptions& options, int reps) {
+  std::vector<double> times;
+  for (int rep = 0; rep < reps; ++rep) {
+    std::copy(input.begin(), input.end(), data.begin());
+    comm.barrier("bench");
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.allreduce(name, data, options).wait();
+    times.push_back(max_of(gather(
+        comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())));
+  }
+  return times;
 }
 
 }  // namespace terse::tools
