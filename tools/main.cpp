@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
   terse::tools::add_codecs_command(app);
   terse::tools::add_run_command(app);
   terse::tools::add_calibrate_command(app);
+  terse::tools::add_plan_command(app);
+  terse::tools::add_trace_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Run a benchmark");
   bench->require_subcommand(1);
   terse::tools::add_bench_codecs_command(*bench);

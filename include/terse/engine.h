@@ -116,7 +116,9 @@ struct EngineOptions {
   // Target bytes per partition when AllreduceOptions::partitions is 0.
   std::size_t partition_bytes = std::size_t{8} << 20;
   // Optional per-stage event sink (encode, send, recv, decode, merge, wait). Without one,
-  // TERSE_TRACE=DIR makes the engine record its own and write DIR/rank-R.json at destruction.
+  // TERSE_TRACE=DIR makes the engine record its own and write DIR/rank-R.json at destruction,
+  // with its clock offset to rank 0 measured at construction (then a collective: set it on
+  // every rank); `terse trace merge DIR` makes one timeline of them.
   std::shared_ptr<Tracer> tracer;
   // Stage results and write the user's tensors only after a submission succeeded, so that a
   // failed submission leaves them unchanged (one more copy of every tensor).

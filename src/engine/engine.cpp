@@ -203,6 +203,7 @@ struct Engine::Impl {
   // TERSE_TRACE=DIR: the engine records its own trace and writes DIR/rank-R.json at the end.
   std::shared_ptr<TraceRecorder> env_trace;
   std::string env_trace_dir;
+  std::int64_t env_trace_offset = 0;  // to rank 0's clock, for `terse trace merge`
 
   std::mutex queue_mu;
   std::condition_variable queue_cv, idle_cv;
@@ -776,6 +777,8 @@ Engine::Engine(std::shared_ptr<Communicator> comm, EngineOptions options)
       impl_->env_trace = std::make_shared<TraceRecorder>();
       impl_->env_trace_dir = dir;
       impl_->options.tracer = impl_->env_trace;
+      // A collective: launchers give every rank the same environment.
+      impl_->env_trace_offset = measure_clock_offset(*impl_->comm);
     }
   }
   const int threads = impl_->options.threads > 0 ? impl_->options.threads : env_threads();
@@ -797,7 +800,7 @@ Engine::~Engine() {
       std::filesystem::create_directories(impl_->env_trace_dir);
       impl_->env_trace->write_chrome_json(
           fmt::format("{}/rank-{}.json", impl_->env_trace_dir, impl_->comm->rank()),
-          impl_->comm->rank());
+          impl_->comm->rank(), impl_->env_trace_offset);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "terse: cannot write the trace to %s: %s\n",
                    impl_->env_trace_dir.c_str(), e.what());

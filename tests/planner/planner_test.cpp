@@ -278,10 +278,57 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
   std::filesystem::remove_all(dir);
 }
 
-// ---- multi-process ----------------------------------------------------------------------------
+// ---- tools ------------------------------------------------------------------------------------
 
 const std::string kCli = TERSE_CLI;
 const std::string kWorker = TERSE_WORKER;
+
+TEST(PlanCommand, BuiltInModelsMatchThePythonScript) {
+  if (testing::shell("/usr/bin/python3 -c 'import torch'").code != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with torch";
+  }
+  const std::string dir = testing::temp_dir();
+  for (const char* model : {"mlp", "cnn", "vgg"}) {
+    auto py = testing::shell(fmt::format("/usr/bin/python3 {}/python/terse/model_sizes.py {} "
+                                         "--out {}/{}.py.json",
+                                         TERSE_SOURCE_DIR, model, dir, model));
+    ASSERT_EQ(py.code, 0) << py.output;
+    // The plan itself: every tensor gets a line, and the step a prediction and a speedup.
+    auto plan = testing::shell(fmt::format("{} plan --model {} --ranks 4 --bandwidth 1gbit "
+                                           "--write-sizes {}/{}.cc.json --sizes-only",
+                                           kCli, model, dir, model));
+    ASSERT_EQ(plan.code, 0) << plan.output;
+    auto same = testing::shell(fmt::format(
+        "python3 -c 'import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); "
+        "sys.exit(a!=b)' {0}/{1}.py.json {0}/{1}.cc.json",
+        dir, model));
+    EXPECT_EQ(same.code, 0) << model;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PlanCommand, PredictsEveryTensorAndTheStep) {
+  const std::string dir = testing::temp_dir();
+  auto sizes = testing::shell(fmt::format(
+      "printf '[{{\"name\": \"big\", \"elements\": 4194304}}, {{\"name\": \"bias\", "
+      "\"elements\": 10}}]' > {}/sizes.json",
+      dir));
+  ASSERT_EQ(sizes.code, 0);
+  auto plan = testing::shell(fmt::format("{} plan --sizes {}/sizes.json --ranks 4 --bandwidth "
+                                         "100mbit --scale 2 64 1024 --json {}/plan.json",
+                                         kCli, dir, dir));
+  ASSERT_EQ(plan.code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("big"), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("fused: 1 small"), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("speedup"), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("1024"), std::string::npos) << plan.output;
+  auto bad = testing::shell(fmt::format("{} plan --model nosuch --ranks 4 --bandwidth 1gbit", kCli));
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("mlp, cnn, vgg"), std::string::npos) << bad.output;
+  std::filesystem::remove_all(dir);
+}
+
+// ---- multi-process ----------------------------------------------------------------------------
 
 class Ranks : public ::testing::TestWithParam<int> {};
 
@@ -313,6 +360,30 @@ TEST_P(Ranks, AutoStaysRawWhereCompressionLoses) {
   for (int i = 0; i < n; ++i) {
     EXPECT_NE(r.output.find(fmt::format("OK rank {} loses", i)), std::string::npos) << r.output;
   }
+}
+
+TEST_P(Ranks, TraceMergeAlignsEveryRanksClock) {
+  const int n = GetParam();
+  const std::string dir = testing::temp_dir();
+  auto r = testing::shell(
+      fmt::format("TERSE_TRACE={} {} run -n {} --timeout 60 -- {} trace", dir, kCli, n, kWorker));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto m = testing::shell(fmt::format("{} trace merge {}", kCli, dir));
+  ASSERT_EQ(m.code, 0) << m.output;
+  EXPECT_NE(m.output.find(fmt::format("{} ranks", n)), std::string::npos) << m.output;
+  EXPECT_NE(m.output.find("traced"), std::string::npos) << m.output;  // its straggler line
+  // One timeline: events of every rank, starting at 0; the offsets of ranks sharing this
+  // machine's clock are within a round trip of 0.
+  auto check = testing::shell(fmt::format(
+      "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+      "ev=[e for e in d[\"traceEvents\"] if e[\"ph\"]==\"X\"]; "
+      "assert len({{e[\"pid\"] for e in ev}})=={}, \"ranks\"; "
+      "assert min(e[\"ts\"] for e in ev)==0, \"origin\"; "
+      "assert all(abs(o)<5e6 for o in d[\"otherData\"][\"clock_offsets_ns\"]), \"offsets\"' "
+      "{}/merged.json",
+      n, dir));
+  EXPECT_EQ(check.code, 0) << check.output;
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Planner, Ranks, ::testing::Values(2, 3, 4), [](const auto& info) {

@@ -4,6 +4,8 @@
 //           raw, results are identical on every rank and close to the exact average
 //   loses   codec "auto" with a calibration in which compression cannot pay (a link faster than
 //           any codec): every size goes raw and the results are exact
+//   trace   a few compressed allreduces under TERSE_TRACE (set by the caller): every rank writes
+//           its trace with its clock offset, for `terse trace merge`
 // Prints "OK rank R SCENARIO" on success; "CHECK FAILED: ..." and exit 2 otherwise.
 #include <fmt/format.h>
 
@@ -121,11 +123,27 @@ int scenario_loses(Communicator& comm) {
   return 0;
 }
 
+int scenario_trace(Communicator& comm) {
+  {
+    Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+    AllreduceOptions o;
+    o.codec = "onebit:ef=1";
+    o.partitions = 2;
+    std::vector<float> x(100000);
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(comm.rank(), step, i);
+      engine.allreduce("traced", x, o).wait();
+    }
+  }  // the engine writes its trace here
+  std::printf("OK rank %d trace\n", comm.rank());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: planner_worker auto|loses\n");
+    std::fprintf(stderr, "usage: planner_worker auto|loses|trace\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -136,6 +154,8 @@ int main(int argc, char** argv) {
       rc = scenario_auto(*comm);
     } else if (scenario == "loses") {
       rc = scenario_loses(*comm);
+    } else if (scenario == "trace") {
+      rc = scenario_trace(*comm);
     } else {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     }
