@@ -189,10 +189,13 @@ struct PlannerOptions {
   // A compressed plan must be predicted this much faster than raw to be chosen (do no harm:
   // predictions err, and raw is exact).
   double min_gain = 0.05;
-  // Tensors of at most this many bytes go raw without a search: their bytes cost nothing, and
-  // in a group the engine fuses small raw tensors into one message, which saves the message
-  // rounds a compressed strategy would save for one tensor alone.
+  // Tensors of at most raw_below_bytes go raw unless raw is predicted to cost more than
+  // small_tensor_slack seconds over the best plan. A small tensor's precision is not worth
+  // losing for the message round or two a compressed strategy saves, and in a group the engine
+  // fuses small raw tensors into one message anyway; but on a slow link or a long ring (large
+  // N) raw costs milliseconds even for small tensors, and then compression pays.
   std::size_t raw_below_bytes = std::size_t{16} << 10;
+  double small_tensor_slack = 1e-3;
   // Compare predictions with measured times every this many planned submissions; re-plan a
   // size whose measured time is off by more than the threshold (relative). 0 disables.
   int recheck_interval = 200;

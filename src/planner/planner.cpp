@@ -214,9 +214,7 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
     }
   };
   consider("none", Strategy::kRaw);
-  const bool small = n * sizeof(float) <= options_.raw_below_bytes &&
-                     (strategy == Strategy::kAuto || strategy == Strategy::kRaw);
-  for (const auto& spec : small ? std::vector<std::string>{} : allowed_) {
+  for (const auto& spec : allowed_) {
     for (Strategy s : {Strategy::kAllgather, Strategy::kSharded, Strategy::kRing}) {
       consider(spec, s);
     }
@@ -258,8 +256,11 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   }
   if (raw != nullptr) {
     d.raw_seconds = PlanDecision::expected(*raw);
-    if (PlanDecision::expected(d.chosen) > (1 - options_.min_gain) * d.raw_seconds) {
-      d.chosen = *raw;  // compression would not clearly pay: do no harm
+    const double best = PlanDecision::expected(d.chosen);
+    const bool small = n * sizeof(float) <= options_.raw_below_bytes;
+    if (best > (1 - options_.min_gain) * d.raw_seconds ||  // would not clearly pay
+        (small && d.raw_seconds - best <= options_.small_tensor_slack)) {
+      d.chosen = *raw;
     }
   }
   return d;
