@@ -93,8 +93,9 @@ struct Calibration {
   int cores = 1;          // CPUs this process may run on
 
   // Links, measured over Communicator send/recv while every rank exchanged with a partner
-  // (all links busy, as in a ring). peer_alpha[i][j]: one-way latency between ranks i and j in
-  // seconds; peer_beta[i][j]: seconds per byte. Diagonals are 0.
+  // (all links busy, as in a ring): an exchange of b bytes both ways takes alpha + beta * b.
+  // peer_alpha[i][j]: latency of an exchange round between ranks i and j in seconds;
+  // peer_beta[i][j]: seconds per byte. Diagonals are 0.
   std::vector<std::vector<double>> peer_alpha;
   std::vector<std::vector<double>> peer_beta;
   double alpha = 0;  // the model's values: the slowest pair (a ring runs at its slowest link)
@@ -110,14 +111,17 @@ struct Calibration {
   // once, relative to one thread per rank (measured; 1 where the host has cores to spare).
   std::vector<double> cpu_slowdown = {1.0};
 
-  // Fixed cost of one partition task in the engine (dispatch to a worker, buffers), seconds.
+  // The engine's fixed costs beyond the links and the codecs (hand-offs between threads and the
+  // transport, buffers), measured by running it: per partition task and per allreduce.
   double task_overhead = 0;
+  double job_overhead = 0;
 
   double seconds = 0;  // how long measuring took
 
   const CodecCosts* find(std::string_view canonical_spec) const;
-  // Slowdown with t busy threads per rank; beyond the measured counts it grows linearly.
-  double slowdown(int threads) const;
+  // Slowdown with t busy threads per rank (t may be fractional: interpolated); beyond the
+  // measured counts it grows linearly.
+  double slowdown(double threads) const;
 
   std::string to_json() const;
   // Throws DecodeError for text that is not a calibration of this version.

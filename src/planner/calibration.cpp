@@ -32,8 +32,10 @@
 #include "planner/exchange.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
+#include "terse/engine.h"
 #include "terse/error.h"
 #include "terse/planner.h"
+#include "terse/trace.h"
 
 namespace terse {
 
@@ -174,12 +176,16 @@ const CodecCosts* Calibration::find(std::string_view spec) const {
   return nullptr;
 }
 
-double Calibration::slowdown(int threads) const {
+double Calibration::slowdown(double threads) const {
   if (threads <= 1 || cpu_slowdown.empty()) return 1.0;
-  const int measured = static_cast<int>(cpu_slowdown.size());
-  if (threads <= measured) return cpu_slowdown[threads - 1];
-  // Beyond the measured counts: as many times more work per core as threads were added.
-  return cpu_slowdown.back() * threads / measured;
+  const double measured = static_cast<double>(cpu_slowdown.size());
+  if (threads >= measured) {
+    // Beyond the measured counts: as many times more work per core as threads were added.
+    return cpu_slowdown.back() * threads / measured;
+  }
+  const auto i = static_cast<std::size_t>(threads);  // 1 <= i < size
+  const double f = threads - static_cast<double>(i);
+  return cpu_slowdown[i - 1] + f * (cpu_slowdown[i] - cpu_slowdown[i - 1]);
 }
 
 namespace {
@@ -229,6 +235,7 @@ std::string Calibration::to_json() const {
   j["divide"] = fit_json(divide);
   j["cpu_slowdown"] = cpu_slowdown;
   j["task_overhead"] = task_overhead;
+  j["job_overhead"] = job_overhead;
   j["seconds"] = seconds;
   j["codecs"] = nlohmann::json::array();
   for (const auto& c : codecs) {
@@ -263,6 +270,7 @@ Calibration Calibration::from_json(std::string_view text) {
     c.divide = fit_from(j.at("divide"));
     c.cpu_slowdown = j.at("cpu_slowdown").get<std::vector<double>>();
     c.task_overhead = j.at("task_overhead").get<double>();
+    c.job_overhead = j.at("job_overhead").get<double>();
     c.seconds = j.value("seconds", 0.0);
     for (const auto& e : j.at("codecs")) {
       CodecCosts k;
@@ -397,26 +405,12 @@ void measure_links(Communicator& comm, const CalibrationOptions& options, Calibr
     if (p < 0) continue;
     std::uint32_t index = 0;
     auto tag = [&] { return tags::reserved(tags::kPlannerSignature, round, index++); };
-    // Latency: ping-pong of 8 bytes, the lower rank timing round trips.
-    std::array<std::byte, 8> ping{}, pong{};
-    std::vector<double> rtt;
-    for (int i = 0; i < 12; ++i) {
-      const std::uint64_t t_ping = tag(), t_pong = tag();
-      const auto t0 = Clock::now();
-      if (r < p) {
-        Request rx = comm.recv(p, t_pong, pong, "calibration");
-        comm.send(p, t_ping, ping, "calibration").wait();
-        rx.wait();
-        if (i >= 2) rtt.push_back(seconds_since(t0));
-      } else {
-        comm.recv(p, t_ping, pong, "calibration").wait();
-        comm.send(p, t_pong, ping, "calibration").wait();
-      }
-    }
-    if (r < p) alpha_row[p] = median(rtt) / 2;
-    // Time per byte: exchanges of growing size until one takes link_target_seconds.
+    // Exchanges as the strategies make them (both ways at once, a receive posted before the
+    // send): 8 bytes, then growing sizes until one takes link_target_seconds. t = alpha +
+    // beta * bytes: alpha is the latency of a round as the engine sees it (wake-ups included,
+    // which a ping-pong of one message at a time would count twice), beta the time per byte.
     std::vector<double> sizes, times;
-    for (std::size_t bytes = 16 << 10;; bytes *= 4) {
+    for (std::size_t bytes = 8;; bytes = bytes < (16 << 10) ? (16 << 10) : bytes * 4) {
       if (out_buffer.size() < bytes) {
         out_buffer.assign(bytes, std::byte{1});
         in_buffer.assign(bytes, std::byte{0});
@@ -425,7 +419,9 @@ void measure_links(Communicator& comm, const CalibrationOptions& options, Calibr
       auto i = std::span(in_buffer).first(bytes);
       exchange(comm, p, tag(), o, i);  // warm-up: socket buffers grow to the size
       std::vector<double> t;
-      for (int rep = 0; rep < 3; ++rep) t.push_back(exchange(comm, p, tag(), o, i));
+      for (int rep = 0; rep < (bytes < (16 << 10) ? 15 : 3); ++rep) {
+        t.push_back(exchange(comm, p, tag(), o, i));
+      }
       // Both ranks of the pair decide on the larger median, so they stop together.
       std::array<double, 1> mine = {median(t)}, theirs{};
       const std::uint64_t t_agree = tag();
@@ -435,12 +431,14 @@ void measure_links(Communicator& comm, const CalibrationOptions& options, Calibr
       const double agreed = std::max(mine[0], theirs[0]);
       sizes.push_back(static_cast<double>(bytes));
       times.push_back(agreed);
-      if (sizes.size() >= 3 &&
+      if (sizes.size() >= 4 &&
           (agreed >= options.link_target_seconds || bytes * 4 > options.link_max_bytes)) {
         break;
       }
     }
-    beta_row[p] = fit_linear(sizes, times).b;
+    const LinearFit fit = fit_linear(sizes, times);
+    alpha_row[p] = fit.a;
+    beta_row[p] = fit.b;
   }
   // Every rank learns every row; a pair's value is the larger of its two measurements.
   std::vector<double> mine(alpha_row);
@@ -541,6 +539,16 @@ double time_op(const std::function<void()>& f) {
   return planner::median(std::move(t));
 }
 
+constexpr int kSlowdownThreads = 4;  // the engine's default worker count
+constexpr int kProbePartitions = 8;
+
+// The engine's worker threads as it resolves them by default (TERSE_THREADS, else 4).
+int engine_threads() {
+  const char* v = std::getenv("TERSE_THREADS");
+  const int t = v != nullptr ? std::atoi(v) : 0;
+  return t >= 1 && t <= 256 ? t : 4;
+}
+
 // Memory the size of several of the largest tensors measured, as huge pages where the kernel
 // offers them (first touches of 4 KiB pages would dominate otherwise; shared/CLUSTER.md).
 class Arena {
@@ -613,10 +621,12 @@ class CpuMeter {
   std::size_t at_ = 0;
 };
 
-// Per-thread time of encode+decode when `threads` threads of this rank run it at once.
-double parallel_work_seconds(const Codec& codec, int threads, std::size_t n) {
+// Wall time for `threads` threads of this rank to run `iterations` encode+decode passes over n
+// elements each, all at once: on free cores as long as one thread's passes, on a saturated
+// machine `threads` times as long.
+double parallel_work_seconds(const Codec& codec, int threads, std::size_t n, int iterations) {
   std::barrier start(threads);
-  std::vector<double> took(threads);
+  std::vector<Clock::time_point> began(threads), ended(threads);
   auto body = [&](int t) {
     std::vector<float> x = gradient(n), y(n);
     std::vector<std::byte> payload(codec.max_encoded_bytes(n));
@@ -631,49 +641,17 @@ double parallel_work_seconds(const Codec& codec, int threads, std::size_t n) {
     };
     once();
     start.arrive_and_wait();
-    const auto t0 = Clock::now();
-    for (int i = 0; i < 8; ++i) once();
-    took[t] = seconds_since(t0) / 8;
+    began[t] = Clock::now();
+    for (int i = 0; i < iterations; ++i) once();
+    ended[t] = Clock::now();
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
   body(0);
   for (auto& th : pool) th.join();
-  return *std::max_element(took.begin(), took.end());
-}
-
-// One-way latency of handing work to another thread and being told it is done, as the engine's
-// queue does for every partition task.
-double handoff_seconds() {
-  std::mutex mu;
-  std::condition_variable cv;
-  int turn = 0;  // odd: the worker's turn
-  bool stop = false;
-  std::thread worker([&] {
-    std::unique_lock lock(mu);
-    while (true) {
-      cv.wait(lock, [&] { return stop || turn % 2 == 1; });
-      if (stop) return;
-      ++turn;
-      cv.notify_all();
-    }
-  });
-  std::vector<double> t;
-  for (int i = 0; i < 60; ++i) {
-    const auto t0 = Clock::now();
-    std::unique_lock lock(mu);
-    ++turn;
-    cv.notify_all();
-    cv.wait(lock, [&] { return turn % 2 == 0; });
-    if (i >= 10) t.push_back(seconds_since(t0) / 2);
-  }
-  {
-    std::lock_guard lock(mu);
-    stop = true;
-  }
-  cv.notify_all();
-  worker.join();
-  return planner::median(std::move(t));
+  return std::chrono::duration<double>(*std::max_element(ended.begin(), ended.end()) -
+                                       *std::min_element(began.begin(), began.end()))
+      .count();
 }
 
 void log_line(bool quiet, int rank, const std::string& line) {
@@ -764,16 +742,18 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
     fallback = make_codec("fp16");
     probe = fallback.get();
   }
-  for (int threads : {1, 2, 4}) {
+  // About 20 ms of one thread's work, so that threads sharing a core do interleave.
+  constexpr std::size_t kProbeElements = std::size_t{1} << 18;
+  const double pass = parallel_work_seconds(*probe, 1, kProbeElements, 3) / 3;
+  const int iterations = static_cast<int>(std::clamp(0.02 / std::max(pass, 1e-6), 4.0, 200.0));
+  for (int threads = 1; threads <= kSlowdownThreads; ++threads) {
     std::vector<double> trials;
-    for (int trial = 0; trial < 3; ++trial) {
+    for (int trial = 0; trial < 2; ++trial) {
       if (comm != nullptr) comm->barrier("calibration");
-      trials.push_back(parallel_work_seconds(*probe, threads, 1 << 18));
+      trials.push_back(parallel_work_seconds(*probe, threads, kProbeElements, iterations));
     }
     times.push_back(planner::median(std::move(trials)));
   }
-  if (comm != nullptr) comm->barrier("calibration");
-  times.push_back(handoff_seconds());
 
   // The median over ranks: ranks of a host share its cores and see the same costs, so a rank
   // far from the others was disturbed by something outside the job.
@@ -804,10 +784,51 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
     k.bytes = fit_linear(xs, encoded_bytes[c]);
     out.codecs.push_back(std::move(k));
   }
-  const double one = times[at];
-  out.cpu_slowdown = {1.0, std::max(1.0, times[at + 1] / one), 0.0, std::max(1.0, times[at + 2] / one)};
-  out.cpu_slowdown[2] = (out.cpu_slowdown[1] + out.cpu_slowdown[3]) / 2;  // 3 threads: between
-  out.task_overhead = times[at + 3];
+  out.cpu_slowdown.clear();
+  for (int t = 0; t < kSlowdownThreads; ++t) {
+    out.cpu_slowdown.push_back(std::max(1.0, times[at + t] / times[at]));
+  }
+  at += kSlowdownThreads;
+}
+
+// The engine's own fixed costs, which no formula knows: the hand-offs between the submitting
+// thread, a worker and the transport per allreduce (job_overhead) and per partition task
+// (task_overhead). Measured by running the real engine on tiny raw tensors (1 and 8 partitions,
+// where the link and the CPU cost next to nothing) and solving the model for them. Both are
+// agreed (median over ranks).
+void measure_engine(Communicator& comm, Calibration& c) {
+  EngineOptions eo;
+  eo.tracer = std::make_shared<TraceRecorder>();  // not TERSE_TRACE's: this engine is a probe
+  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
+  const int threads = engine_threads();
+  std::vector<float> x(kProbePartitions * 1024, 1.0f);
+  auto median_of = [&](int partitions) {
+    AllreduceOptions o;
+    o.partitions = partitions;
+    const auto data = std::span(x).first(partitions * 1024);
+    engine.allreduce(fmt::format("calibration-{}", partitions), data, o).wait();  // first use
+    std::vector<double> t;
+    for (int i = 0; i < 15; ++i) {
+      const auto t0 = Clock::now();
+      engine.allreduce(fmt::format("calibration-{}", partitions), data, o).wait();
+      t.push_back(seconds_since(t0));
+    }
+    return planner::median(std::move(t));
+  };
+  comm.barrier("calibration");
+  const auto m = planner::agree_median(comm, {median_of(1), median_of(kProbePartitions)});
+  engine.synchronize();
+  // Both measurements are the model's time plus o_job; eight partitions add 7 * o_task.
+  c.task_overhead = c.job_overhead = 0;
+  auto predict = [&](int partitions) {
+    return CostModel(c)
+        .predict(static_cast<std::size_t>(partitions) * 1024, "none", Strategy::kRaw, partitions,
+                 comm.size(), threads)
+        .seconds;
+  };
+  const double one = predict(1), eight = predict(kProbePartitions);
+  c.task_overhead = std::max(0.0, (m[1] - eight - (m[0] - one)) / (kProbePartitions - 1));
+  c.job_overhead = std::max(0.0, m[0] - one);
 }
 
 std::vector<std::string> with_canonical_specs(const std::vector<std::string>& specs) {
@@ -844,6 +865,7 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   measure_cpu(&comm, options, c);
   log_line(options.quiet, comm.rank(), fmt::format("codecs measured in {:.2f} s",
                                                    seconds_since(cpu_start)));
+  measure_engine(comm, c);
   c.seconds = planner::agree_max(comm, {seconds_since(start)})[0];
   log_line(options.quiet, comm.rank(), fmt::format("done in {:.2f} s", c.seconds));
   return c;
@@ -860,6 +882,16 @@ Calibration calibrate_local(const CalibrationOptions& options_in, int world_size
   c.cores = usable_cores();
   c.ranks_on_host = std::max(1, ranks_on_host);
   measure_cpu(nullptr, options, c);
+  {
+    // The engine's fixed costs, on a job of this one process.
+    const auto dir = std::filesystem::temp_directory_path() /
+                     fmt::format("terse-calibrate-{}-{}", ::getpid(), fnv1a64(c.host));
+    auto comm = Communicator::create(0, 1, make_file_store(dir.string()));
+    measure_engine(*comm, c);
+    comm.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
   // Alone, this process cannot feel the other ranks of its host: assume they share the cores
   // evenly (a measured calibration from `terse calibrate` under the real launcher is better).
   const double share = std::max(1.0, double(c.ranks_on_host) / c.cores);

@@ -13,10 +13,12 @@
 // (L: message rounds on the critical path; W: bytes this rank sends, all of which cross its
 // link; C: CPU seconds on the critical path.) One partition alone takes
 //   t1 = L*alpha + W*beta + C + o
-// and K partitions on c = min(K, threads) workers, whose CPU work is slowed by sigma(c):
+// and K partitions on c = min(K, threads) workers, whose CPU work is slowed by sigma, the
+// measured slowdown at the c * C / t1 threads that compute at once (the others wait on links):
 //   T = t1 + (K-1) * max(W*beta, C*sigma/c, (L*alpha + W*beta + C*sigma + o)/c)
 // the first partition's latency, then one partition per bottleneck interval: the link, the CPU,
-// or c partitions' latency chains in flight at once.
+// or c partitions' latency chains in flight at once; plus the engine's fixed cost per allreduce
+// (o and that one are measured by running the engine, see Calibration).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -113,14 +115,17 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
 
   const double K = parts;
   const int concurrent = std::min(parts, threads);
-  const double sigma = c.slowdown(concurrent);
   const double link = p.bytes * c.beta;
   const double latency = p.rounds * c.alpha;
+  // Partitions in flight spend part of their time waiting on the link: only the share that
+  // computes contends for the cores.
+  const double computing = concurrent * p.cpu / std::max(latency + link + p.cpu, 1e-12);
+  const double sigma = c.slowdown(std::max(1.0, computing));
   Prediction out;
-  out.one_partition = latency + link + p.cpu + c.task_overhead;
-  const double loaded = latency + link + p.cpu * sigma + c.task_overhead;
+  out.one_partition = latency + link + p.cpu;
+  const double loaded = latency + link + p.cpu * sigma;
   const double interval = std::max({link, p.cpu * sigma / concurrent, loaded / concurrent});
-  out.seconds = out.one_partition + (K - 1) * interval;
+  out.seconds = c.job_overhead + out.one_partition + (K - 1) * (interval + c.task_overhead);
   out.network = K * link;
   out.cpu = K * p.cpu * sigma;
   out.bytes_sent = K * p.bytes;

@@ -95,8 +95,8 @@ TEST(CostModel, RawRingFollowsItsFormula) {
   const std::size_t n = 1 << 20;
   const double N = 4, s = n / N;
   const Prediction p = model.predict(n, "none", Strategy::kRaw, 1, 4, 4);
-  const double want = 2 * (N - 1) * (c.alpha + 4 * s * c.beta) + (N - 1) * c.add(s) +
-                      c.divide(s) + c.task_overhead;
+  const double want = c.job_overhead + 2 * (N - 1) * (c.alpha + 4 * s * c.beta) +
+                      (N - 1) * c.add(s) + c.divide(s);
   EXPECT_NEAR(p.seconds, want, want * 1e-12);
   EXPECT_NEAR(p.bytes_sent, 2 * (N - 1) * 4 * s, 1);
   // One rank: nothing to send.
@@ -116,11 +116,16 @@ TEST(CostModel, PartitionsPipelineTheSlowestResource) {
   EXPECT_LT(four.seconds, one.seconds);
   EXPECT_GE(four.seconds, four.network);
   EXPECT_GE(four.seconds, four.cpu / 4);
-  // A CPU contended 4x (four busy threads on one core) gains nothing from more workers.
-  Calibration slow = c;
+  // Where the CPU is the bottleneck (a fast link), a CPU contended 4x (four busy threads on one
+  // core) gains nothing from more workers.
+  const Calibration fast = synthetic(10e9, 50e-6);
+  Calibration slow = fast;
   slow.cpu_slowdown = {1.0, 2.0, 3.0, 4.0};
-  const CostModel contended(slow);
-  EXPECT_GT(contended.predict(n, onebit, Strategy::kSharded, 4, 4, 4).seconds, four.seconds);
+  const double free_cores = CostModel(fast).predict(n, onebit, Strategy::kSharded, 4, 4, 4).seconds;
+  const double contended = CostModel(slow).predict(n, onebit, Strategy::kSharded, 4, 4, 4).seconds;
+  const double single = CostModel(slow).predict(n, onebit, Strategy::kSharded, 1, 4, 4).seconds;
+  EXPECT_GT(contended, free_cores * 1.5);
+  EXPECT_GT(contended, single * 0.8);
 }
 
 TEST(CostModel, StrategiesScaleAsTheirSchedulesSay) {

@@ -32,6 +32,7 @@ inline Calibration synthetic(double bytes_per_second, double alpha, int ranks = 
   c.divide = line(1e-6, 0.2e-9);
   c.cpu_slowdown = {1.0, 1.0, 1.0, 1.0};
   c.task_overhead = 5e-6;
+  c.job_overhead = 20e-6;
   for (const char* spec : {"fp16", "onebit:ef=1"}) {
     CodecCosts k;
     auto codec = make_codec(spec);
