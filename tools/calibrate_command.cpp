@@ -49,7 +49,8 @@ void print(const Calibration& c, const std::string& path) {
                          c.peer_alpha[i][j] * 1e6, b > 0 ? 1e-6 / b : 0.0);
       }
     }
-    t += fmt::format("  model (slowest pair): alpha {:.1f} us, beta {:.4f} ns/B ({:.1f} MB/s)\n",
+    t += fmt::format("  model: alpha {:.1f} us (a message round inside the engine), beta {:.4f} ns/B "
+                     "({:.1f} MB/s, the slowest pair)\n",
                      c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0);
   }
   t += "CPU costs t(n) = A + B*n, n floats, every rank of the machine at once (fit error on the "

@@ -98,7 +98,10 @@ struct Calibration {
   // peer_beta[i][j]: seconds per byte. Diagonals are 0.
   std::vector<std::vector<double>> peer_alpha;
   std::vector<std::vector<double>> peer_beta;
-  double alpha = 0;  // the model's values: the slowest pair (a ring runs at its slowest link)
+  // The model's values. beta: the slowest pair's (a ring runs at its slowest link). alpha: the
+  // latency of a message round as the engine sees it (thread wake-ups included), measured by
+  // running the engine (see job_overhead); the exchanges' alpha above without a communicator.
+  double alpha = 0;
   double beta = 0;
 
   // fp32 element-wise work of the raw strategy (sum of two arrays, division), and per-codec

@@ -791,44 +791,53 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
   at += kSlowdownThreads;
 }
 
-// The engine's own fixed costs, which no formula knows: the hand-offs between the submitting
-// thread, a worker and the transport per allreduce (job_overhead) and per partition task
-// (task_overhead). Measured by running the real engine on tiny raw tensors (1 and 8 partitions,
-// where the link and the CPU cost next to nothing) and solving the model for them. Both are
-// agreed (median over ranks).
+// What a message round and the engine's own hand-offs cost inside the engine, which no formula
+// knows: the engine runs three tiny allreduces, alternating rep by rep so that they share the
+// machine's load: raw on 1 partition (2(N-1) message rounds), allgather of fp32 ("none", one
+// round) and raw on 8 partitions. Links and the CPU cost next to nothing at this size, so
+//   raw1 - allgather = (2N - 3) * alpha    (the latency of a round: wake-ups, the transport)
+//   allgather        = job_overhead + alpha
+//   raw8 - raw1      = the model's extra time for 7 more partitions + 7 * task_overhead.
+// Each median is agreed over ranks.
 void measure_engine(Communicator& comm, Calibration& c) {
   EngineOptions eo;
   eo.tracer = std::make_shared<TraceRecorder>();  // not TERSE_TRACE's: this engine is a probe
   Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
   const int threads = engine_threads();
-  std::vector<float> x(kProbePartitions * 1024, 1.0f);
-  auto median_of = [&](int partitions) {
-    AllreduceOptions o;
-    o.partitions = partitions;
-    const auto data = std::span(x).first(partitions * 1024);
-    engine.allreduce(fmt::format("calibration-{}", partitions), data, o).wait();  // first use
-    std::vector<double> t;
-    for (int i = 0; i < 15; ++i) {
+  constexpr std::size_t kPiece = 1024;
+  std::vector<float> x(kProbePartitions * kPiece, 1.0f);
+  AllreduceOptions raw1, gather, raw8;
+  raw1.partitions = 1;
+  gather.strategy = Strategy::kAllgather;
+  gather.partitions = 1;
+  raw8.partitions = kProbePartitions;
+  const std::pair<const AllreduceOptions*, std::size_t> probes[] = {
+      {&raw1, kPiece}, {&gather, kPiece}, {&raw8, kProbePartitions * kPiece}};
+  std::vector<std::vector<double>> t(3);
+  for (int rep = -1; rep < 15; ++rep) {  // rep -1: first use (the cross-rank check), buffers
+    for (int i = 0; i < 3; ++i) {
       const auto t0 = Clock::now();
-      engine.allreduce(fmt::format("calibration-{}", partitions), data, o).wait();
-      t.push_back(seconds_since(t0));
+      engine.allreduce(fmt::format("calibration-{}", i), std::span(x).first(probes[i].second),
+                       *probes[i].first)
+          .wait();
+      if (rep >= 0) t[i].push_back(seconds_since(t0));
     }
-    return planner::median(std::move(t));
-  };
-  comm.barrier("calibration");
-  const auto m = planner::agree_median(comm, {median_of(1), median_of(kProbePartitions)});
+  }
   engine.synchronize();
-  // Both measurements are the model's time plus o_job; eight partitions add 7 * o_task.
+  const auto m = planner::agree_median(
+      comm, {planner::median(t[0]), planner::median(t[1]), planner::median(t[2])});
+  const double n = comm.size();
   c.task_overhead = c.job_overhead = 0;
-  auto predict = [&](int partitions) {
+  if (n > 1) c.alpha = std::max(0.0, (m[0] - m[1]) / (2 * n - 3));
+  c.job_overhead = std::max(0.0, m[1] - c.alpha - (n - 1) * (kPiece * 4.0 + 24) * c.beta);
+  auto predict = [&](std::size_t elements, int partitions) {
     return CostModel(c)
-        .predict(static_cast<std::size_t>(partitions) * 1024, "none", Strategy::kRaw, partitions,
-                 comm.size(), threads)
+        .predict(elements, "none", Strategy::kRaw, partitions, comm.size(), threads)
         .seconds;
   };
-  const double one = predict(1), eight = predict(kProbePartitions);
-  c.task_overhead = std::max(0.0, (m[1] - eight - (m[0] - one)) / (kProbePartitions - 1));
-  c.job_overhead = std::max(0.0, m[0] - one);
+  c.task_overhead =
+      std::max(0.0, (m[2] - predict(kProbePartitions * kPiece, kProbePartitions)) /
+                        (kProbePartitions - 1));
 }
 
 std::vector<std::string> with_canonical_specs(const std::vector<std::string>& specs) {
