@@ -196,13 +196,16 @@ struct PlannerOptions {
   // A compressed plan must be predicted this much faster than raw to be chosen (do no harm:
   // predictions err, and raw is exact).
   double min_gain = 0.05;
-  // Tensors of at most raw_below_bytes go raw unless raw is predicted to cost more than
-  // small_tensor_slack seconds over the best plan. A small tensor's precision is not worth
-  // losing for the message round or two a compressed strategy saves, and in a group the engine
-  // fuses small raw tensors into one message anyway; but on a slow link or a long ring (large
-  // N) raw costs milliseconds even for small tensors, and then compression pays.
+  // Tensors of at most raw_below_bytes go raw: a small tensor's precision is not worth losing
+  // for the message rounds a compressed strategy saves, and in a group the engine fuses small
+  // raw tensors into one message, which saves them anyway. Two exceptions, where raw costs real
+  // time even for small tensors: on slow links (raw's bytes alone take more than
+  // small_tensor_slack seconds over the best plan), and on long rings (more than
+  // small_tensor_max_ranks ranks: a ring has 2(N-1) rounds). Deterministic: neither depends on
+  // the measured latency, which load from outside the job makes noisy.
   std::size_t raw_below_bytes = std::size_t{16} << 10;
   double small_tensor_slack = 1e-3;
+  int small_tensor_max_ranks = 32;
   // Compare predictions with measured times every this many planned submissions; re-plan a
   // size whose measured time is off by more than the threshold (relative). 0 disables.
   int recheck_interval = 200;

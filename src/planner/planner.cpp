@@ -257,9 +257,10 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   if (raw != nullptr) {
     d.raw_seconds = PlanDecision::expected(*raw);
     const double best = PlanDecision::expected(d.chosen);
-    const bool small = n * sizeof(float) <= options_.raw_below_bytes;
+    const bool small = n * sizeof(float) <= options_.raw_below_bytes &&
+                       ranks <= options_.small_tensor_max_ranks;
     if (best > (1 - options_.min_gain) * d.raw_seconds ||  // would not clearly pay
-        (small && d.raw_seconds - best <= options_.small_tensor_slack)) {
+        (small && raw->predicted.network - best <= options_.small_tensor_slack)) {
       d.chosen = *raw;
     }
   }
