@@ -47,7 +47,21 @@ def main(paths):
     if errors_all:
         print(f"\nOverall median |error|: {100 * statistics.median(errors_all):.1f}% over "
               f"{len(errors_all)} measured configurations; within 15%: "
-              f"{sum(e <= 0.15 for e in errors_all)} of {len(errors_all)}.\n")
+              f"{sum(e <= 0.15 for e in errors_all)} of {len(errors_all)}.")
+    # The noise floor: the chosen configuration is timed twice in each run (as a candidate and
+    # through codec auto); how far apart are the two medians?
+    repeat = []
+    for run in runs:
+        for size in run["sizes"]:
+            by_label = {c["label"]: c for c in size["configs"] if c["candidate"]}
+            auto = [c for c in size["configs"] if c["label"].startswith("codec auto")]
+            cand = by_label.get(size["chosen"])
+            if auto and cand and cand["median_s"] > 0:
+                repeat.append(abs(auto[0]["median_s"] / cand["median_s"] - 1))
+    if repeat:
+        print(f"Noise floor: the same configuration timed twice in one run (as a candidate and "
+              f"through codec auto) differs by a median {100 * statistics.median(repeat):.1f}% "
+              f"(largest {100 * max(repeat):.0f}%, {len(repeat)} points).\n")
 
     print("## Automatic choice against the best measured configuration, and against raw\n")
     print("| link | N | size | choice | choice ms | best measured | best ms | choice / best "

@@ -419,7 +419,7 @@ void measure_links(Communicator& comm, const CalibrationOptions& options, Calibr
       auto i = std::span(in_buffer).first(bytes);
       exchange(comm, p, tag(), o, i);  // warm-up: socket buffers grow to the size
       std::vector<double> t;
-      for (int rep = 0; rep < (bytes < (16 << 10) ? 15 : 3); ++rep) {
+      for (int rep = 0; rep < (bytes < (16 << 10) ? 15 : 5); ++rep) {
         t.push_back(exchange(comm, p, tag(), o, i));
       }
       // Both ranks of the pair decide on the larger median, so they stop together.
@@ -798,7 +798,7 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
 //   raw1 - allgather = (2N - 3) * alpha    (the latency of a round: wake-ups, the transport)
 //   allgather        = job_overhead + alpha
 //   raw8 - raw1      = the model's extra time for 7 more partitions + 7 * task_overhead.
-// Each median is agreed over ranks.
+// Each figure is the median over runs of the slowest rank's time.
 void measure_engine(Communicator& comm, Calibration& c) {
   EngineOptions eo;
   eo.tracer = std::make_shared<TraceRecorder>();  // not TERSE_TRACE's: this engine is a probe
@@ -813,19 +813,28 @@ void measure_engine(Communicator& comm, Calibration& c) {
   raw8.partitions = kProbePartitions;
   const std::pair<const AllreduceOptions*, std::size_t> probes[] = {
       {&raw1, kPiece}, {&gather, kPiece}, {&raw8, kProbePartitions * kPiece}};
-  std::vector<std::vector<double>> t(3);
-  for (int rep = -1; rep < 15; ++rep) {  // rep -1: first use (the cross-rank check), buffers
+  // Each run starts after a barrier and counts as its slowest rank's time, as a collective
+  // after a training step's compute is seen (and as the benchmarks measure it).
+  constexpr int kReps = 15;
+  std::vector<double> mine;  // rep-major: rep * 3 + probe
+  for (int rep = -1; rep < kReps; ++rep) {  // rep -1: first use (the cross-rank check), buffers
     for (int i = 0; i < 3; ++i) {
+      comm.barrier("calibration");
       const auto t0 = Clock::now();
       engine.allreduce(fmt::format("calibration-{}", i), std::span(x).first(probes[i].second),
                        *probes[i].first)
           .wait();
-      if (rep >= 0) t[i].push_back(seconds_since(t0));
+      if (rep >= 0) mine.push_back(seconds_since(t0));
     }
   }
   engine.synchronize();
-  const auto m = planner::agree_median(
-      comm, {planner::median(t[0]), planner::median(t[1]), planner::median(t[2])});
+  const auto slowest = planner::agree_max(comm, mine);
+  std::vector<double> m(3);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<double> t;
+    for (int rep = 0; rep < kReps; ++rep) t.push_back(slowest[rep * 3 + i]);
+    m[i] = planner::median(std::move(t));
+  }
   const double n = comm.size();
   c.task_overhead = c.job_overhead = 0;
   if (n > 1) c.alpha = std::max(0.0, (m[0] - m[1]) / (2 * n - 3));
