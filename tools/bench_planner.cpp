@@ -82,11 +82,11 @@ void run_rank(const Options& opt) {
   }();
   const Calibration& cal = planner->calibration(*comm);
   if (r == 0) {
-    fmt::print("terse bench planner: {} ranks{}, {} threads, median of {} runs; calibrated in "
-               "{:.2f} s: alpha {:.1f} us, {:.1f} MB/s, slowdown x{:.2f} at 4 threads\n",
-               n_ranks, opt.link.empty() ? "" : ", links " + opt.link, threads, opt.reps,
-               cal.seconds, cal.alpha * 1e6, cal.beta > 0 ? 1e-6 / cal.beta : 0.0,
-               cal.slowdown(4));
+    fmt::print(
+        "terse bench planner: {} ranks{}, {} threads, median of {} runs; calibrated in "
+        "{:.2f} s: alpha {:.1f} us, {:.1f} MB/s, slowdown x{:.2f} at 4 threads\n",
+        n_ranks, opt.link.empty() ? "" : ", links " + opt.link, threads, opt.reps, cal.seconds,
+        cal.alpha * 1e6, cal.beta > 0 ? 1e-6 / cal.beta : 0.0, cal.slowdown(4));
     std::fflush(stdout);
   }
 
@@ -113,8 +113,8 @@ void run_rank(const Options& opt) {
     std::vector<std::string> skipped;
     for (const auto& c : d.ranked) {
       const bool chosen = plan_key(c.plan) == plan_key(d.chosen.plan);
-      if (!chosen && (c.predicted.seconds > opt.within * fastest ||
-                      c.predicted.seconds > opt.max_seconds)) {
+      if (!chosen &&
+          (c.predicted.seconds > opt.within * fastest || c.predicted.seconds > opt.max_seconds)) {
         skipped.push_back(label_of(c.plan));
         continue;
       }
@@ -123,13 +123,20 @@ void run_rank(const Options& opt) {
     // The runtime's own choice, through codec "auto", and raw as the engine does it by default.
     AllreduceOptions raw_default;
     const TensorPlan raw_plan = engine.plan(n, raw_default);
-    runs.push_back({"codec auto: " + label_of(d.chosen.plan), d.chosen.plan,
-                    d.chosen.predicted.seconds, {}, 0, false});
-    runs.push_back({"raw default " + label_of(raw_plan), raw_plan,
+    runs.push_back({"codec auto: " + label_of(d.chosen.plan),
+                    d.chosen.plan,
+                    d.chosen.predicted.seconds,
+                    {},
+                    0,
+                    false});
+    runs.push_back({"raw default " + label_of(raw_plan),
+                    raw_plan,
                     planner->model()
                         .predict(n, "none", Strategy::kRaw, raw_plan.partitions, n_ranks, threads)
                         .seconds,
-                    {}, 0, false});
+                    {},
+                    0,
+                    false});
     if (r == 0) {
       fmt::print("\n{} ({} floats): {} configurations, {} skipped by prediction\n", size_text, n,
                  runs.size(), skipped.size());
@@ -159,10 +166,20 @@ void run_rank(const Options& opt) {
     auto name = [&](std::size_t i) {
       return interleave ? fmt::format("gradient-{}-{}", n, i) : fmt::format("gradient-{}", n);
     };
-    auto reps_of = [&](const Measured& m) { return m.predicted > 2.0 ? std::min(opt.reps, 3) : opt.reps; };
+    auto reps_of = [&](const Measured& m) {
+      return m.predicted > 2.0 ? std::min(opt.reps, 3) : opt.reps;
+    };
+    // Warm-up: the first use (the cross-rank check, buffers), and enough runs that every worker
+    // thread has met the configuration: each thread's scratch memory is touched for the first
+    // time on its first task of a size (about 10 us per page here), and which thread takes a
+    // partition is up to the queue. About 8 tasks per configuration, fewer for slow ones.
     auto warm_up = [&](std::size_t i) {
-      std::copy(input.begin(), input.end(), data.begin());
-      engine.allreduce(name(i), data, options[i]).wait();  // first use, buffers
+      const int tasks = std::max(1, runs[i].plan.partitions);
+      const int rounds = runs[i].predicted > 0.5 ? 1 : 1 + std::clamp(8 / tasks, 1, 8);
+      for (int w = 0; w < rounds; ++w) {
+        std::copy(input.begin(), input.end(), data.begin());
+        engine.allreduce(name(i), data, options[i]).wait();
+      }
     };
     if (interleave) {
       for (std::size_t i = 0; i < runs.size(); ++i) warm_up(i);
@@ -200,7 +217,8 @@ void run_rank(const Options& opt) {
     // configuration, as the runtime plans it). Its figure is the median of both samples, so
     // that it is not judged on fewer runs than the best of the candidates it is compared with.
     std::vector<double> both = auto_run->times;
-    if (chosen_run != nullptr) both.insert(both.end(), chosen_run->times.begin(), chosen_run->times.end());
+    if (chosen_run != nullptr)
+      both.insert(both.end(), chosen_run->times.begin(), chosen_run->times.end());
     const double choice = median(both);
     const Measured* best = nullptr;
     double best_median = 0;
@@ -213,10 +231,11 @@ void run_rank(const Options& opt) {
       }
     }
     if (r == 0) {
-      fmt::print("choice {}: {:.3f} ms; best measured {}: {:.3f} ms (choice/best {:.3f}); raw "
-                 "default {:.3f} ms (auto/raw {:.3f})\n",
-                 label_of(d.chosen.plan), choice * 1e3, best->label, best_median * 1e3,
-                 choice / best_median, raw_run->median * 1e3, choice / raw_run->median);
+      fmt::print(
+          "choice {}: {:.3f} ms; best measured {}: {:.3f} ms (choice/best {:.3f}); raw "
+          "default {:.3f} ms (auto/raw {:.3f})\n",
+          label_of(d.chosen.plan), choice * 1e3, best->label, best_median * 1e3,
+          choice / best_median, raw_run->median * 1e3, choice / raw_run->median);
       std::fflush(stdout);
     }
     nlohmann::json js;

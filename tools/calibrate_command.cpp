@@ -49,9 +49,10 @@ void print(const Calibration& c, const std::string& path) {
                          c.peer_alpha[i][j] * 1e6, b > 0 ? 1e-6 / b : 0.0);
       }
     }
-    t += fmt::format("  model: alpha {:.1f} us (a message round inside the engine), beta {:.4f} ns/B "
-                     "({:.1f} MB/s, the slowest pair)\n",
-                     c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0);
+    t += fmt::format(
+        "  model: alpha {:.1f} us (a message round inside the engine), beta {:.4f} ns/B "
+        "({:.1f} MB/s, the slowest pair)\n",
+        c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0);
   }
   t += "CPU costs t(n) = A + B*n, n floats, every rank of the machine at once (fit error on the "
        "measured sizes):\n";
@@ -72,9 +73,10 @@ void print(const Calibration& c, const std::string& path) {
   for (std::size_t i = 0; i < c.cpu_slowdown.size(); ++i) {
     t += fmt::format(" t={} x{:.2f}", i + 1, c.cpu_slowdown[i]);
   }
-  t += fmt::format("\nengine fixed costs (measured on tiny raw tensors): {:.1f} us per allreduce, "
-                   "{:.1f} us per partition task\n",
-                   c.job_overhead * 1e6, c.task_overhead * 1e6);
+  t += fmt::format(
+      "\nengine fixed costs (measured on tiny raw tensors): {:.1f} us per allreduce, "
+      "{:.1f} us per partition task\n",
+      c.job_overhead * 1e6, c.task_overhead * 1e6);
   t += fmt::format("wrote {}\n", path);
   std::fputs(t.c_str(), stdout);
   std::fflush(stdout);
@@ -111,7 +113,8 @@ void add_calibrate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--codecs", opt->codecs,
                   "Codec specs to measure (default: TERSE_PLAN_CODECS, else fp16 onebit:ef=1)");
-  cmd->add_option("--out", opt->out, "Cache file (default: ~/.cache/terse/calibration-HOST-nN.json)");
+  cmd->add_option("--out", opt->out,
+                  "Cache file (default: ~/.cache/terse/calibration-HOST-nN.json)");
   cmd->add_option("--max-elements", opt->max_elements, "Largest tensor of the codec fits")
       ->capture_default_str();
   cmd->callback([opt] {

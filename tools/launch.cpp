@@ -13,8 +13,8 @@ namespace terse::tools {
 
 bool relaunch_unless_launched(int ranks, const std::string& what) {
   if (std::getenv("RANK") != nullptr) return false;
-  std::vector<std::string> args = {self_path(), "run", "-n", std::to_string(ranks), "--",
-                                   self_path()};
+  std::vector<std::string> args = {self_path(),           "run", "-n",
+                                   std::to_string(ranks), "--",  self_path()};
   for (const auto& a : command_line()) args.push_back(a);
   std::string line;
   for (const auto& a : args) line += "'" + a + "' ";

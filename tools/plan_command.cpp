@@ -91,9 +91,10 @@ std::vector<TensorSize> builtin_model(const std::string& name) {
     linear(out, "classifier.2", 512, 512);
     linear(out, "classifier.4", 512, 10);
   } else {
-    throw InvalidArgument(fmt::format("--model '{}': built-in models are mlp, cnn, vgg (or pass "
-                                      "--sizes FILE from python/terse/model_sizes.py)",
-                                      name));
+    throw InvalidArgument(
+        fmt::format("--model '{}': built-in models are mlp, cnn, vgg (or pass "
+                    "--sizes FILE from python/terse/model_sizes.py)",
+                    name));
   }
   return out;
 }
@@ -107,9 +108,10 @@ std::vector<TensorSize> read_sizes(const std::string& path) {
       out.push_back({e.at("name").get<std::string>(), e.at("elements").get<std::size_t>()});
     }
   } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(fmt::format("--sizes {}: expected [{{\"name\": ..., \"elements\": ...}}, "
-                                      "...]: {}",
-                                      path, e.what()));
+    throw InvalidArgument(
+        fmt::format("--sizes {}: expected [{{\"name\": ..., \"elements\": ...}}, "
+                    "...]: {}",
+                    path, e.what()));
   }
   return out;
 }
@@ -124,7 +126,7 @@ struct Row {
 };
 
 struct Step {
-  std::vector<Row> rows;        // tensors reduced on their own
+  std::vector<Row> rows;          // tensors reduced on their own
   std::vector<TensorSize> fused;  // small raw tensors, one fused message
   double fused_seconds = 0;
   double seconds = 0;
@@ -221,8 +223,8 @@ void run(const Options& opt) {
     CalibrationOptions co;
     co.codecs = defaults.allowed();
     cal = calibrate_local(co, opt.ranks, opt.ranks_per_host);
-    source = fmt::format("measured now, {} rank(s) per host on {} cores", cal.ranks_on_host,
-                         cal.cores);
+    source =
+        fmt::format("measured now, {} rank(s) per host on {} cores", cal.ranks_on_host, cal.cores);
   }
   // Links: the rate given; the latency given, else the calibration's, else 50 us.
   if (!opt.bandwidth.empty()) {
@@ -243,11 +245,11 @@ void run(const Options& opt) {
 
   std::size_t total = 0;
   for (const auto& t : tensors) total += t.elements;
-  fmt::print("terse plan: {} ({} tensors, {} floats, {}), {} ranks, links {:.0f} Mbit/s and "
-             "{:.1f} us, {} threads\n  CPU costs: {}\n",
-             opt.model.empty() ? opt.sizes : "model " + opt.model, tensors.size(), total,
-             format_bytes(total * 4.0), opt.ranks, 8e-6 / c.beta, c.alpha * 1e6, opt.threads,
-             source);
+  fmt::print(
+      "terse plan: {} ({} tensors, {} floats, {}), {} ranks, links {:.0f} Mbit/s and "
+      "{:.1f} us, {} threads\n  CPU costs: {}\n",
+      opt.model.empty() ? opt.sizes : "model " + opt.model, tensors.size(), total,
+      format_bytes(total * 4.0), opt.ranks, 8e-6 / c.beta, c.alpha * 1e6, opt.threads, source);
   const Step step = model.predict(tensors);
   fmt::print("{:<28} {:>11} {:<30} {:>12} {:>10} {:>8}\n", "tensor", "elements", "decision",
              "predicted ms", "raw ms", "speedup");
@@ -273,18 +275,20 @@ void run(const Options& opt) {
                fmt::format("(fused: {} small tensors)", step.fused.size()), n, "raw, one message",
                step.fused_seconds * 1e3);
   }
-  fmt::print("per step: predicted {:.3f} ms of communication, raw allreduce {:.3f} ms: speedup "
-             "{:.2f}x (tensors one after another)\n",
-             step.seconds * 1e3, step.raw_seconds * 1e3, step.raw_seconds / step.seconds);
+  fmt::print(
+      "per step: predicted {:.3f} ms of communication, raw allreduce {:.3f} ms: speedup "
+      "{:.2f}x (tensors one after another)\n",
+      step.seconds * 1e3, step.raw_seconds * 1e3, step.raw_seconds / step.seconds);
   report["step_s"] = step.seconds;
   report["raw_step_s"] = step.raw_seconds;
 
   if (!opt.scale.empty()) {
-    const Strategy strategies[] = {Strategy::kRaw, Strategy::kAllgather, Strategy::kSharded,
-                                   Strategy::kRing, Strategy::kSummable, Strategy::kAuto};
-    fmt::print("\nper-step ms by world size (each tensor: the strategy's best codec and K; auto: "
-               "the planner's choice)\n{:>6}",
-               "ranks");
+    const Strategy strategies[] = {Strategy::kRaw,  Strategy::kAllgather, Strategy::kSharded,
+                                   Strategy::kRing, Strategy::kSummable,  Strategy::kAuto};
+    fmt::print(
+        "\nper-step ms by world size (each tensor: the strategy's best codec and K; auto: "
+        "the planner's choice)\n{:>6}",
+        "ranks");
     for (Strategy s : strategies) fmt::print(" {:>11}", to_string(s));
     fmt::print("\n");
     report["scale"] = nlohmann::json::array();
@@ -301,7 +305,8 @@ void run(const Options& opt) {
           seconds = -1;  // no allowed codec can use this strategy
         }
         row[std::string(to_string(s))] = seconds;
-        fmt::print(" {:>11}", seconds < 0 ? std::string("-") : fmt::format("{:.3f}", seconds * 1e3));
+        fmt::print(" {:>11}",
+                   seconds < 0 ? std::string("-") : fmt::format("{:.3f}", seconds * 1e3));
       }
       fmt::print("\n");
       report["scale"].push_back(row);

@@ -81,7 +81,8 @@ void merge(const Options& opt) {
   double origin = std::numeric_limits<double>::infinity();
   for (const auto& t : ranks) {
     for (const auto& e : t.events) {
-      if (e.value("ph", "") == "X") origin = std::min(origin, e.at("ts").get<double>() + t.offset_us);
+      if (e.value("ph", "") == "X")
+        origin = std::min(origin, e.at("ts").get<double>() + t.offset_us);
     }
   }
   nlohmann::json merged;
@@ -90,8 +91,8 @@ void merge(const Options& opt) {
   merged["otherData"]["clock_offsets_ns"] = nlohmann::json::array();
   merged["traceEvents"] = nlohmann::json::array();
   fmt::print("terse trace merge: {} ranks from {}\n", ranks.size(), opt.dir);
-  fmt::print("{:>5} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "rank",
-             "offset us", "span ms", "encode", "decode", "merge", "send", "recv", "link idle");
+  fmt::print("{:>5} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "rank", "offset us",
+             "span ms", "encode", "decode", "merge", "send", "recv", "link idle");
   std::map<std::string, std::vector<std::pair<int, double>>> tensor_end;  // per rank
   std::map<std::string, std::pair<double, double>> tensor_span;
   for (const auto& t : ranks) {
@@ -119,13 +120,15 @@ void merge(const Options& opt) {
     std::vector<Interval> link = stages["send"];
     link.insert(link.end(), stages["recv"].begin(), stages["recv"].end());
     const double span = last > first ? (last - first) / 1e3 : 0;
-    fmt::print("{:>5} {:>10.1f} {:>11.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} "
-               "{:>10.3f}\n",
-               t.rank, t.offset_us, span, busy("encode"), busy("decode"), busy("merge"),
-               busy("send"), busy("recv"), span - covered(link) / 1e3);
+    fmt::print(
+        "{:>5} {:>10.1f} {:>11.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} "
+        "{:>10.3f}\n",
+        t.rank, t.offset_us, span, busy("encode"), busy("decode"), busy("merge"), busy("send"),
+        busy("recv"), span - covered(link) / 1e3);
   }
-  fmt::print("(ms of wall time each stage was running on some worker thread; link idle: no send "
-             "or receive waiting)\n");
+  fmt::print(
+      "(ms of wall time each stage was running on some worker thread; link idle: no send "
+      "or receive waiting)\n");
   // Stragglers: per tensor, how much later than the first rank the last one finished.
   struct Lag {
     std::string tensor;
@@ -136,14 +139,14 @@ void merge(const Options& opt) {
   std::vector<Lag> lags;
   for (const auto& [tensor, v] : tensor_end) {
     if (v.size() < 2) continue;
-    auto [lo, hi] = std::minmax_element(v.begin(), v.end(), [](const auto& a, const auto& b) {
-      return a.second < b.second;
-    });
+    auto [lo, hi] = std::minmax_element(
+        v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
     const auto& span = tensor_span[tensor];
-    lags.push_back({tensor, hi->first, (hi->second - lo->second) / 1e3,
-                    (span.second - span.first) / 1e3});
+    lags.push_back(
+        {tensor, hi->first, (hi->second - lo->second) / 1e3, (span.second - span.first) / 1e3});
   }
-  std::sort(lags.begin(), lags.end(), [](const Lag& a, const Lag& b) { return a.lag_ms > b.lag_ms; });
+  std::sort(lags.begin(), lags.end(),
+            [](const Lag& a, const Lag& b) { return a.lag_ms > b.lag_ms; });
   if (!lags.empty()) {
     fmt::print("{:<40} {:>12} {:>14} {:>10}\n", "tensor (largest lag first)", "span ms",
                "last rank", "lag ms");

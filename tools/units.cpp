@@ -27,8 +27,8 @@ std::size_t parse_size(const std::string& text, const std::string& option) {
   if (unit == "MiB") scale = 1024.0 * 1024;
   if (unit == "GiB") scale = 1024.0 * 1024 * 1024;
   if (scale == 0 || !(v >= 0)) {
-    throw InvalidArgument(fmt::format(
-        "{} '{}': unknown unit (use B, KB, MB, GB, KiB, MiB, GiB)", option, text));
+    throw InvalidArgument(
+        fmt::format("{} '{}': unknown unit (use B, KB, MB, GB, KiB, MiB, GiB)", option, text));
   }
   return static_cast<std::size_t>(v * scale);
 }

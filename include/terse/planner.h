@@ -87,7 +87,7 @@ struct CodecCosts {
 struct Calibration {
   static constexpr int kVersion = 1;
 
-  std::string host;      // host name of the rank that wrote it
+  std::string host;  // host name of the rank that wrote it
   int world_size = 1;
   int ranks_on_host = 1;  // ranks of the job sharing this machine (same machine id)
   int cores = 1;          // CPUs this process may run on
@@ -99,8 +99,9 @@ struct Calibration {
   std::vector<std::vector<double>> peer_alpha;
   std::vector<std::vector<double>> peer_beta;
   // The model's values. beta: the slowest pair's (a ring runs at its slowest link). alpha: the
-  // latency of a message round as the engine sees it (thread wake-ups included), measured by
-  // running the engine (see job_overhead); the exchanges' alpha above without a communicator.
+  // latency of a message round as the engine sees it (thread wake-ups included, which a bare
+  // exchange does not show), measured by running the engine (see job_overhead). Both stay 0
+  // for one rank, and calibrate_local() leaves them to the caller.
   double alpha = 0;
   double beta = 0;
 
@@ -139,8 +140,8 @@ struct CalibrationOptions {
   std::size_t codec_max_elements = std::size_t{1} << 22;
   double link_target_seconds = 0.02;
   std::size_t link_max_bytes = std::size_t{16} << 20;
-  bool measure_links = true;   // false: no communication (links left as in `links_from`)
-  bool quiet = true;           // false: progress lines on stderr (rank 0)
+  bool measure_links = true;  // false: keep the links of an earlier calibration unmeasured
+  bool quiet = true;          // false: progress lines on stderr (rank 0)
 };
 
 // Measures this machine and the links to every peer. A collective: every rank calls it with
@@ -160,11 +161,11 @@ std::string default_calibration_path(int world_size);
 
 // The predicted time of one allreduce and where it goes (seconds, per rank).
 struct Prediction {
-  double seconds = 0;       // the prediction
-  double one_partition = 0; // critical path of one partition running alone
-  double network = 0;       // link time of all partitions (bytes * beta)
-  double cpu = 0;           // codec and fp32 work of all partitions, contended
-  double bytes_sent = 0;    // bytes this rank sends
+  double seconds = 0;        // the prediction
+  double one_partition = 0;  // critical path of one partition running alone
+  double network = 0;        // link time of all partitions (bytes * beta)
+  double cpu = 0;            // codec and fp32 work of all partitions, contended
+  double bytes_sent = 0;     // bytes this rank sends
 };
 
 class CostModel {
@@ -231,7 +232,7 @@ struct PlanCandidate {
 struct PlanDecision {
   std::size_t elements = 0;
   PlanCandidate chosen;
-  double raw_seconds = 0;            // the best raw plan's expected seconds
+  double raw_seconds = 0;             // the best raw plan's expected seconds
   std::vector<PlanCandidate> ranked;  // every candidate, fastest expected first
 
   // Measured time where known, else the (corrected) prediction.

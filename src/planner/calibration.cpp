@@ -94,8 +94,8 @@ void solve(std::span<const double> x, std::span<const double> y, const std::vect
 
 LinearFit fit_linear(std::span<const double> x, std::span<const double> y) {
   if (x.size() != y.size() || x.size() < 2) {
-    throw InvalidArgument(fmt::format("fit_linear: need two or more points ({} x, {} y)",
-                                      x.size(), y.size()));
+    throw InvalidArgument(
+        fmt::format("fit_linear: need two or more points ({} x, {} y)", x.size(), y.size()));
   }
   for (double v : y) {
     if (!(v > 0)) throw InvalidArgument("fit_linear: every y must be positive");
@@ -312,8 +312,7 @@ std::vector<std::vector<double>> gather(Communicator& comm, std::span<const doub
   const int n = comm.size();
   std::vector<double> all(mine.size() * n);
   std::vector<std::size_t> sizes(n, mine.size_bytes());
-  comm.allgatherv(std::as_bytes(mine), std::as_writable_bytes(std::span(all)), sizes,
-                  "planner");
+  comm.allgatherv(std::as_bytes(mine), std::as_writable_bytes(std::span(all)), sizes, "planner");
   std::vector<std::vector<double>> out(n);
   for (int i = 0; i < n; ++i) {
     out[i].assign(all.begin() + i * mine.size(), all.begin() + (i + 1) * mine.size());
@@ -585,7 +584,8 @@ class CpuMeter {
     for (std::size_t n = 1024; n <= std::max<std::size_t>(max_elements, 8192); n *= 8) {
       sizes_.push_back(n);
     }
-    const std::vector<float> g = gradient(std::size_t{1} << 16);  // tiled: only its statistics matter
+    const std::vector<float> g =
+        gradient(std::size_t{1} << 16);  // tiled: only its statistics matter
     for (std::size_t at = 0; at < arena_elements_; at += g.size()) {
       std::copy_n(g.begin(), std::min(g.size(), arena_elements_ - at), x_.all().begin() + at);
     }
@@ -677,9 +677,10 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
     auto codec = make_codec(spec);
     if (codec->name() == "none") continue;
     if (codec->traits().multi_round) {
-      throw InvalidArgument(fmt::format("planner: codec {} needs rounds of sums across ranks; the "
-                                        "cost model does not cover multi-round codecs",
-                                        codec->spec()));
+      throw InvalidArgument(
+          fmt::format("planner: codec {} needs rounds of sums across ranks; the "
+                      "cost model does not cover multi-round codecs",
+                      codec->spec()));
     }
     codecs.push_back(std::move(codec));
   }
@@ -757,8 +758,8 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
 
   // The median over ranks: ranks of a host share its cores and see the same costs, so a rank
   // far from the others was disturbed by something outside the job.
-  log_line(options.quiet, rank, fmt::format("  contention measured at {:.2f} s",
-                                            seconds_since(start)));
+  log_line(options.quiet, rank,
+           fmt::format("  contention measured at {:.2f} s", seconds_since(start)));
   if (comm != nullptr) times = planner::agree_median(*comm, std::move(times));
 
   // Unpack in the order measured.
@@ -816,13 +817,14 @@ void measure_engine(Communicator& comm, Calibration& c) {
   // Each run starts after a barrier and counts as its slowest rank's time, as a collective
   // after a training step's compute is seen (and as the benchmarks measure it).
   constexpr int kReps = 15;
-  std::vector<double> mine;  // rep-major: rep * 3 + probe
+  std::vector<double> mine;                 // rep-major: rep * 3 + probe
   for (int rep = -1; rep < kReps; ++rep) {  // rep -1: first use (the cross-rank check), buffers
     for (int i = 0; i < 3; ++i) {
       comm.barrier("calibration");
       const auto t0 = Clock::now();
-      engine.allreduce(fmt::format("calibration-{}", i), std::span(x).first(probes[i].second),
-                       *probes[i].first)
+      engine
+          .allreduce(fmt::format("calibration-{}", i), std::span(x).first(probes[i].second),
+                     *probes[i].first)
           .wait();
       if (rep >= 0) mine.push_back(seconds_since(t0));
     }
@@ -844,9 +846,8 @@ void measure_engine(Communicator& comm, Calibration& c) {
         .predict(elements, "none", Strategy::kRaw, partitions, comm.size(), threads)
         .seconds;
   };
-  c.task_overhead =
-      std::max(0.0, (m[2] - predict(kProbePartitions * kPiece, kProbePartitions)) /
-                        (kProbePartitions - 1));
+  c.task_overhead = std::max(
+      0.0, (m[2] - predict(kProbePartitions * kPiece, kProbePartitions)) / (kProbePartitions - 1));
 }
 
 std::vector<std::string> with_canonical_specs(const std::vector<std::string>& specs) {
@@ -857,7 +858,6 @@ std::vector<std::string> with_canonical_specs(const std::vector<std::string>& sp
   }
   return out;
 }
-
 
 }  // namespace
 
@@ -876,13 +876,13 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   c.cores = static_cast<int>(-planner::agree_max(comm, {-double(c.cores)})[0]);  // the fewest
   if (options.measure_links) {
     planner::measure_links(comm, options, c);
-    log_line(options.quiet, comm.rank(), fmt::format("links measured in {:.2f} s",
-                                                     seconds_since(start)));
+    log_line(options.quiet, comm.rank(),
+             fmt::format("links measured in {:.2f} s", seconds_since(start)));
   }
   const auto cpu_start = Clock::now();
   measure_cpu(&comm, options, c);
-  log_line(options.quiet, comm.rank(), fmt::format("codecs measured in {:.2f} s",
-                                                   seconds_since(cpu_start)));
+  log_line(options.quiet, comm.rank(),
+           fmt::format("codecs measured in {:.2f} s", seconds_since(cpu_start)));
   measure_engine(comm, c);
   c.seconds = planner::agree_max(comm, {seconds_since(start)})[0];
   log_line(options.quiet, comm.rank(), fmt::format("done in {:.2f} s", c.seconds));

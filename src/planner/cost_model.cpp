@@ -12,13 +12,14 @@
 //   summable   L = N       W = 2(N-1)*e(s)      C = N*enc(s) + (N-1)*cmb(s) + N*dec(s) + div(m)
 // (L: message rounds on the critical path; W: bytes this rank sends, all of which cross its
 // link; C: CPU seconds on the critical path.) One partition alone takes
-//   t1 = L*alpha + W*beta + C + o
+//   t1 = L*alpha + W*beta + C
 // and K partitions on c = min(K, threads) workers, whose CPU work is slowed by sigma, the
 // measured slowdown at the c * C / t1 threads that compute at once (the others wait on links):
-//   T = t1 + (K-1) * max(W*beta, C*sigma/c, (L*alpha + W*beta + C*sigma + o)/c)
+//   T = o_job + t1 + (K-1) * (max(W*beta, C*sigma/c, (L*alpha + W*beta + C*sigma)/c) + o_task)
 // the first partition's latency, then one partition per bottleneck interval: the link, the CPU,
-// or c partitions' latency chains in flight at once; plus the engine's fixed cost per allreduce
-// (o and that one are measured by running the engine, see Calibration).
+// or c partitions' latency chains in flight at once. o_job (per allreduce) and o_task (per
+// further partition: hand-offs between threads, which do not overlap on busy cores) are the
+// engine's own costs, measured by running it (see Calibration).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -58,8 +59,8 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   }
   const bool raw = codec_spec == "none";
   if (raw != (strategy == Strategy::kRaw)) {
-    throw InvalidArgument(fmt::format("cost model: strategy {} with codec {}", to_string(strategy),
-                                      codec_spec));
+    throw InvalidArgument(
+        fmt::format("cost model: strategy {} with codec {}", to_string(strategy), codec_spec));
   }
   const CodecCosts* k = raw ? nullptr : c.find(codec_spec);
   if (!raw && k == nullptr) {

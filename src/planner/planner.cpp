@@ -1,6 +1,8 @@
 // The planner: per tensor size, the candidate with the least expected time (measured where the
 // engine has reported it, else predicted), raw unless compression clearly pays; calibration or
 // the agreed cache on first use; periodic re-checks against the engine's measured times.
+#include "terse/planner.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -18,7 +20,6 @@
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
-#include "terse/planner.h"
 
 namespace terse {
 
@@ -90,9 +91,10 @@ Planner::Planner(PlannerOptions options) : options_(std::move(options)) {
     auto codec = make_codec(spec);  // throws SpecError for unknown codecs
     if (codec->name() == "none") continue;
     if (codec->traits().multi_round) {
-      throw InvalidArgument(fmt::format("planner: codec {} needs rounds of sums across ranks, "
-                                        "which the cost model does not cover",
-                                        codec->spec()));
+      throw InvalidArgument(
+          fmt::format("planner: codec {} needs rounds of sums across ranks, "
+                      "which the cost model does not cover",
+                      codec->spec()));
     }
     if (std::find(allowed_.begin(), allowed_.end(), codec->spec()) == allowed_.end()) {
       allowed_.push_back(codec->spec());
@@ -106,8 +108,8 @@ Planner::Planner(PlannerOptions options) : options_(std::move(options)) {
 Planner::Planner(PlannerOptions options, Calibration calibration) : Planner(std::move(options)) {
   for (const auto& spec : allowed_) {
     if (calibration.find(spec) == nullptr) {
-      throw InvalidArgument(fmt::format("planner: the calibration has no costs for codec {}",
-                                        spec));
+      throw InvalidArgument(
+          fmt::format("planner: the calibration has no costs for codec {}", spec));
     }
   }
   model_ = std::make_unique<CostModel>(std::move(calibration));
@@ -133,9 +135,8 @@ const Calibration& Planner::calibration(Communicator& comm) {
 
 void Planner::ensure_calibrated(Communicator& comm) {
   if (calibrated()) return;
-  const std::string path = options_.cache_path.empty()
-                               ? default_calibration_path(comm.size())
-                               : options_.cache_path;
+  const std::string path =
+      options_.cache_path.empty() ? default_calibration_path(comm.size()) : options_.cache_path;
   // Use the cache only if every rank holds the same usable one; otherwise every rank measures.
   std::string text = path == "-" ? std::string() : read_file(path);
   Calibration cached;
@@ -239,8 +240,8 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
     }
   }
   if (d.ranked.empty()) {
-    throw InvalidArgument(fmt::format("planner: no allowed codec can use strategy {}",
-                                      to_string(strategy)));
+    throw InvalidArgument(
+        fmt::format("planner: no allowed codec can use strategy {}", to_string(strategy)));
   }
   // Stable: equal times keep the order above (raw first, then the allowed list's order).
   std::stable_sort(d.ranked.begin(), d.ranked.end(), [](const auto& a, const auto& b) {
@@ -257,8 +258,8 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   if (raw != nullptr) {
     d.raw_seconds = PlanDecision::expected(*raw);
     const double best = PlanDecision::expected(d.chosen);
-    const bool small = n * sizeof(float) <= options_.raw_below_bytes &&
-                       ranks <= options_.small_tensor_max_ranks;
+    const bool small =
+        n * sizeof(float) <= options_.raw_below_bytes && ranks <= options_.small_tensor_max_ranks;
     if (best > (1 - options_.min_gain) * d.raw_seconds ||  // would not clearly pay
         (small && raw->predicted.network - best <= options_.small_tensor_slack)) {
       d.chosen = *raw;
@@ -273,9 +274,10 @@ void Planner::log_decision(const PlanDecision& d, int rank, const char* why) con
   std::fprintf(stderr,
                "terse plan: %s %zu floats -> %s, strategy %s, K=%d: %s %.3f ms (raw %.3f ms, "
                "%.2fx)\n",
-               why, d.elements, c.plan.codec.c_str(), std::string(to_string(c.plan.strategy)).c_str(),
-               c.plan.partitions, c.measured ? "measured" : "predicted",
-               PlanDecision::expected(c) * 1e3, d.raw_seconds * 1e3,
+               why, d.elements, c.plan.codec.c_str(),
+               std::string(to_string(c.plan.strategy)).c_str(), c.plan.partitions,
+               c.measured ? "measured" : "predicted", PlanDecision::expected(c) * 1e3,
+               d.raw_seconds * 1e3,
                PlanDecision::expected(c) > 0 ? d.raw_seconds / PlanDecision::expected(c) : 0.0);
 }
 
