@@ -1,9 +1,10 @@
 // Planner tests: the fits, the cost model's formulas and limits, decisions and re-checks on
 // synthetic calibrations, the cache's format; then real multi-process runs of codec "auto"
 // (tests/planner/worker) for N = 2, 3, 4.
-#include <gtest/gtest.h>
+#include "terse/planner.h"
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
@@ -17,7 +18,6 @@
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/error.h"
-#include "terse/planner.h"
 
 namespace terse {
 namespace {
@@ -95,8 +95,8 @@ TEST(CostModel, RawRingFollowsItsFormula) {
   const std::size_t n = 1 << 20;
   const double N = 4, s = n / N;
   const Prediction p = model.predict(n, "none", Strategy::kRaw, 1, 4, 4);
-  const double want = c.job_overhead + 2 * (N - 1) * (c.alpha + 4 * s * c.beta) +
-                      (N - 1) * c.add(s) + c.divide(s);
+  const double want =
+      c.job_overhead + 2 * (N - 1) * (c.alpha + 4 * s * c.beta) + (N - 1) * c.add(s) + c.divide(s);
   EXPECT_NEAR(p.seconds, want, want * 1e-12);
   EXPECT_NEAR(p.bytes_sent, 2 * (N - 1) * 4 * s, 1);
   // One rank: nothing to send.
@@ -153,8 +153,7 @@ TEST(CostModel, RejectsWhatTheEngineWouldReject) {
   EXPECT_THROW(model.predict(1000, "none", Strategy::kSharded, 1, 4, 4), InvalidArgument);
   EXPECT_THROW(model.predict(1000, make_codec("fp16")->spec(), Strategy::kRaw, 1, 4, 4),
                InvalidArgument);
-  EXPECT_THROW(model.predict(1000, make_codec("onebit:ef=1")->spec(), Strategy::kSummable, 1, 4,
-                             4),
+  EXPECT_THROW(model.predict(1000, make_codec("onebit:ef=1")->spec(), Strategy::kSummable, 1, 4, 4),
                InvalidArgument);
   EXPECT_THROW(model.predict(1000, "topk-that-was-not-calibrated", Strategy::kSharded, 1, 4, 4),
                InvalidArgument);
@@ -294,19 +293,21 @@ TEST(PlanCommand, BuiltInModelsMatchThePythonScript) {
   }
   const std::string dir = testing::temp_dir();
   for (const char* model : {"mlp", "cnn", "vgg"}) {
-    auto py = testing::shell(fmt::format("/usr/bin/python3 {}/python/terse/model_sizes.py {} "
-                                         "--out {}/{}.py.json",
-                                         TERSE_SOURCE_DIR, model, dir, model));
+    auto py =
+        testing::shell(fmt::format("/usr/bin/python3 {}/python/terse/model_sizes.py {} "
+                                   "--out {}/{}.py.json",
+                                   TERSE_SOURCE_DIR, model, dir, model));
     ASSERT_EQ(py.code, 0) << py.output;
     // The plan itself: every tensor gets a line, and the step a prediction and a speedup.
-    auto plan = testing::shell(fmt::format("{} plan --model {} --ranks 4 --bandwidth 1gbit "
-                                           "--write-sizes {}/{}.cc.json --sizes-only",
-                                           kCli, model, dir, model));
+    auto plan =
+        testing::shell(fmt::format("{} plan --model {} --ranks 4 --bandwidth 1gbit "
+                                   "--write-sizes {}/{}.cc.json --sizes-only",
+                                   kCli, model, dir, model));
     ASSERT_EQ(plan.code, 0) << plan.output;
-    auto same = testing::shell(fmt::format(
-        "python3 -c 'import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); "
-        "sys.exit(a!=b)' {0}/{1}.py.json {0}/{1}.cc.json",
-        dir, model));
+    auto same = testing::shell(
+        fmt::format("python3 -c 'import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); "
+                    "sys.exit(a!=b)' {0}/{1}.py.json {0}/{1}.cc.json",
+                    dir, model));
     EXPECT_EQ(same.code, 0) << model;
   }
   std::filesystem::remove_all(dir);
@@ -314,20 +315,22 @@ TEST(PlanCommand, BuiltInModelsMatchThePythonScript) {
 
 TEST(PlanCommand, PredictsEveryTensorAndTheStep) {
   const std::string dir = testing::temp_dir();
-  auto sizes = testing::shell(fmt::format(
-      "printf '[{{\"name\": \"big\", \"elements\": 4194304}}, {{\"name\": \"bias\", "
-      "\"elements\": 10}}]' > {}/sizes.json",
-      dir));
+  auto sizes = testing::shell(
+      fmt::format("printf '[{{\"name\": \"big\", \"elements\": 4194304}}, {{\"name\": \"bias\", "
+                  "\"elements\": 10}}]' > {}/sizes.json",
+                  dir));
   ASSERT_EQ(sizes.code, 0);
-  auto plan = testing::shell(fmt::format("{} plan --sizes {}/sizes.json --ranks 4 --bandwidth "
-                                         "100mbit --scale 2 64 1024 --json {}/plan.json",
-                                         kCli, dir, dir));
+  auto plan =
+      testing::shell(fmt::format("{} plan --sizes {}/sizes.json --ranks 4 --bandwidth "
+                                 "100mbit --scale 2 64 1024 --json {}/plan.json",
+                                 kCli, dir, dir));
   ASSERT_EQ(plan.code, 0) << plan.output;
   EXPECT_NE(plan.output.find("big"), std::string::npos) << plan.output;
   EXPECT_NE(plan.output.find("fused: 1 small"), std::string::npos) << plan.output;
   EXPECT_NE(plan.output.find("speedup"), std::string::npos) << plan.output;
   EXPECT_NE(plan.output.find("1024"), std::string::npos) << plan.output;
-  auto bad = testing::shell(fmt::format("{} plan --model nosuch --ranks 4 --bandwidth 1gbit", kCli));
+  auto bad =
+      testing::shell(fmt::format("{} plan --model nosuch --ranks 4 --bandwidth 1gbit", kCli));
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.output.find("mlp, cnn, vgg"), std::string::npos) << bad.output;
   std::filesystem::remove_all(dir);
@@ -343,9 +346,10 @@ TEST_P(Ranks, AutoPlansAgreeOnEveryRankAndRun) {
   // Calibration runs on first use and is cached (XDG_CACHE_HOME); the second run loads the cache
   // and still agrees. TERSE_PLAN_LOG prints the decisions.
   for (int run = 0; run < 2; ++run) {
-    auto r = testing::shell(fmt::format("XDG_CACHE_HOME={} TERSE_PLAN_LOG=1 {} run -n {} --timeout "
-                                        "120 -- {} auto",
-                                        cache, kCli, n, kWorker));
+    auto r =
+        testing::shell(fmt::format("XDG_CACHE_HOME={} TERSE_PLAN_LOG=1 {} run -n {} --timeout "
+                                   "120 -- {} auto",
+                                   cache, kCli, n, kWorker));
     ASSERT_EQ(r.code, 0) << r.output;
     for (int i = 0; i < n; ++i) {
       EXPECT_NE(r.output.find(fmt::format("OK rank {} auto", i)), std::string::npos) << r.output;
@@ -391,9 +395,8 @@ TEST_P(Ranks, TraceMergeAlignsEveryRanksClock) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Planner, Ranks, ::testing::Values(2, 3, 4), [](const auto& info) {
-  return "N" + std::to_string(info.param);
-});
+INSTANTIATE_TEST_SUITE_P(Planner, Ranks, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return "N" + std::to_string(info.param); });
 
 }  // namespace
 }  // namespace terse

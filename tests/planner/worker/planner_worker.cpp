@@ -50,11 +50,11 @@ void check_same_everywhere(Communicator& comm, const std::string& text, const st
   const std::uint64_t mine = fnv1a64(text);
   std::vector<std::uint64_t> all(comm.size());
   std::vector<std::size_t> sizes(comm.size(), 8);
-  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
-                  sizes, "check");
+  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)), sizes,
+                  "check");
   for (int i = 0; i < comm.size(); ++i) {
-    check(all[i] == mine, fmt::format("{}: rank {} differs from rank {} (mine: {})", what, i,
-                                      comm.rank(), text));
+    check(all[i] == mine,
+          fmt::format("{}: rank {} differs from rank {} (mine: {})", what, i, comm.rank(), text));
   }
 }
 
@@ -86,8 +86,8 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
       const double rel = std::sqrt(err / std::max(norm, 1e-30));
       // Raw: float sums in another order. Compressed: at most what one-bit signs lose.
       const double bound = plan.codec == "none" ? 1e-5 : 1.5;
-      check(rel <= bound, fmt::format("{} ({}): relative error {} above {}", name, plan_key(plan),
-                                      rel, bound));
+      check(rel <= bound,
+            fmt::format("{} ({}): relative error {} above {}", name, plan_key(plan), rel, bound));
     }
   }
   check_same_everywhere(comm, plans, "plans");
@@ -96,9 +96,9 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
 
 int scenario_auto(Communicator& comm) {
   Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
-  const std::string plans =
-      run_sizes(comm, engine, {100, 3000, 100000, std::size_t{1} << 21});
-  check(plans.find("100 none/raw/") != std::string::npos, "a tiny tensor did not go raw:\n" + plans);
+  const std::string plans = run_sizes(comm, engine, {100, 3000, 100000, std::size_t{1} << 21});
+  check(plans.find("100 none/raw/") != std::string::npos,
+        "a tiny tensor did not go raw:\n" + plans);
   std::printf("OK rank %d auto\n%s", comm.rank(), comm.rank() == 0 ? plans.c_str() : "");
   engine.synchronize();
   return 0;
