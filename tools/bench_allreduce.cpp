@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,6 +21,8 @@
 
 #include "bench_util.h"
 #include "commands.h"
+#include "launch.h"
+#include "units.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/error.h"
@@ -44,42 +45,6 @@ struct Options {
   std::string json;
   bool no_gloo = false;
 };
-
-// "100MB", "64MiB", "1e6" (bytes) -> bytes.
-std::size_t parse_size(const std::string& text) {
-  std::size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &pos);
-  } catch (const std::exception&) {
-    throw InvalidArgument(fmt::format("--size '{}' is not a size such as 100MB or 64MiB", text));
-  }
-  const std::string unit = text.substr(pos);
-  double scale = 0;
-  if (unit.empty() || unit == "B") scale = 1;
-  if (unit == "KB" || unit == "kB") scale = 1e3;
-  if (unit == "MB") scale = 1e6;
-  if (unit == "GB") scale = 1e9;
-  if (unit == "KiB") scale = 1024;
-  if (unit == "MiB") scale = 1024.0 * 1024;
-  if (unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  if (scale == 0 || !(v >= 0)) {
-    throw InvalidArgument(fmt::format("--size '{}': unknown unit (use B, KB, MB, GB, KiB, MiB, GiB)",
-                                      text));
-  }
-  return static_cast<std::size_t>(v * scale);
-}
-
-// "100mbit", "1gbit", "10gbit" -> bits per second.
-double parse_rate(const std::string& text) {
-  std::size_t pos = 0;
-  double v = std::stod(text, &pos);
-  const std::string unit = text.substr(pos);
-  if (unit == "gbit") return v * 1e9;
-  if (unit == "mbit") return v * 1e6;
-  if (unit == "kbit") return v * 1e3;
-  throw InvalidArgument(fmt::format("--link '{}': use a tc rate such as 100mbit or 1gbit", text));
-}
 
 struct Config {
   std::string label;  // e.g. "sharded onebit K=8"
@@ -126,24 +91,6 @@ std::vector<Config> configs(const Options& opt) {
     }
   }
   return out;
-}
-
-// Every rank's value, gathered (through the communicator's own collectives).
-std::vector<double> gather(Communicator& comm, double v) {
-  std::vector<double> all(comm.size());
-  std::vector<std::size_t> sizes(comm.size(), sizeof(double));
-  comm.allgatherv(std::as_bytes(std::span(&v, 1)), std::as_writable_bytes(std::span(all)), sizes,
-                  "bench");
-  return all;
-}
-
-double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
-
-// CPU seconds (user + system) this process has used, all threads.
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
 void run_rank(const Options& opt) {
@@ -203,16 +150,7 @@ void run_rank(const Options& opt) {
       std::copy(input.begin(), input.end(), data.begin());
       engine.allreduce(name, data, cfg.options).wait();  // warm-up: first use, buffers
       const auto before = engine.bytes_sent();
-      for (int rep = 0; rep < opt.reps; ++rep) {
-        std::copy(input.begin(), input.end(), data.begin());
-        comm->barrier("bench");
-        const double c0 = cpu_seconds();
-        const auto t0 = Clock::now();
-        engine.allreduce(name, data, cfg.options).wait();
-        const double t = std::chrono::duration<double>(Clock::now() - t0).count();
-        cpu += cpu_seconds() - c0;
-        times.push_back(max_of(gather(*comm, t)));
-      }
+      times = time_allreduce(engine, *comm, name, data, input, cfg.options, opt.reps, &cpu);
       bytes_per_rank = max_of(gather(
           *comm, static_cast<double>(engine.bytes_sent() - before) / opt.reps));
     } else {
@@ -309,18 +247,7 @@ void add_bench_allreduce_command(CLI::App& bench) {
   cmd->add_option("--json", opt->json, "Write results as JSON to this file (rank 0)");
   cmd->add_flag("--no-gloo", opt->no_gloo, "Skip Gloo's own algorithms");
   cmd->callback([opt] {
-    if (std::getenv("RANK") != nullptr) {
-      run_rank(*opt);
-      return;
-    }
-    // Not under a launcher: start --ranks local ranks of this same command.
-    std::vector<std::string> args = {self_path(), "run", "-n", std::to_string(opt->ranks), "--",
-                                     self_path()};
-    for (const auto& a : command_line()) args.push_back(a);
-    std::string line;
-    for (const auto& a : args) line += "'" + a + "' ";
-    const int rc = std::system(line.c_str());
-    if (rc != 0) throw Error(fmt::format("bench allreduce: ranks failed (status {})", rc));
+    if (!relaunch_unless_launched(opt->ranks, "bench allreduce")) run_rank(*opt);
   });
 }
 

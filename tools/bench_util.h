@@ -2,11 +2,17 @@
 #pragma once
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <span>
+#include <string>
 #include <vector>
+
+#include "terse/communicator.h"
+#include "terse/engine.h"
 
 namespace terse::tools {
 
@@ -38,6 +44,48 @@ double median_seconds(int reps, F&& f) {
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return median(std::move(t));
+}
+
+// Every rank's value, gathered (through the communicator's own collectives).
+inline std::vector<double> gather(Communicator& comm, double v) {
+  std::vector<double> all(comm.size());
+  std::vector<std::size_t> sizes(comm.size(), sizeof(double));
+  comm.allgatherv(std::as_bytes(std::span(&v, 1)), std::as_writable_bytes(std::span(all)), sizes,
+                  "bench");
+  return all;
+}
+
+inline double max_of(const std::vector<double>& v) {
+  return *std::max_element(v.begin(), v.end());
+}
+
+// CPU seconds (user + system) this process has used, all threads.
+inline double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// `reps` timed allreduces of `data` through the engine, each starting from `input` after a
+// barrier; each figure is the slowest rank's time in seconds. Warm up before calling. With
+// `cpu`, this process's CPU seconds (all threads) during the allreduces are added to it.
+inline std::vector<double> time_allreduce(Engine& engine, Communicator& comm,
+                                          const std::string& name, std::span<float> data,
+                                          std::span<const float> input,
+                                          const AllreduceOptions& options, int reps,
+                                          double* cpu = nullptr) {
+  std::vector<double> times;
+  for (int rep = 0; rep < reps; ++rep) {
+    std::copy(input.begin(), input.end(), data.begin());
+    comm.barrier("bench");
+    const double c0 = cpu ? cpu_seconds() : 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.allreduce(name, data, options).wait();
+    if (cpu) *cpu += cpu_seconds() - c0;
+    times.push_back(max_of(gather(
+        comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())));
+  }
+  return times;
 }
 
 }  // namespace terse::tools

@@ -21,6 +21,14 @@ void add_bench_codecs_command(CLI::App& bench);
 void add_bench_powersgd_command(CLI::App& bench);
 // terse bench allreduce: Gloo's rings, terse raw and compressed strategies, same processes.
 void add_bench_allreduce_command(CLI::App& bench);
+// terse calibrate: links and codec costs for the planner, written to the cache.
+void add_calibrate_command(CLI::App& app);
+// terse plan: per-tensor decisions and predicted speedup before a job runs.
+void add_plan_command(CLI::App& app);
+// terse trace merge: one timeline of a whole job from the ranks' traces.
+void add_trace_command(CLI::App& app);
+// terse bench planner: predicted against measured allreduce times; auto against exhaustive.
+void add_bench_planner_command(CLI::App& bench);
 // terse run: the local launcher (N ranks with torchrun's environment).
 void add_run_command(CLI::App& app);
 

@@ -29,11 +29,15 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   terse::tools::add_codecs_command(app);
   terse::tools::add_run_command(app);
+  terse::tools::add_calibrate_command(app);
+  terse::tools::add_plan_command(app);
+  terse::tools::add_trace_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Run a benchmark");
   bench->require_subcommand(1);
   terse::tools::add_bench_codecs_command(*bench);
   terse::tools::add_bench_powersgd_command(*bench);
   terse::tools::add_bench_allreduce_command(*bench);
+  terse::tools::add_bench_planner_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

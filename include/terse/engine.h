@@ -41,6 +41,7 @@
 
 namespace terse {
 
+class Planner;
 class Tracer;
 struct HandleAccess;
 
@@ -59,8 +60,9 @@ std::string_view to_string(Strategy s);
 Strategy parse_strategy(std::string_view name);
 
 struct AllreduceOptions {
-  // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...) or "auto" (the planner's
-  // choice; without a planner, "auto" means "none").
+  // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...) or "auto": the planner's
+  // choice of raw or an allowed codec, strategy and K (include/terse/planner.h); a strategy or
+  // partitions given with "auto" restrict its search.
   std::string codec = "none";
   Strategy strategy = Strategy::kAuto;
   // Partitions K (1 .. 256); 0 lets the engine choose from the tensor's size.
@@ -117,11 +119,18 @@ struct EngineOptions {
   // Target bytes per partition when AllreduceOptions::partitions is 0.
   std::size_t partition_bytes = std::size_t{8} << 20;
   // Optional per-stage event sink (encode, send, recv, decode, merge, wait). Without one,
-  // TERSE_TRACE=DIR makes the engine record its own and write DIR/rank-R.json at destruction.
+  // TERSE_TRACE=DIR makes the engine record its own and write DIR/rank-R.json at destruction,
+  // with its clock offset to rank 0 measured at construction (then a collective: set it on
+  // every rank); `terse trace merge DIR` makes one timeline of them.
   std::shared_ptr<Tracer> tracer;
   // Stage results and write the user's tensors only after a submission succeeded, so that a
   // failed submission leaves them unchanged (one more copy of every tensor).
   bool keep_input_on_error = false;
+  // Decides codec "auto" (include/terse/planner.h). Without one, the first "auto" tensor makes
+  // the engine create one with default PlannerOptions. With "auto", the first plan (and every
+  // PlannerOptions::recheck_interval-th submission) is a collective: every rank calibrates or
+  // agrees on the cached calibration, or exchanges measured times.
+  std::shared_ptr<Planner> planner;
 };
 
 class Engine {
@@ -138,7 +147,8 @@ class Engine {
   // Starts one submission of several tensors (e.g. a DDP bucket), planned per tensor.
   Handle allreduce_group(std::vector<TensorRef> tensors);
 
-  // What the engine will do with a tensor of n elements under options (validates them).
+  // What the engine will do with a tensor of n elements under options (validates them). With
+  // codec "auto" the first call is a collective (see EngineOptions::planner).
   TensorPlan plan(std::size_t elements, const AllreduceOptions& options) const;
 
   // Blocks until every submission so far has completed (errors stay with their handles).

@@ -11,6 +11,8 @@
 
 namespace terse {
 
+class Communicator;
+
 struct TraceEvent {
   const char* stage = "";  // a string literal: "encode", "send", "recv", ...
   std::string tensor;      // tensor name (or the fused group's label)
@@ -35,8 +37,10 @@ class TraceRecorder final : public Tracer {
   void record(TraceEvent event) override;
   std::vector<TraceEvent> events() const;
   void clear();
-  // One process (pid = rank) with one track per worker thread; times in microseconds, shifted
-  // by offset_ns (to align ranks' clocks).
+  // One process (pid = rank) with one track per worker thread; times in microseconds of this
+  // process's steady clock, as recorded. offset_ns (from measure_clock_offset) goes into the
+  // file's metadata ("otherData": {"rank", "clock_offset_ns"}); `terse trace merge` adds it
+  // to every timestamp to put all ranks on rank 0's clock.
   void write_chrome_json(const std::string& path, int rank, std::int64_t offset_ns = 0) const;
 
  private:
@@ -46,5 +50,12 @@ class TraceRecorder final : public Tracer {
 
 // steady_clock now, in nanoseconds (the time base of TraceEvent).
 std::int64_t trace_now_ns();
+
+// How far rank 0's steady clock is ahead of this rank's, in nanoseconds (0 on rank 0): add it
+// to this rank's trace_now_ns() values to express them on rank 0's clock. Rank 0 exchanges
+// `rounds` timestamp ping-pongs with each rank in turn and keeps, per rank, NTP's estimate
+// ((t1 - t0) + (t2 - t3)) / 2 from the round trip with the least delay; the error is at most
+// half that delay. A collective; every wait is bounded by the communicator's timeout.
+std::int64_t measure_clock_offset(Communicator& comm, int rounds = 16);
 
 }  // namespace terse

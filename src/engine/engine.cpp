@@ -25,9 +25,11 @@
 #include "collectives/collective.h"
 #include "engine/buffer_pool.h"
 #include "engine/handle_access.h"
+#include "engine/tags.h"
 #include "kit/basic.h"
 #include "kit/hash.h"
 #include "terse/codec.h"
+#include "terse/planner.h"
 #include "terse/trace.h"
 
 namespace terse {
@@ -119,10 +121,7 @@ std::pair<Handle, std::function<void(std::exception_ptr)>> HandleAccess::make() 
 
 namespace {
 
-// Tag bit 55 is clear for the engine's messages (Channel sets it); of the 23 signature bits
-// below it, the all-ones value marks the first-use check.
-constexpr std::uint64_t kSignatureMask = 0x7fffff;
-constexpr std::uint64_t kVerifySignature = kSignatureMask;
+using tags::kVerifySignature;
 constexpr int kMaxPartitions = 256;
 
 // What the engine remembers of a tensor between submissions.
@@ -161,6 +160,9 @@ struct Job {
   int failure_item = -1;
   std::shared_ptr<Handle::State> handle;
   std::int64_t submitted_ns = 0;  // for the "allreduce" trace event
+  // Per item: first task start and last task end (trace_now_ns), for the planner; empty when no
+  // item was planned by it.
+  std::vector<std::pair<std::int64_t, std::int64_t>> spans;
 };
 
 struct Task {
@@ -208,6 +210,7 @@ struct Engine::Impl {
   // TERSE_TRACE=DIR: the engine records its own trace and writes DIR/rank-R.json at the end.
   std::shared_ptr<TraceRecorder> env_trace;
   std::string env_trace_dir;
+  std::int64_t env_trace_offset = 0;  // to rank 0's clock, for `terse trace merge`
 
   std::mutex queue_mu;
   std::condition_variable queue_cv, idle_cv;
@@ -230,6 +233,7 @@ struct Engine::Impl {
 
   TensorPlan plan(std::size_t n, const AllreduceOptions& o,
                   const Codec** codec_out = nullptr) const {
+    if (o.codec == "auto") return plan_auto(n, o, codec_out);
     TensorPlan p;
     const std::string spec = o.codec == "auto" ? "none" : o.codec;
     const Codec& codec = codec_for(spec);
@@ -277,6 +281,66 @@ struct Engine::Impl {
     p.partitions = static_cast<int>(k);
     if (codec_out != nullptr) *codec_out = &codec;
     return p;
+  }
+
+  // ---- codec "auto": the planner's choice (src/planner/) -------------------------------------
+
+  int threads = 0;  // worker threads, which the planner's model needs
+  mutable std::mutex planner_mu;
+  mutable std::shared_ptr<Planner> planner;  // options.planner, or created on first use
+
+  Planner& auto_planner() const {
+    std::lock_guard lock(planner_mu);
+    if (!planner) planner = options.planner ? options.planner : std::make_shared<Planner>();
+    return *planner;
+  }
+
+  TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, const Codec** codec_out) const {
+    Planner& planner = auto_planner();
+    if (!planner.calibrated()) {
+      // Calibration measures the links: let submitted work finish first (every rank does).
+      auto* self = const_cast<Impl*>(this);
+      std::unique_lock lock(self->queue_mu);
+      self->idle_cv.wait(lock, [&] { return self->outstanding_jobs == 0; });
+    }
+    AllreduceOptions chosen = o;
+    const TensorPlan p = planner.plan(*comm, n, threads, o.strategy, o.partitions);
+    chosen.codec = p.codec;
+    chosen.strategy = p.strategy;
+    chosen.partitions = p.partitions;
+    return plan(n, chosen, codec_out);
+  }
+
+  static bool planned(const Item& it) { return it.ref.options.codec == "auto"; }
+
+  // Before planning a submission: lets the planner re-check (a collective at the same point on
+  // every rank, since ranks submit the same sequence).
+  void before_auto_submission(const std::vector<TensorRef>& tensors) {
+    for (const auto& t : tensors) {
+      if (t.options.codec == "auto") {
+        auto_planner().before_submission(*comm);
+        return;
+      }
+    }
+  }
+
+  void note_span(Job& job, int item, std::int64_t begin) {
+    if (job.spans.empty() || item < 0) return;
+    const std::int64_t end = trace_now_ns();
+    std::lock_guard lock(job.mu);
+    auto& span = job.spans[item];
+    span.first = std::min(span.first, begin);
+    span.second = std::max(span.second, end);
+  }
+
+  // Reports the measured time of every planned, unfused item of a successful job.
+  void report_spans(const Job& job) {
+    for (std::size_t i = 0; i < job.spans.size(); ++i) {
+      const Item& it = job.items[i];
+      if (!planned(it) || it.plan.fused || job.spans[i].second < job.spans[i].first) continue;
+      planner->observe(it.ref.data.size(), it.plan,
+                       static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9);
+    }
   }
 
   // ---- cross-rank check of a submission's description (first use) --------------------------
@@ -353,6 +417,7 @@ struct Engine::Impl {
 
   Handle submit(std::vector<TensorRef> tensors) {
     std::lock_guard submit_lock(submit_mu);
+    before_auto_submission(tensors);
     auto job = std::make_shared<Job>();
     job->handle = std::make_shared<Handle::State>();
     if (options.tracer) job->submitted_ns = trace_now_ns();
@@ -439,6 +504,9 @@ struct Engine::Impl {
       staging += it.ref.data.size();
     }
     if (staging > 0) job->staging = pool.acquire(staging * sizeof(float));
+    if (std::any_of(job->items.begin(), job->items.end(), planned)) {
+      job->spans.assign(job->items.size(), {INT64_MAX, INT64_MIN});
+    }
 
     std::vector<Task> tasks;
     auto add_task = [&](int item, int partition, int partitions, const std::string& what) {
@@ -448,8 +516,8 @@ struct Engine::Impl {
       t.partition = partition;
       t.partitions = partitions;
       std::uint64_t signature = fnv1a64(fmt::format("{}#{}/{}", what, partition, partitions)) &
-                                kSignatureMask;
-      if (signature == kVerifySignature) signature = 0;
+                                tags::kSignatureMask;
+      if (signature >= tags::kFirstReservedSignature) signature = 0;
       t.tag_base = (signature << 32) | (static_cast<std::uint64_t>(task_seq++ & 0xffff) << 16);
       tasks.push_back(std::move(t));
     };
@@ -506,6 +574,7 @@ struct Engine::Impl {
 
   void run(Task& task, std::uint32_t thread, Workspace& workspace) {
     Job& job = *task.job;
+    const std::int64_t begin = trace_now_ns();
     PartitionContext ctx;
     ctx.comm = comm.get();
     ctx.partition = task.partition;
@@ -565,6 +634,7 @@ struct Engine::Impl {
       comm->abort(fmt::format("{}: {}", ctx.label(), e.what()));
       record_error(job, std::current_exception());
     }
+    note_span(job, task.item, begin);
     if (job.remaining.fetch_sub(1) == 1) finish(task.job);
   }
 
@@ -615,6 +685,7 @@ struct Engine::Impl {
       }
     }
     if (!error) copy_back(job);
+    if (!error) report_spans(job);
     for (auto& it : job.items) set_in_flight(*it.record, false);
     job.staging = engine::Buffer();
     if (options.tracer) {
@@ -754,9 +825,12 @@ Engine::Engine(std::shared_ptr<Communicator> comm, EngineOptions options)
       impl_->env_trace = std::make_shared<TraceRecorder>();
       impl_->env_trace_dir = dir;
       impl_->options.tracer = impl_->env_trace;
+      // A collective: launchers give every rank the same environment.
+      impl_->env_trace_offset = measure_clock_offset(*impl_->comm);
     }
   }
   const int threads = impl_->options.threads > 0 ? impl_->options.threads : env_threads();
+  impl_->threads = threads;
   for (int i = 0; i < threads; ++i) {
     impl_->workers.emplace_back([this, i] { impl_->worker(static_cast<std::uint32_t>(i)); });
   }
@@ -777,7 +851,7 @@ Engine::~Engine() {
       std::filesystem::create_directories(impl_->env_trace_dir);
       impl_->env_trace->write_chrome_json(
           fmt::format("{}/rank-{}.json", impl_->env_trace_dir, impl_->comm->rank()),
-          impl_->comm->rank());
+          impl_->comm->rank(), impl_->env_trace_offset);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "terse: cannot write the trace to %s: %s\n",
                    impl_->env_trace_dir.c_str(), e.what());

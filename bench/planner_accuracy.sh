@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The planner's accuracy grid: `terse bench planner` on unshaped loopback (`terse run`) and on
+# emulated 1 Gbit/s and 100 Mbit/s links (scripts/cluster.sh, needs root), for N = 2, 3, 4.
+# Each point calibrates in its own run, then predicts and measures every candidate
+# configuration per size (see tools/bench_planner.cpp). One JSON per point goes to OUT; the
+# summary (bench/planner_summary.py) reports the prediction error, the automatic choice against
+# the best measured configuration, and codec auto against raw.
+#
+#   bench/planner_accuracy.sh                       # the whole grid, about 30 minutes
+#   LINKS=unshaped RANKS=2 SIZES="1MiB" bench/planner_accuracy.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-results/planner}
+reps=${REPS:-5}
+sizes=${SIZES:-64KiB 1MiB 16MiB 256MiB}
+ranks=${RANKS:-2 3 4}
+links=${LINKS:-unshaped 1gbit 100mbit}
+terse=${TERSE:-./build/terse}
+mkdir -p "$out"
+for link in $links; do
+  for n in $ranks; do
+    json="$out/$link-n$n.json"
+    echo "== $link, $n ranks -> $json" >&2
+    # shellcheck disable=SC2086  # sizes is a list
+    if [ "$link" = unshaped ]; then
+      "$terse" bench planner --ranks "$n" --sizes $sizes --reps "$reps" --json "$json" \
+        | grep '^\[rank 0\]'
+    else
+      bash scripts/cluster.sh -n "$n" -r "$link" -- "$terse" bench planner --sizes $sizes \
+        --reps "$reps" --link "$link" --json "$json" | grep '^\[host 0\]'
+    fi
+  done
+done
+/usr/bin/python3 bench/planner_summary.py "$out"/*.json | tee "$out/summary.md"

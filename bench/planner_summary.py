@@ -1,0 +1,93 @@
+"""Summary of `terse bench planner` runs (bench/planner_accuracy.sh writes them).
+
+    python3 bench/planner_summary.py results/planner/*.json
+
+Prints Markdown tables: the prediction error (median of |predicted / measured - 1| over every
+configuration measured, each measurement itself a median over reps of the slowest rank), the
+automatic choice against the best configuration measured in the same run (exhaustive search
+over the candidates the planner considers), and codec auto against raw with the engine's
+default partitions.
+"""
+
+import json
+import statistics
+import sys
+
+
+def label_of(path, run):
+    link = run.get("link") or "unshaped"
+    return link, run["ranks"]
+
+
+def main(paths):
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    links = ["unshaped", "1gbit", "100mbit"]
+    runs.sort(key=lambda r: (links.index(r.get("link") or "unshaped")
+                             if (r.get("link") or "unshaped") in links else 9, r["ranks"]))
+
+    errors_all = []
+    print("## Prediction error: |predicted / measured - 1|, median over the configurations measured\n")
+    sizes = [s["size"] for s in runs[0]["sizes"]] if runs else []
+    print("| link | N | " + " | ".join(sizes) + " | all sizes | configurations |")
+    print("|---|---|" + "---|" * (len(sizes) + 2))
+    for run in runs:
+        link, n = label_of(None, run)
+        cells, point = [], []
+        for size in run["sizes"]:
+            errs = [abs(c["predicted_s"] / c["median_s"] - 1) for c in size["configs"]
+                    if c["median_s"] > 0]
+            point += errs
+            cells.append(f"{100 * statistics.median(errs):.0f}%" if errs else "-")
+        errors_all += point
+        print(f"| {link} | {n} | " + " | ".join(cells) +
+              f" | {100 * statistics.median(point):.1f}% | {len(point)} |")
+    if errors_all:
+        print(f"\nOverall median |error|: {100 * statistics.median(errors_all):.1f}% over "
+              f"{len(errors_all)} measured configurations; within 15%: "
+              f"{sum(e <= 0.15 for e in errors_all)} of {len(errors_all)}.")
+    # The noise floor: the chosen configuration is timed twice in each run (as a candidate and
+    # through codec auto); how far apart are the two medians?
+    repeat = []
+    for run in runs:
+        for size in run["sizes"]:
+            by_label = {c["label"]: c for c in size["configs"] if c["candidate"]}
+            auto = [c for c in size["configs"] if c["label"].startswith("codec auto")]
+            cand = by_label.get(size["chosen"])
+            if auto and cand and cand["median_s"] > 0:
+                repeat.append(abs(auto[0]["median_s"] / cand["median_s"] - 1))
+    if repeat:
+        print(f"Noise floor: the same configuration timed twice in one run (as a candidate and "
+              f"through codec auto) differs by a median {100 * statistics.median(repeat):.1f}% "
+              f"(largest {100 * max(repeat):.0f}%, {len(repeat)} points).\n")
+
+    print("## Automatic choice against the best measured configuration, and against raw\n")
+    print("| link | N | size | choice | choice ms | best measured | best ms | choice / best "
+          "| raw default ms | auto / raw |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    within, total, harm = 0, 0, []
+    for run in runs:
+        link, n = label_of(None, run)
+        for size in run["sizes"]:
+            ratio = size["auto_median_s"] / size["best_median_s"]
+            vs_raw = size["auto_median_s"] / size["raw_default_median_s"]
+            total += 1
+            within += ratio <= 1.05
+            if link == "unshaped":
+                harm.append(vs_raw)
+            print(f"| {link} | {n} | {size['size']} | {size['chosen']} | "
+                  f"{1e3 * size['auto_median_s']:.3f} | {size['best']} | "
+                  f"{1e3 * size['best_median_s']:.3f} | {ratio:.3f} | "
+                  f"{1e3 * size['raw_default_median_s']:.3f} | {vs_raw:.3f} |")
+    if total:
+        print(f"\nChoice within 5% of the best measured: {within} of {total} points.")
+    if harm:
+        print(f"Unshaped loopback, auto / raw: worst {max(harm):.3f}, median "
+              f"{statistics.median(harm):.3f} over {len(harm)} points (do no harm: at most "
+              f"1.05).")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,308 @@
+// The planner: decides, per tensor, whether compression pays and how (codec, strategy,
+// partitions), from a calibration of this machine and its links and a cost model of every
+// strategy. docs/planner.md gives the formulas and the measured accuracy.
+//
+// Three layers, usable separately:
+// - Calibration: what was measured (per-peer link latency and time per byte; each codec's
+//   encode, decode, accumulate and combine time as A + B*n; CPU contention), saved to and loaded
+//   from a JSON cache file.
+// - CostModel: predicted seconds of one allreduce for (n, codec, strategy, K, ranks), from a
+//   Calibration. Pure arithmetic: no communication, no clocks.
+// - Planner: the choice with the least predicted time among raw and the allowed codecs, cached
+//   per tensor size; used by the engine for AllreduceOptions::codec == "auto". It calibrates on
+//   first use (a collective), and re-checks its predictions against the engine's measured
+//   times, re-planning where they are off.
+//
+// Promises: decisions are a deterministic function of numbers every rank agrees on (exchanged
+// through the communicator), so every rank makes the same plan. Every wait inside calibration
+// and re-checks is bounded by the communicator's timeout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "terse/engine.h"
+
+namespace terse {
+
+class Communicator;
+
+// ---- fitting --------------------------------------------------------------------------------
+
+// y = a + b*x, fitted by least squares with each point weighted by 1/y: a compromise between
+// absolute residuals (large sizes, where the time goes, dominate) and relative ones (small sizes
+// still predicted within a small factor).
+struct LinearFit {
+  double a = 0;  // seconds (or bytes) at x = 0
+  double b = 0;  // per element (or per byte)
+  // Beyond x = knee (when > 0) the slope is b2: the working set has left the cache. Only
+  // fit_cost() sets it.
+  double knee = 0;
+  double b2 = 0;
+  // Fit error on the points it was fitted to: root mean square and largest |predicted/y - 1|.
+  double rms_relative_error = 0;
+  double max_relative_error = 0;
+  int points = 0;    // points fitted
+  int outliers = 0;  // points left out: more than 25% and 3x the others' rms off the line
+  // The measured points, for reports and plots.
+  std::vector<double> xs, ys;
+
+  double operator()(double x) const {
+    return knee > 0 && x > knee ? a + b * knee + b2 * (x - knee) : a + b * x;
+  }
+};
+
+// Throws InvalidArgument unless x and y have the same size >= 2 and y > 0. a and b are clamped
+// at 0 (a negative intercept or slope is measurement noise, never a real cost). Up to two points
+// far off the line through the others are left out (see LinearFit::outliers).
+LinearFit fit_linear(std::span<const double> x, std::span<const double> y);
+
+// A cost: fit_linear, or a line up to a knee at one of the measured x and another slope beyond
+// it, when that halves the relative error (memory-bound work slows down once its data no longer
+// fit in the cache). x must be sorted.
+LinearFit fit_cost(std::span<const double> x, std::span<const double> y);
+
+// ---- calibration ----------------------------------------------------------------------------
+
+// One codec's costs on this machine: seconds for n elements, and encoded bytes for n elements
+// (measured on gradient-like data).
+struct CodecCosts {
+  std::string spec;  // canonical
+  bool summable = false;
+  LinearFit encode;
+  LinearFit decode;      // overwrite
+  LinearFit accumulate;  // decode-accumulate: the merge of non-summable strategies
+  LinearFit combine;     // compressed-domain sum (summable codecs only)
+  LinearFit bytes;       // encoded size, header included
+};
+
+struct Calibration {
+  static constexpr int kVersion = 1;
+
+  std::string host;  // host name of the rank that wrote it
+  int world_size = 1;
+  int ranks_on_host = 1;  // ranks of the job sharing this machine (same machine id)
+  int cores = 1;          // CPUs this process may run on
+
+  // Links, measured over Communicator send/recv while every rank exchanged with a partner
+  // (all links busy, as in a ring): an exchange of b bytes both ways takes alpha + beta * b.
+  // peer_alpha[i][j]: latency of an exchange round between ranks i and j in seconds;
+  // peer_beta[i][j]: seconds per byte. Diagonals are 0.
+  std::vector<std::vector<double>> peer_alpha;
+  std::vector<std::vector<double>> peer_beta;
+  // The model's values. beta: the slowest pair's (a ring runs at its slowest link). alpha: the
+  // latency of a message round as the engine sees it (thread wake-ups included, which a bare
+  // exchange does not show), measured by running the engine (see job_overhead). Both stay 0
+  // for one rank, and calibrate_local() leaves them to the caller.
+  double alpha = 0;
+  double beta = 0;
+
+  // fp32 element-wise work of the raw strategy (sum of two arrays, division), and per-codec
+  // costs, all measured with every rank of this host running at once (one thread each).
+  LinearFit add;
+  LinearFit divide;
+  std::vector<CodecCosts> codecs;
+
+  // cpu_slowdown[t-1]: how much longer CPU work takes when every rank runs t threads of it at
+  // once, relative to one thread per rank (measured; 1 where the host has cores to spare).
+  std::vector<double> cpu_slowdown = {1.0};
+
+  // The engine's fixed costs beyond the links and the codecs (hand-offs between threads and the
+  // transport, buffers), measured by running it: per partition task and per allreduce.
+  double task_overhead = 0;
+  double job_overhead = 0;
+
+  double seconds = 0;  // how long measuring took
+
+  const CodecCosts* find(std::string_view canonical_spec) const;
+  // Slowdown with t busy threads per rank (t may be fractional: interpolated); beyond the
+  // measured counts it grows linearly.
+  double slowdown(double threads) const;
+
+  std::string to_json() const;
+  // Throws DecodeError for text that is not a calibration of this version.
+  static Calibration from_json(std::string_view text);
+};
+
+struct CalibrationOptions {
+  // Codec specs to measure (canonicalized); "none" is implied.
+  std::vector<std::string> codecs;
+  // Largest tensor used for codec fits, in elements, and the time budget of a link exchange
+  // size: link sizes grow until one exchange takes this long (or link_max_bytes).
+  std::size_t codec_max_elements = std::size_t{1} << 22;
+  double link_target_seconds = 0.02;
+  std::size_t link_max_bytes = std::size_t{16} << 20;
+  bool measure_links = true;  // false: keep the links of an earlier calibration unmeasured
+  bool quiet = true;          // false: progress lines on stderr (rank 0)
+};
+
+// Measures this machine and the links to every peer. A collective: every rank calls it with
+// the same options. The result is agreed: every rank returns the same numbers (for each
+// quantity the largest over ranks, since a collective runs at its slowest rank).
+Calibration calibrate(Communicator& comm, const CalibrationOptions& options);
+
+// Measures only the CPU side in this process (no communicator): for `terse plan` on a machine
+// that is not part of a job. ranks_on_host ranks are assumed to share the cores.
+Calibration calibrate_local(const CalibrationOptions& options, int world_size, int ranks_on_host);
+
+// The cache file for this host and world size: $XDG_CACHE_HOME/terse, else ~/.cache/terse,
+// named calibration-HOST-nWORLD.json.
+std::string default_calibration_path(int world_size);
+
+// ---- cost model -----------------------------------------------------------------------------
+
+// The predicted time of one allreduce and where it goes (seconds, per rank).
+struct Prediction {
+  double seconds = 0;        // the prediction
+  double one_partition = 0;  // critical path of one partition running alone
+  double network = 0;        // link time of all partitions (bytes * beta)
+  double cpu = 0;            // codec and fp32 work of all partitions, contended
+  double bytes_sent = 0;     // bytes this rank sends
+};
+
+class CostModel {
+ public:
+  explicit CostModel(Calibration calibration);
+
+  // Predicts an allreduce of n floats across `ranks` ranks (any count, for what-if
+  // questions) with codec spec (canonical; "none" for raw), strategy (not kAuto) and K
+  // partitions, run by an engine with `threads` worker threads. Throws InvalidArgument for a
+  // codec the calibration does not hold or a strategy it cannot use.
+  Prediction predict(std::size_t n, std::string_view codec, Strategy strategy, int partitions,
+                     int ranks, int threads) const;
+
+  const Calibration& calibration() const { return calibration_; }
+
+ private:
+  Calibration calibration_;
+};
+
+// ---- planner --------------------------------------------------------------------------------
+
+struct PlannerOptions {
+  // Codecs the planner may choose besides raw (specs; "ef=1" variants allowed). Lossy codecs
+  // change what training computes, so this is the user's decision. Default: TERSE_PLAN_CODECS
+  // (comma-separated), else fp16 and onebit with error feedback.
+  std::vector<std::string> allowed;
+  // Partition counts the planner tries.
+  std::vector<int> partitions = {1, 2, 4, 8, 16};
+  // A compressed plan must be predicted this much faster than raw to be chosen (do no harm:
+  // predictions err, and raw is exact).
+  double min_gain = 0.05;
+  // Tensors of at most raw_below_bytes go raw: a small tensor's precision is not worth losing
+  // for the message rounds a compressed strategy saves, and in a group the engine fuses small
+  // raw tensors into one message, which saves them anyway. Two exceptions, where raw costs real
+  // time even for small tensors: on slow links (raw's bytes alone take more than
+  // small_tensor_slack seconds over the best plan), and on long rings (more than
+  // small_tensor_max_ranks ranks: a ring has 2(N-1) rounds). Deterministic: neither depends on
+  // the measured latency, which load from outside the job makes noisy.
+  std::size_t raw_below_bytes = std::size_t{16} << 10;
+  double small_tensor_slack = 1e-3;
+  int small_tensor_max_ranks = 32;
+  // Compare predictions with measured times every this many planned submissions; re-plan a
+  // size whose measured time is off by more than the threshold (relative). 0 disables.
+  int recheck_interval = 200;
+  double recheck_threshold = 0.25;
+  // Calibration cache: "" for default_calibration_path(); "-" for none.
+  std::string cache_path;
+  CalibrationOptions calibration;
+  // Print calibration and decisions on rank 0 (TERSE_PLAN_LOG=1 sets it).
+  bool log = false;
+};
+
+// One option the planner considered.
+struct PlanCandidate {
+  TensorPlan plan;
+  Prediction predicted;
+  std::optional<double> measured;  // agreed measured seconds, once re-checks saw it
+  // Unmeasured candidates whose codec and strategy were measured at another K: the measured /
+  // predicted ratio there (a model error of the strategy carries over to its other K).
+  double correction = 1.0;
+};
+
+// A decision: the chosen plan, what it beat, and raw's time for reference.
+struct PlanDecision {
+  std::size_t elements = 0;
+  PlanCandidate chosen;
+  double raw_seconds = 0;             // the best raw plan's expected seconds
+  std::vector<PlanCandidate> ranked;  // every candidate, fastest expected first
+
+  // Measured time where known, else the (corrected) prediction.
+  static double expected(const PlanCandidate& c) {
+    return c.measured ? *c.measured : c.predicted.seconds * c.correction;
+  }
+};
+
+class Planner {
+ public:
+  // A planner that calibrates (or loads the cache) on its first plan() through a communicator.
+  explicit Planner(PlannerOptions options = {});
+  // A planner with a given calibration (tests, `terse plan`).
+  Planner(PlannerOptions options, Calibration calibration);
+  Planner(const Planner&) = delete;
+  Planner& operator=(const Planner&) = delete;
+
+  // What the engine does with n floats. Collective on the first call (calibration, or
+  // agreement on a cached one) and whenever recheck() is due: every rank must call it at the
+  // same points with the same arguments. strategy/partitions other than kAuto/0 restrict the
+  // search to them. threads: the engine's worker threads.
+  TensorPlan plan(Communicator& comm, std::size_t n, int threads,
+                  Strategy strategy = Strategy::kAuto, int partitions = 0);
+
+  // The same decision without communication, for a given world size (needs a calibration).
+  PlanDecision decide(std::size_t n, int ranks, int threads, Strategy strategy = Strategy::kAuto,
+                      int partitions = 0) const;
+
+  // The engine reports the wall time of a planned allreduce of n floats (first task start to
+  // last task end on this rank). Thread-safe, local, cheap.
+  void observe(std::size_t n, const TensorPlan& plan, double seconds);
+
+  // Called by the engine before each submission that has planned tensors (at the same points
+  // on every rank). Every recheck_interval-th call exchanges the observations, agrees on
+  // measured times (median per rank, then the largest over ranks), and drops the decisions
+  // whose prediction was off by more than the threshold, so that the next plan() re-decides
+  // with the measured times. Returns the number of sizes re-planned.
+  int before_submission(Communicator& comm);
+
+  // Calibrates now, if not yet done (collective). Later calls return the same calibration.
+  const Calibration& calibration(Communicator& comm);
+  bool calibrated() const;
+  const CostModel& model() const;  // throws InvalidArgument before calibration
+  const PlannerOptions& options() const { return options_; }
+  // Canonical specs of the allowed codecs.
+  std::vector<std::string> allowed() const;
+
+ private:
+  struct Key {
+    std::size_t n;
+    int threads;
+    Strategy strategy;
+    int partitions;
+    auto operator<=>(const Key&) const = default;
+  };
+  void ensure_calibrated(Communicator& comm);
+  void log_decision(const PlanDecision& d, int rank, const char* why) const;
+
+  PlannerOptions options_;
+  std::vector<std::string> allowed_;
+  mutable std::mutex mu_;
+  std::unique_ptr<CostModel> model_;
+  std::map<Key, PlanDecision> decisions_;
+  // Observations since the last re-check, and agreed measured times, by (n, config).
+  std::map<std::pair<std::size_t, std::string>, std::vector<double>> observed_;
+  std::map<std::pair<std::size_t, std::string>, double> measured_;
+  std::uint64_t submissions_ = 0;
+};
+
+// A stable text for a plan's configuration: "codec/strategy/K".
+std::string plan_key(const TensorPlan& plan);
+
+}  // namespace terse

@@ -1,0 +1,932 @@
+// Calibration: measures the links to every peer and the CPU cost of every codec on this machine,
+// fits A + B*n, agrees on the numbers across ranks, and reads and writes the cache file.
+//
+// Why everything is measured with every rank busy at once: ranks of one job may share a
+// machine (the emulated cluster runs all of them on 2 cores), and a collective runs as fast as
+// its slowest rank under that load. Measuring one rank alone would predict an idle machine.
+#include <fmt/format.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "engine/tags.h"
+#include "kit/basic.h"
+#include "kit/hash.h"
+#include "planner/exchange.h"
+#include "terse/codec.h"
+#include "terse/communicator.h"
+#include "terse/engine.h"
+#include "terse/error.h"
+#include "terse/planner.h"
+#include "terse/trace.h"
+
+namespace terse {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+}  // namespace
+
+// ---- fitting --------------------------------------------------------------------------------
+
+namespace {
+
+// Weighted least squares, w = 1/y (see the header), over the points in use; then the errors.
+void solve(std::span<const double> x, std::span<const double> y, const std::vector<bool>& use,
+           LinearFit& f) {
+  double sw = 0, swx = 0, swxx = 0, swy = 0, swxy = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!use[i]) continue;
+    const double w = 1.0 / y[i];
+    sw += w;
+    swx += w * x[i];
+    swxx += w * x[i] * x[i];
+    swy += w * y[i];
+    swxy += w * x[i] * y[i];
+  }
+  const double det = sw * swxx - swx * swx;
+  f.a = f.b = 0;
+  if (det > 0) {
+    f.a = (swxx * swy - swx * swxy) / det;
+    f.b = (sw * swxy - swx * swy) / det;
+  }
+  if (det <= 0 || f.b < 0) {  // all x equal, or a decreasing cost: a constant
+    f.b = 0;
+    f.a = swy / sw;
+  } else if (f.a < 0) {  // refit through the origin
+    f.a = 0;
+    f.b = swxy / swxx;
+  }
+  double sq = 0;
+  f.max_relative_error = 0;
+  f.points = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!use[i]) continue;
+    const double rel = f(x[i]) / y[i] - 1;
+    sq += rel * rel;
+    f.max_relative_error = std::max(f.max_relative_error, std::abs(rel));
+    ++f.points;
+  }
+  f.rms_relative_error = std::sqrt(sq / f.points);
+}
+
+}  // namespace
+
+LinearFit fit_linear(std::span<const double> x, std::span<const double> y) {
+  if (x.size() != y.size() || x.size() < 2) {
+    throw InvalidArgument(
+        fmt::format("fit_linear: need two or more points ({} x, {} y)", x.size(), y.size()));
+  }
+  for (double v : y) {
+    if (!(v > 0)) throw InvalidArgument("fit_linear: every y must be positive");
+  }
+  LinearFit f;
+  std::vector<bool> use(x.size(), true);
+  solve(x, y, use, f);
+  // A point far off the line the others agree on is a disturbance (another process took the
+  // core), not a cost: drop up to two such points, keeping at least four.
+  for (int round = 0; round < 2 && f.points > 4; ++round) {
+    std::size_t worst = 0;
+    double worst_rel = -1, others = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (!use[i]) continue;
+      const double rel = std::abs(f(x[i]) / y[i] - 1);
+      others += rel * rel;
+      if (rel > worst_rel) {
+        worst_rel = rel;
+        worst = i;
+      }
+    }
+    others = std::sqrt((others - worst_rel * worst_rel) / (f.points - 1));
+    if (worst_rel < 0.25 || worst_rel < 3 * others) break;
+    use[worst] = false;
+    ++f.outliers;
+    solve(x, y, use, f);
+  }
+  f.xs.assign(x.begin(), x.end());
+  f.ys.assign(y.begin(), y.end());
+  return f;
+}
+
+LinearFit fit_cost(std::span<const double> x, std::span<const double> y) {
+  LinearFit best = fit_linear(x, y);
+  LinearFit knee_best;
+  double knee_rms = best.rms_relative_error;
+  // Knees leave at least three points below (a line with an outlier test) and one above.
+  for (std::size_t k = 2; k + 1 < x.size(); ++k) {
+    LinearFit f = fit_linear(x.first(k + 1), y.first(k + 1));
+    const double at = f(x[k]);
+    double num = 0, den = 0;
+    for (std::size_t i = k + 1; i < x.size(); ++i) {
+      const double w = 1.0 / y[i], d = x[i] - x[k];
+      num += w * d * (y[i] - at);
+      den += w * d * d;
+    }
+    f.knee = x[k];
+    f.b2 = std::max(f.b, num / den);  // past the cache, work never gets cheaper per element
+    double sq = 0, worst = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double rel = std::abs(f(x[i]) / y[i] - 1);
+      sq += rel * rel;
+      worst = std::max(worst, rel);
+    }
+    f.rms_relative_error = std::sqrt(sq / x.size());
+    f.max_relative_error = worst;
+    f.points = static_cast<int>(x.size());
+    f.outliers = 0;
+    if (f.rms_relative_error < knee_rms) {
+      knee_rms = f.rms_relative_error;
+      knee_best = f;
+    }
+  }
+  if (knee_best.knee > 0 && knee_rms < best.rms_relative_error / 2) {
+    knee_best.xs.assign(x.begin(), x.end());
+    knee_best.ys.assign(y.begin(), y.end());
+    return knee_best;
+  }
+  return best;
+}
+
+// ---- the calibration record -----------------------------------------------------------------
+
+const CodecCosts* Calibration::find(std::string_view spec) const {
+  for (const auto& c : codecs) {
+    if (c.spec == spec) return &c;
+  }
+  return nullptr;
+}
+
+double Calibration::slowdown(double threads) const {
+  if (threads <= 1 || cpu_slowdown.empty()) return 1.0;
+  const double measured = static_cast<double>(cpu_slowdown.size());
+  if (threads >= measured) {
+    // Beyond the measured counts: as many times more work per core as threads were added.
+    return cpu_slowdown.back() * threads / measured;
+  }
+  const auto i = static_cast<std::size_t>(threads);  // 1 <= i < size
+  const double f = threads - static_cast<double>(i);
+  return cpu_slowdown[i - 1] + f * (cpu_slowdown[i] - cpu_slowdown[i - 1]);
+}
+
+namespace {
+
+nlohmann::json fit_json(const LinearFit& f) {
+  return {{"a", f.a},
+          {"b", f.b},
+          {"knee", f.knee},
+          {"b2", f.b2},
+          {"rms_relative_error", f.rms_relative_error},
+          {"max_relative_error", f.max_relative_error},
+          {"points", f.points},
+          {"outliers", f.outliers},
+          {"x", f.xs},
+          {"y", f.ys}};
+}
+
+LinearFit fit_from(const nlohmann::json& j) {
+  LinearFit f;
+  f.a = j.at("a").get<double>();
+  f.b = j.at("b").get<double>();
+  f.knee = j.value("knee", 0.0);
+  f.b2 = j.value("b2", 0.0);
+  f.rms_relative_error = j.value("rms_relative_error", 0.0);
+  f.max_relative_error = j.value("max_relative_error", 0.0);
+  f.points = j.value("points", 0);
+  f.outliers = j.value("outliers", 0);
+  if (j.contains("x")) f.xs = j.at("x").get<std::vector<double>>();
+  if (j.contains("y")) f.ys = j.at("y").get<std::vector<double>>();
+  return f;
+}
+
+}  // namespace
+
+std::string Calibration::to_json() const {
+  nlohmann::json j;
+  j["version"] = kVersion;
+  j["host"] = host;
+  j["world_size"] = world_size;
+  j["ranks_on_host"] = ranks_on_host;
+  j["cores"] = cores;
+  j["alpha"] = alpha;
+  j["beta"] = beta;
+  j["peer_alpha"] = peer_alpha;
+  j["peer_beta"] = peer_beta;
+  j["add"] = fit_json(add);
+  j["divide"] = fit_json(divide);
+  j["cpu_slowdown"] = cpu_slowdown;
+  j["task_overhead"] = task_overhead;
+  j["job_overhead"] = job_overhead;
+  j["seconds"] = seconds;
+  j["codecs"] = nlohmann::json::array();
+  for (const auto& c : codecs) {
+    j["codecs"].push_back({{"spec", c.spec},
+                           {"summable", c.summable},
+                           {"encode", fit_json(c.encode)},
+                           {"decode", fit_json(c.decode)},
+                           {"accumulate", fit_json(c.accumulate)},
+                           {"combine", fit_json(c.combine)},
+                           {"bytes", fit_json(c.bytes)}});
+  }
+  return j.dump(1);
+}
+
+Calibration Calibration::from_json(std::string_view text) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    if (j.at("version").get<int>() != kVersion) {
+      throw DecodeError(fmt::format("calibration: version {} (this build reads {})",
+                                    j.at("version").get<int>(), kVersion));
+    }
+    Calibration c;
+    c.host = j.at("host").get<std::string>();
+    c.world_size = j.at("world_size").get<int>();
+    c.ranks_on_host = j.at("ranks_on_host").get<int>();
+    c.cores = j.at("cores").get<int>();
+    c.alpha = j.at("alpha").get<double>();
+    c.beta = j.at("beta").get<double>();
+    c.peer_alpha = j.at("peer_alpha").get<std::vector<std::vector<double>>>();
+    c.peer_beta = j.at("peer_beta").get<std::vector<std::vector<double>>>();
+    c.add = fit_from(j.at("add"));
+    c.divide = fit_from(j.at("divide"));
+    c.cpu_slowdown = j.at("cpu_slowdown").get<std::vector<double>>();
+    c.task_overhead = j.at("task_overhead").get<double>();
+    c.job_overhead = j.at("job_overhead").get<double>();
+    c.seconds = j.value("seconds", 0.0);
+    for (const auto& e : j.at("codecs")) {
+      CodecCosts k;
+      k.spec = e.at("spec").get<std::string>();
+      k.summable = e.at("summable").get<bool>();
+      k.encode = fit_from(e.at("encode"));
+      k.decode = fit_from(e.at("decode"));
+      k.accumulate = fit_from(e.at("accumulate"));
+      k.combine = fit_from(e.at("combine"));
+      k.bytes = fit_from(e.at("bytes"));
+      c.codecs.push_back(std::move(k));
+    }
+    if (c.world_size < 1 || c.cpu_slowdown.empty()) throw DecodeError("calibration: bad values");
+    return c;
+  } catch (const nlohmann::json::exception& e) {
+    throw DecodeError(fmt::format("calibration: {}", e.what()));
+  }
+}
+
+std::string default_calibration_path(int world_size) {
+  std::string base;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    base = x;
+  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    base = std::string(h) + "/.cache";
+  } else {
+    base = "/tmp";
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
+  return fmt::format("{}/terse/calibration-{}-n{}.json", base, host, world_size);
+}
+
+// ---- agreement across ranks -----------------------------------------------------------------
+
+namespace planner {
+
+std::vector<std::vector<double>> gather(Communicator& comm, std::span<const double> mine) {
+  const int n = comm.size();
+  std::vector<double> all(mine.size() * n);
+  std::vector<std::size_t> sizes(n, mine.size_bytes());
+  comm.allgatherv(std::as_bytes(mine), std::as_writable_bytes(std::span(all)), sizes, "planner");
+  std::vector<std::vector<double>> out(n);
+  for (int i = 0; i < n; ++i) {
+    out[i].assign(all.begin() + i * mine.size(), all.begin() + (i + 1) * mine.size());
+  }
+  return out;
+}
+
+std::vector<double> agree_median(Communicator& comm, std::vector<double> mine) {
+  const auto all = gather(comm, mine);
+  std::vector<double> column(all.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    for (std::size_t r = 0; r < all.size(); ++r) column[r] = all[r][i];
+    std::sort(column.begin(), column.end());
+    const std::size_t h = column.size() / 2;
+    mine[i] = column.size() % 2 == 1 ? column[h] : (column[h - 1] + column[h]) / 2;
+  }
+  return mine;
+}
+
+std::vector<double> agree_max(Communicator& comm, std::vector<double> mine) {
+  for (const auto& other : gather(comm, mine)) {
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = std::max(mine[i], other[i]);
+  }
+  return mine;
+}
+
+std::vector<std::string> gather_text(Communicator& comm, const std::string& mine) {
+  const double length = static_cast<double>(mine.size());
+  const auto lengths = gather(comm, std::span(&length, 1));
+  std::vector<std::size_t> sizes;
+  std::size_t total = 0;
+  for (const auto& l : lengths) {
+    sizes.push_back(static_cast<std::size_t>(l[0]));
+    total += sizes.back();
+  }
+  std::string all(total, '\0');
+  comm.allgatherv(std::as_bytes(std::span(mine.data(), mine.size())),
+                  std::as_writable_bytes(std::span(all.data(), all.size())), sizes, "planner");
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  for (std::size_t s : sizes) {
+    out.push_back(all.substr(at, s));
+    at += s;
+  }
+  return out;
+}
+
+// ---- links ----------------------------------------------------------------------------------
+
+namespace {
+
+// Partner of `rank` in round `round` of a round-robin tournament (circle method; with an odd
+// number of ranks a virtual player makes the count even and its partner sits out: -1).
+int partner(int rank, int round, int n) {
+  const int m = n + n % 2;
+  int p;
+  if (rank == m - 1) {
+    p = round;
+  } else if (rank == round) {
+    p = m - 1;
+  } else {
+    p = ((2 * round - rank) % (m - 1) + (m - 1)) % (m - 1);
+  }
+  return p >= n ? -1 : p;
+}
+
+// Both ranks of a pair send `bytes` to each other at once; returns the time until both the
+// send and the receive completed.
+double exchange(Communicator& comm, int peer, std::uint64_t tag, std::span<std::byte> out,
+                std::span<std::byte> in) {
+  const auto t0 = Clock::now();
+  Request rx = comm.recv(peer, tag, in, "calibration");
+  Request tx = comm.send(peer, tag, out, "calibration");
+  rx.wait();
+  tx.wait();
+  return seconds_since(t0);
+}
+
+}  // namespace
+
+void measure_links(Communicator& comm, const CalibrationOptions& options, Calibration& out) {
+  const int n = comm.size(), r = comm.rank();
+  std::vector<double> alpha_row(n, 0.0), beta_row(n, 0.0);
+  std::vector<std::byte> out_buffer, in_buffer;
+  const int rounds = n + n % 2 - 1;
+  for (int round = 0; n > 1 && round < rounds; ++round) {
+    comm.barrier("calibration");  // pairs of one round only: rounds must not overlap
+    const int p = partner(r, round, n);
+    if (p < 0) continue;
+    std::uint32_t index = 0;
+    auto tag = [&] { return tags::reserved(tags::kPlannerSignature, round, index++); };
+    // Exchanges as the strategies make them (both ways at once, a receive posted before the
+    // send): 8 bytes, then growing sizes until one takes link_target_seconds. t = alpha +
+    // beta * bytes: alpha is the latency of a round as the engine sees it (wake-ups included,
+    // which a ping-pong of one message at a time would count twice), beta the time per byte.
+    std::vector<double> sizes, times;
+    for (std::size_t bytes = 8;; bytes = bytes < (16 << 10) ? (16 << 10) : bytes * 4) {
+      if (out_buffer.size() < bytes) {
+        out_buffer.assign(bytes, std::byte{1});
+        in_buffer.assign(bytes, std::byte{0});
+      }
+      auto o = std::span(out_buffer).first(bytes);
+      auto i = std::span(in_buffer).first(bytes);
+      exchange(comm, p, tag(), o, i);  // warm-up: socket buffers grow to the size
+      std::vector<double> t;
+      for (int rep = 0; rep < (bytes < (16 << 10) ? 15 : 5); ++rep) {
+        t.push_back(exchange(comm, p, tag(), o, i));
+      }
+      // Both ranks of the pair decide on the larger median, so they stop together.
+      std::array<double, 1> mine = {median(t)}, theirs{};
+      const std::uint64_t t_agree = tag();
+      Request rx = comm.recv(p, t_agree, std::as_writable_bytes(std::span(theirs)), "calibration");
+      comm.send(p, t_agree, std::as_bytes(std::span(mine)), "calibration").wait();
+      rx.wait();
+      const double agreed = std::max(mine[0], theirs[0]);
+      sizes.push_back(static_cast<double>(bytes));
+      times.push_back(agreed);
+      if (sizes.size() >= 4 &&
+          (agreed >= options.link_target_seconds || bytes * 4 > options.link_max_bytes)) {
+        break;
+      }
+    }
+    const LinearFit fit = fit_linear(sizes, times);
+    alpha_row[p] = fit.a;
+    beta_row[p] = fit.b;
+  }
+  // Every rank learns every row; a pair's value is the larger of its two measurements.
+  std::vector<double> mine(alpha_row);
+  mine.insert(mine.end(), beta_row.begin(), beta_row.end());
+  const auto rows = gather(comm, mine);
+  out.peer_alpha.assign(n, std::vector<double>(n, 0.0));
+  out.peer_beta.assign(n, std::vector<double>(n, 0.0));
+  out.alpha = out.beta = 0;
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      out.peer_alpha[i][j] = std::max(rows[i][j], rows[j][i]);
+      out.peer_beta[i][j] = std::max(rows[i][n + j], rows[j][n + i]);
+      out.alpha = std::max(out.alpha, out.peer_alpha[i][j]);
+      out.beta = std::max(out.beta, out.peer_beta[i][j]);
+    }
+  }
+}
+
+double probe_links(Communicator& comm, const Calibration& c, const CalibrationOptions& options) {
+  const int n = comm.size(), r = comm.rank();
+  if (n == 1) return 1.0;
+  const double target = c.beta > 0 ? options.link_target_seconds / c.beta : 0;
+  const std::size_t bytes = static_cast<std::size_t>(
+      std::clamp(target, 64.0 * 1024, static_cast<double>(options.link_max_bytes)));
+  std::vector<std::byte> out(bytes, std::byte{1}), in(bytes);
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  std::vector<double> t;
+  comm.barrier("calibration probe");
+  for (int rep = 0; rep < 4; ++rep) {
+    const std::uint64_t tag = tags::reserved(tags::kPlannerSignature, 0xffff, rep);
+    const auto t0 = Clock::now();
+    Request rx = comm.recv(prev, tag, in, "calibration probe");
+    Request tx = comm.send(next, tag, out, "calibration probe");
+    rx.wait();
+    tx.wait();
+    if (rep > 0) t.push_back(seconds_since(t0));
+  }
+  const double measured = agree_max(comm, {median(t)})[0];
+  const double predicted = c.alpha + static_cast<double>(bytes) * c.beta;
+  return predicted > 0 ? measured / predicted : 1.0;
+}
+
+}  // namespace planner
+
+// ---- CPU ------------------------------------------------------------------------------------
+
+namespace {
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Identifies the machine (not the network namespace): ranks with equal ids share cores.
+std::uint64_t machine_id() {
+  std::string text;
+  for (const char* path : {"/etc/machine-id", "/proc/sys/kernel/random/boot_id"}) {
+    std::ifstream f(path);
+    std::string line;
+    if (std::getline(f, line)) text += line;
+  }
+  if (text.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    text = host;
+  }
+  return fnv1a64(text);
+}
+
+std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) return "unknown";
+  return host;
+}
+
+// A gradient-like input: normal values with rare large outliers (the benchmarks' input).
+std::vector<float> gradient(std::size_t n) {
+  std::vector<float> x(n);
+  std::mt19937_64 gen(7);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  for (auto& v : x) v = normal(gen);
+  for (std::size_t i = 0; i < n; i += 9973) x[i] *= 50.0f;
+  return x;
+}
+
+// Median seconds of f over at least 5 runs and 3 ms (at most 60 runs), after one warm-up.
+double time_op(const std::function<void()>& f) {
+  f();
+  std::vector<double> t;
+  const auto start = Clock::now();
+  while (t.size() < 60 && (t.size() < 5 || seconds_since(start) < 0.003)) {
+    const auto t0 = Clock::now();
+    f();
+    t.push_back(seconds_since(t0));
+  }
+  return planner::median(std::move(t));
+}
+
+constexpr int kSlowdownThreads = 4;  // the engine's default worker count
+constexpr int kProbePartitions = 8;
+
+// The engine's worker threads as it resolves them by default (TERSE_THREADS, else 4).
+int engine_threads() {
+  const char* v = std::getenv("TERSE_THREADS");
+  const int t = v != nullptr ? std::atoi(v) : 0;
+  return t >= 1 && t <= 256 ? t : 4;
+}
+
+// Memory the size of several of the largest tensors measured, as huge pages where the kernel
+// offers them (first touches of 4 KiB pages would dominate otherwise; shared/CLUSTER.md).
+class Arena {
+ public:
+  explicit Arena(std::size_t n) : n_(n) {
+    const std::size_t bytes = (n * sizeof(float) + kHuge - 1) / kHuge * kHuge;
+    data_.reset(static_cast<float*>(std::aligned_alloc(kHuge, bytes)));
+    if (!data_) throw std::bad_alloc();
+    ::madvise(data_.get(), bytes, MADV_HUGEPAGE);
+    std::memset(data_.get(), 0, bytes);
+  }
+  std::span<float> all() const { return {data_.get(), n_}; }
+
+ private:
+  static constexpr std::size_t kHuge = std::size_t{2} << 20;
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::size_t n_;
+  std::unique_ptr<float[], Free> data_;
+};
+
+// Runs the CPU measurements in lockstep with the other ranks (a barrier before each series),
+// so that every series is measured under the load of all ranks of the host. Each call reads
+// and writes the next window of arenas four times the largest size: the engine's partitions
+// come from tensors that are not in cache, and a repeated window would measure the cache.
+class CpuMeter {
+ public:
+  CpuMeter(Communicator* comm, std::size_t max_elements)
+      : comm_(comm),
+        arena_elements_(4 * std::max<std::size_t>(max_elements, 4096)),
+        x_(arena_elements_),
+        y_(arena_elements_) {
+    for (std::size_t n = 1024; n <= std::max<std::size_t>(max_elements, 8192); n *= 8) {
+      sizes_.push_back(n);
+    }
+    const std::vector<float> g =
+        gradient(std::size_t{1} << 16);  // tiled: only its statistics matter
+    for (std::size_t at = 0; at < arena_elements_; at += g.size()) {
+      std::copy_n(g.begin(), std::min(g.size(), arena_elements_ - at), x_.all().begin() + at);
+    }
+  }
+
+  const std::vector<std::size_t>& sizes() const { return sizes_; }
+  // How many windows of n elements the arenas hold.
+  std::size_t windows(std::size_t n) const { return arena_elements_ / std::max<std::size_t>(n, 1); }
+  // Moves every window on by n elements (wrapping at the arena's end).
+  void advance(std::size_t n) {
+    at_ += n;
+    if (at_ + n > arena_elements_) at_ = 0;
+  }
+  std::span<const float> x(std::size_t n) const { return x_.all().subspan(at_, n); }
+  std::span<float> y(std::size_t n) { return y_.all().subspan(at_, n); }
+
+  // One time per size: f(n) timed by time_op; `times` collects them in order.
+  void series(const std::function<void(std::size_t)>& f, std::vector<double>& times) {
+    for (std::size_t n : sizes_) {
+      if (comm_ != nullptr) comm_->barrier("calibration");
+      times.push_back(time_op([&] {
+        advance(n);
+        f(n);
+      }));
+    }
+  }
+
+ private:
+  Communicator* comm_;
+  std::size_t arena_elements_;
+  std::vector<std::size_t> sizes_;
+  Arena x_, y_;
+  std::size_t at_ = 0;
+};
+
+// Wall time for `threads` threads of this rank to run `iterations` encode+decode passes over n
+// elements each, all at once: on free cores as long as one thread's passes, on a saturated
+// machine `threads` times as long.
+double parallel_work_seconds(const Codec& codec, int threads, std::size_t n, int iterations) {
+  std::barrier start(threads);
+  std::vector<Clock::time_point> began(threads), ended(threads);
+  auto body = [&](int t) {
+    std::vector<float> x = gradient(n), y(n);
+    std::vector<std::byte> payload(codec.max_encoded_bytes(n));
+    Workspace ws;
+    auto state = codec.make_state(n);
+    EncodeContext ctx;
+    ctx.state = state.get();
+    ctx.workspace = &ws;
+    auto once = [&] {
+      const std::size_t b = codec.encode(x, payload, ctx);
+      codec.decode(std::span(payload).first(b), y);
+    };
+    once();
+    start.arrive_and_wait();
+    began[t] = Clock::now();
+    for (int i = 0; i < iterations; ++i) once();
+    ended[t] = Clock::now();
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  body(0);
+  for (auto& th : pool) th.join();
+  return std::chrono::duration<double>(*std::max_element(ended.begin(), ended.end()) -
+                                       *std::min_element(began.begin(), began.end()))
+      .count();
+}
+
+void log_line(bool quiet, int rank, const std::string& line) {
+  if (!quiet && rank == 0) std::fprintf(stderr, "terse calibrate: %s\n", line.c_str());
+}
+
+// Measures everything on the CPU side. With a communicator, ranks measure in lockstep and the
+// per-point times are agreed (largest over ranks) before fitting.
+void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibration& out) {
+  const auto start = Clock::now();
+  const int rank = comm != nullptr ? comm->rank() : 0;
+  CpuMeter meter(comm, options.codec_max_elements);
+  log_line(options.quiet, rank, fmt::format("  memory set up in {:.2f} s", seconds_since(start)));
+  const auto& sizes = meter.sizes();
+  std::vector<double> times;  // every series, concatenated
+
+  // The strategies' fp32 work: a received chunk added to one's own (in place), a division.
+  meter.series([&](std::size_t n) { kit::add_to(meter.x(n), meter.y(n), meter.y(n)); }, times);
+  meter.series([&](std::size_t n) { kit::divide_to(meter.x(n), 3.0f, meter.y(n)); }, times);
+
+  std::vector<std::unique_ptr<Codec>> codecs;
+  for (const auto& spec : options.codecs) {
+    auto codec = make_codec(spec);
+    if (codec->name() == "none") continue;
+    if (codec->traits().multi_round) {
+      throw InvalidArgument(
+          fmt::format("planner: codec {} needs rounds of sums across ranks; the "
+                      "cost model does not cover multi-round codecs",
+                      codec->spec()));
+    }
+    codecs.push_back(std::move(codec));
+  }
+  std::vector<std::vector<double>> encoded_bytes(codecs.size());
+  Workspace ws;
+  for (std::size_t c = 0; c < codecs.size(); ++c) {
+    const Codec& codec = *codecs[c];
+    std::vector<std::byte> payload(codec.max_encoded_bytes(sizes.back()));
+    std::vector<std::byte> other(payload.size());
+    // Per-tensor state (error-feedback residuals) rotates through as many copies as the input
+    // arena holds windows: in training, a tensor's state is cold when its step comes round.
+    std::vector<std::unique_ptr<CodecState>> states;
+    std::size_t state_n = 0, turn = 0;
+    std::size_t length = 0;
+    auto encode = [&](std::size_t n) {
+      if (state_n != n) {
+        states.clear();
+        for (std::size_t i = 0; i < std::clamp<std::size_t>(meter.windows(n), 1, 16); ++i) {
+          states.push_back(codec.make_state(n));
+        }
+        state_n = n;
+      }
+      EncodeContext ctx;
+      ctx.state = states[turn++ % states.size()].get();
+      ctx.workspace = &ws;
+      length = codec.encode(meter.x(n), payload, ctx);
+    };
+    meter.series(encode, times);
+    for (std::size_t n : sizes) {
+      encode(n);
+      encoded_bytes[c].push_back(static_cast<double>(length));
+    }
+    // Decoders read a payload of the size being timed: encode it first (not timed).
+    auto decode_with = [&](DecodeMode mode) {
+      return [&, mode](std::size_t n) {
+        if (Codec::peek(std::span(payload).first(length)).elements != n) encode(n);
+        codec.decode(std::span(payload).first(length), meter.y(n), mode);
+      };
+    };
+    meter.series(decode_with(DecodeMode::kOverwrite), times);
+    meter.series(decode_with(DecodeMode::kAccumulate), times);
+    if (codec.traits().summable) {
+      meter.series(
+          [&](std::size_t n) {
+            if (Codec::peek(std::span(payload).first(length)).elements != n) {
+              encode(n);
+              std::copy(payload.begin(), payload.begin() + length, other.begin());
+            }
+            codec.combine(std::span(payload).first(length), std::span(other).first(length));
+          },
+          times);
+    }
+  }
+
+  log_line(options.quiet, rank, fmt::format("  series measured at {:.2f} s", seconds_since(start)));
+  // CPU contention: encode+decode with 1, 2, 4 threads per rank at once.
+  const Codec* probe = codecs.empty() ? nullptr : codecs.front().get();
+  std::unique_ptr<Codec> fallback;
+  if (probe == nullptr) {
+    fallback = make_codec("fp16");
+    probe = fallback.get();
+  }
+  // About 20 ms of one thread's work, so that threads sharing a core do interleave.
+  constexpr std::size_t kProbeElements = std::size_t{1} << 18;
+  const double pass = parallel_work_seconds(*probe, 1, kProbeElements, 3) / 3;
+  const int iterations = static_cast<int>(std::clamp(0.02 / std::max(pass, 1e-6), 4.0, 200.0));
+  for (int threads = 1; threads <= kSlowdownThreads; ++threads) {
+    std::vector<double> trials;
+    for (int trial = 0; trial < 2; ++trial) {
+      if (comm != nullptr) comm->barrier("calibration");
+      trials.push_back(parallel_work_seconds(*probe, threads, kProbeElements, iterations));
+    }
+    times.push_back(planner::median(std::move(trials)));
+  }
+
+  // The median over ranks: ranks of a host share its cores and see the same costs, so a rank
+  // far from the others was disturbed by something outside the job.
+  log_line(options.quiet, rank,
+           fmt::format("  contention measured at {:.2f} s", seconds_since(start)));
+  if (comm != nullptr) times = planner::agree_median(*comm, std::move(times));
+
+  // Unpack in the order measured.
+  std::size_t at = 0;
+  std::vector<double> xs(sizes.begin(), sizes.end());
+  auto next_fit = [&] {
+    std::vector<double> ys(times.begin() + at, times.begin() + at + sizes.size());
+    at += sizes.size();
+    for (auto& v : ys) v = std::max(v, 1e-9);  // a clock tick: never zero
+    return fit_cost(xs, ys);
+  };
+  out.add = next_fit();
+  out.divide = next_fit();
+  out.codecs.clear();
+  for (std::size_t c = 0; c < codecs.size(); ++c) {
+    CodecCosts k;
+    k.spec = codecs[c]->spec();
+    k.summable = codecs[c]->traits().summable;
+    k.encode = next_fit();
+    k.decode = next_fit();
+    k.accumulate = next_fit();
+    if (k.summable) k.combine = next_fit();
+    k.bytes = fit_linear(xs, encoded_bytes[c]);
+    out.codecs.push_back(std::move(k));
+  }
+  out.cpu_slowdown.clear();
+  for (int t = 0; t < kSlowdownThreads; ++t) {
+    out.cpu_slowdown.push_back(std::max(1.0, times[at + t] / times[at]));
+  }
+  at += kSlowdownThreads;
+}
+
+// What a message round and the engine's own hand-offs cost inside the engine, which no formula
+// knows: the engine runs three tiny allreduces, alternating rep by rep so that they share the
+// machine's load: raw on 1 partition (2(N-1) message rounds), allgather of fp32 ("none", one
+// round) and raw on 8 partitions. Links and the CPU cost next to nothing at this size, so
+//   raw1 - allgather = (2N - 3) * alpha    (the latency of a round: wake-ups, the transport)
+//   allgather        = job_overhead + alpha
+//   raw8 - raw1      = the model's extra time for 7 more partitions + 7 * task_overhead.
+// Each figure is the median over runs of the slowest rank's time.
+void measure_engine(Communicator& comm, Calibration& c) {
+  EngineOptions eo;
+  eo.tracer = std::make_shared<TraceRecorder>();  // not TERSE_TRACE's: this engine is a probe
+  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
+  const int threads = engine_threads();
+  constexpr std::size_t kPiece = 1024;
+  std::vector<float> x(kProbePartitions * kPiece, 1.0f);
+  AllreduceOptions raw1, gather, raw8;
+  raw1.partitions = 1;
+  gather.strategy = Strategy::kAllgather;
+  gather.partitions = 1;
+  raw8.partitions = kProbePartitions;
+  const std::pair<const AllreduceOptions*, std::size_t> probes[] = {
+      {&raw1, kPiece}, {&gather, kPiece}, {&raw8, kProbePartitions * kPiece}};
+  // Each run starts after a barrier and counts as its slowest rank's time, as a collective
+  // after a training step's compute is seen (and as the benchmarks measure it).
+  constexpr int kReps = 15;
+  std::vector<double> mine;                 // rep-major: rep * 3 + probe
+  for (int rep = -1; rep < kReps; ++rep) {  // rep -1: first use (the cross-rank check), buffers
+    for (int i = 0; i < 3; ++i) {
+      comm.barrier("calibration");
+      const auto t0 = Clock::now();
+      engine
+          .allreduce(fmt::format("calibration-{}", i), std::span(x).first(probes[i].second),
+                     *probes[i].first)
+          .wait();
+      if (rep >= 0) mine.push_back(seconds_since(t0));
+    }
+  }
+  engine.synchronize();
+  const auto slowest = planner::agree_max(comm, mine);
+  std::vector<double> m(3);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<double> t;
+    for (int rep = 0; rep < kReps; ++rep) t.push_back(slowest[rep * 3 + i]);
+    m[i] = planner::median(std::move(t));
+  }
+  const double n = comm.size();
+  c.task_overhead = c.job_overhead = 0;
+  if (n > 1) c.alpha = std::max(0.0, (m[0] - m[1]) / (2 * n - 3));
+  c.job_overhead = std::max(0.0, m[1] - c.alpha - (n - 1) * (kPiece * 4.0 + 24) * c.beta);
+  auto predict = [&](std::size_t elements, int partitions) {
+    return CostModel(c)
+        .predict(elements, "none", Strategy::kRaw, partitions, comm.size(), threads)
+        .seconds;
+  };
+  c.task_overhead = std::max(
+      0.0, (m[2] - predict(kProbePartitions * kPiece, kProbePartitions)) / (kProbePartitions - 1));
+}
+
+std::vector<std::string> with_canonical_specs(const std::vector<std::string>& specs) {
+  std::vector<std::string> out;
+  for (const auto& s : specs) {
+    const std::string c = make_codec(s)->spec();
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) {
+  CalibrationOptions options = options_in;
+  options.codecs = with_canonical_specs(options.codecs);
+  const auto start = Clock::now();
+  Calibration c;
+  c.host = host_name();
+  c.world_size = comm.size();
+  c.cores = usable_cores();
+  const double id = static_cast<double>(machine_id() >> 12);  // exact in a double
+  int same = 0;
+  for (const auto& v : planner::gather(comm, std::span(&id, 1))) same += v[0] == id;
+  c.ranks_on_host = static_cast<int>(planner::agree_max(comm, {double(same)})[0]);
+  c.cores = static_cast<int>(-planner::agree_max(comm, {-double(c.cores)})[0]);  // the fewest
+  if (options.measure_links) {
+    planner::measure_links(comm, options, c);
+    log_line(options.quiet, comm.rank(),
+             fmt::format("links measured in {:.2f} s", seconds_since(start)));
+  }
+  const auto cpu_start = Clock::now();
+  measure_cpu(&comm, options, c);
+  log_line(options.quiet, comm.rank(),
+           fmt::format("codecs measured in {:.2f} s", seconds_since(cpu_start)));
+  measure_engine(comm, c);
+  c.seconds = planner::agree_max(comm, {seconds_since(start)})[0];
+  log_line(options.quiet, comm.rank(), fmt::format("done in {:.2f} s", c.seconds));
+  return c;
+}
+
+Calibration calibrate_local(const CalibrationOptions& options_in, int world_size,
+                            int ranks_on_host) {
+  CalibrationOptions options = options_in;
+  options.codecs = with_canonical_specs(options.codecs);
+  const auto start = Clock::now();
+  Calibration c;
+  c.host = host_name();
+  c.world_size = world_size;
+  c.cores = usable_cores();
+  c.ranks_on_host = std::max(1, ranks_on_host);
+  measure_cpu(nullptr, options, c);
+  {
+    // The engine's fixed costs, on a job of this one process.
+    const auto dir = std::filesystem::temp_directory_path() /
+                     fmt::format("terse-calibrate-{}-{}", ::getpid(), fnv1a64(c.host));
+    auto comm = Communicator::create(0, 1, make_file_store(dir.string()));
+    measure_engine(*comm, c);
+    comm.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  // Alone, this process cannot feel the other ranks of its host: assume they share the cores
+  // evenly (a measured calibration from `terse calibrate` under the real launcher is better).
+  const double share = std::max(1.0, double(c.ranks_on_host) / c.cores);
+  auto scale = [&](LinearFit& f) {
+    f.a *= share;
+    f.b *= share;
+  };
+  scale(c.add);
+  scale(c.divide);
+  for (auto& k : c.codecs) {
+    for (LinearFit* f : {&k.encode, &k.decode, &k.accumulate, &k.combine}) scale(*f);
+  }
+  for (int t = 1; t <= static_cast<int>(c.cpu_slowdown.size()); ++t) {
+    c.cpu_slowdown[t - 1] = std::max(1.0, double(c.ranks_on_host) * t / c.cores) / share;
+  }
+  c.seconds = seconds_since(start);
+  return c;
+}
+
+}  // namespace terse

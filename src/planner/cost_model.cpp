@@ -1,0 +1,136 @@
+// The cost model: predicted time of one allreduce per strategy, from the calibration.
+// docs/planner.md derives these formulas from each strategy's message schedule (the header
+// comments of src/collectives/*.cpp) and the engine's pipeline.
+//
+// One partition of m floats, N ranks, chunks or shards of s = m/N floats, e(x) encoded bytes:
+//   raw        L = 2(N-1)  W = 2(N-1)*4s        C = (N-1)*add(s) + div(s)
+//   allgather  L = 1       W = (N-1)*e(m)       C = enc(m) + dec(m) + (N-1)*acc(m) + div(m)
+//   sharded    L = 2       W = 2(N-1)*e(s)      C = N*enc(s) + (N-1)*acc(s) + add(s) + div(s)
+//                                                   + N*dec(s)
+//   ring       L = N       W = 2(N-1)*e(s)      C = N*enc(s) + (N-1)*(dec(s) + add(s)) + div(s)
+//                                                   + N*dec(s)
+//   summable   L = N       W = 2(N-1)*e(s)      C = N*enc(s) + (N-1)*cmb(s) + N*dec(s) + div(m)
+// (L: message rounds on the critical path; W: bytes this rank sends, all of which cross its
+// link; C: CPU seconds on the critical path.) One partition alone takes
+//   t1 = L*alpha + W*beta + C
+// and K partitions on c = min(K, threads) workers, whose CPU work is slowed by sigma, the
+// measured slowdown at the c * C / t1 threads that compute at once (the others wait on links):
+//   T = o_job + t1 + (K-1) * (max(W*beta, C*sigma/c, (L*alpha + W*beta + C*sigma)/c) + o_task)
+// the first partition's latency, then one partition per bottleneck interval: the link, the CPU,
+// or c partitions' latency chains in flight at once. o_job (per allreduce) and o_task (per
+// further partition: hand-offs between threads, which do not overlap on busy cores) are the
+// engine's own costs, measured by running it (see Calibration).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "terse/codec.h"
+#include "terse/error.h"
+#include "terse/planner.h"
+
+namespace terse {
+
+namespace {
+
+constexpr int kMaxPartitions = 256;  // the engine's limit
+
+// Elements of the largest of `parts` pieces of n (boundaries on multiples of 64, as Split).
+double largest_piece(double n, double parts) {
+  if (parts <= 1) return n;
+  return std::min(n, std::ceil(n / parts / 64) * 64);
+}
+
+struct PartitionCost {
+  double rounds = 0;  // L
+  double bytes = 0;   // W
+  double cpu = 0;     // C
+};
+
+}  // namespace
+
+CostModel::CostModel(Calibration calibration) : calibration_(std::move(calibration)) {}
+
+Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strategy strategy,
+                              int partitions, int ranks, int threads) const {
+  const Calibration& c = calibration_;
+  if (ranks < 1 || threads < 1) {
+    throw InvalidArgument(fmt::format("cost model: {} ranks, {} threads", ranks, threads));
+  }
+  const bool raw = codec_spec == "none";
+  if (raw != (strategy == Strategy::kRaw)) {
+    throw InvalidArgument(
+        fmt::format("cost model: strategy {} with codec {}", to_string(strategy), codec_spec));
+  }
+  const CodecCosts* k = raw ? nullptr : c.find(codec_spec);
+  if (!raw && k == nullptr) {
+    throw InvalidArgument(fmt::format("cost model: codec {} was not calibrated", codec_spec));
+  }
+  if (strategy == Strategy::kSummable && !k->summable) {
+    throw InvalidArgument(fmt::format("cost model: {} is not summable", codec_spec));
+  }
+  // The engine's clamp: no empty partitions (64-element boundaries), at most 256.
+  const int parts = static_cast<int>(std::clamp<std::size_t>(
+      static_cast<std::size_t>(std::max(partitions, 1)), 1,
+      std::min<std::size_t>(kMaxPartitions, std::max<std::size_t>(1, (n + 63) / 64))));
+  const double N = ranks;
+  const double m = largest_piece(static_cast<double>(n), parts);
+  const double s = largest_piece(m, N);
+
+  PartitionCost p;
+  auto enc = [&](double x) { return k->encode(x); };
+  auto dec = [&](double x) { return k->decode(x); };
+  auto acc = [&](double x) { return k->accumulate(x); };
+  auto e = [&](double x) { return k->bytes(x); };
+  switch (strategy) {
+    case Strategy::kRaw:
+      if (ranks > 1) {
+        p.rounds = 2 * (N - 1);
+        p.bytes = 2 * (N - 1) * 4 * s;
+        p.cpu = (N - 1) * c.add(s) + c.divide(s);
+      }
+      break;
+    case Strategy::kAllgather:
+      p.rounds = ranks > 1 ? 1 : 0;
+      p.bytes = (N - 1) * e(m);
+      p.cpu = enc(m) + dec(m) + (N - 1) * acc(m) + c.divide(m);
+      break;
+    case Strategy::kSharded:
+      p.rounds = ranks > 1 ? 2 : 0;
+      p.bytes = 2 * (N - 1) * e(s);
+      p.cpu = N * enc(s) + (N - 1) * acc(s) + c.add(s) + c.divide(s) + N * dec(s);
+      break;
+    case Strategy::kRing:
+      p.rounds = ranks > 1 ? N : 0;
+      p.bytes = 2 * (N - 1) * e(s);
+      p.cpu = N * enc(s) + (N - 1) * (dec(s) + c.add(s)) + c.divide(s) + N * dec(s);
+      break;
+    case Strategy::kSummable:
+      p.rounds = ranks > 1 ? N : 0;
+      p.bytes = 2 * (N - 1) * e(s);
+      p.cpu = N * enc(s) + (N - 1) * k->combine(s) + N * dec(s) + c.divide(m);
+      break;
+    case Strategy::kAuto:
+      throw InvalidArgument("cost model: strategy auto has no cost; resolve it first");
+  }
+
+  const double K = parts;
+  const int concurrent = std::min(parts, threads);
+  const double link = p.bytes * c.beta;
+  const double latency = p.rounds * c.alpha;
+  // Partitions in flight spend part of their time waiting on the link: only the share that
+  // computes contends for the cores.
+  const double computing = concurrent * p.cpu / std::max(latency + link + p.cpu, 1e-12);
+  const double sigma = c.slowdown(std::max(1.0, computing));
+  Prediction out;
+  out.one_partition = latency + link + p.cpu;
+  const double loaded = latency + link + p.cpu * sigma;
+  const double interval = std::max({link, p.cpu * sigma / concurrent, loaded / concurrent});
+  out.seconds = c.job_overhead + out.one_partition + (K - 1) * (interval + c.task_overhead);
+  out.network = K * link;
+  out.cpu = K * p.cpu * sigma;
+  out.bytes_sent = K * p.bytes;
+  return out;
+}
+
+}  // namespace terse

@@ -1,0 +1,39 @@
+// What the planner's parts share: agreeing on numbers across ranks, medians, link probes.
+#pragma once
+
+#include <algorithm>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "terse/communicator.h"
+#include "terse/planner.h"
+
+namespace terse::planner {
+
+// Every rank's vector (all of the same length), in rank order. A collective.
+std::vector<std::vector<double>> gather(Communicator& comm, std::span<const double> mine);
+// Element-wise largest over ranks: the same vector on every rank. A collective.
+std::vector<double> agree_max(Communicator& comm, std::vector<double> mine);
+// Element-wise median over ranks (mean of the middle two for an even count). A collective.
+std::vector<double> agree_median(Communicator& comm, std::vector<double> mine);
+// Every rank's text, in rank order. A collective.
+std::vector<std::string> gather_text(Communicator& comm, const std::string& mine);
+
+// The median of a sample (the upper middle one for an even count); 0 for an empty sample.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Measures per-peer latency and time per byte (a collective); fills the link fields.
+void measure_links(Communicator& comm, const CalibrationOptions& options, Calibration& out);
+
+// Times a ring exchange (every rank sends to the next and receives from the previous at once)
+// of a size the calibration predicts to take about options.link_target_seconds, and returns
+// measured / predicted, agreed over ranks (1 for one rank). A collective.
+double probe_links(Communicator& comm, const Calibration& calibration,
+                   const CalibrationOptions& options);
+
+}  // namespace terse::planner

@@ -1,0 +1,362 @@
+// The planner: per tensor size, the candidate with the least expected time (measured where the
+// engine has reported it, else predicted), raw unless compression clearly pays; calibration or
+// the agreed cache on first use; periodic re-checks against the engine's measured times.
+#include "terse/planner.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "planner/exchange.h"
+#include "terse/codec.h"
+#include "terse/communicator.h"
+#include "terse/error.h"
+
+namespace terse {
+
+namespace {
+
+constexpr int kMaxPartitions = 256;  // the engine's limit
+constexpr std::size_t kMaxObservations = 1024;
+
+std::vector<std::string> default_allowed() {
+  const char* v = std::getenv("TERSE_PLAN_CODECS");
+  if (v == nullptr || *v == '\0') return {"fp16", "onebit:ef=1"};
+  // Specs hold commas ("onebit:ef=1,scale=max"), so the list is separated by ';' or spaces.
+  std::vector<std::string> out;
+  std::string cur;
+  for (const char* p = v;; ++p) {
+    if (*p == '\0' || *p == ';' || *p == ' ') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+      if (*p == '\0') break;
+    } else {
+      cur += *p;
+    }
+  }
+  return out;
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return {};
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Writes atomically (temporary file + rename): ranks sharing a host write the same file.
+void write_file(const std::string& path, const std::string& text, int rank) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = fmt::format("{}.tmp{}-{}", path, rank, ::getpid());
+  {
+    std::ofstream f(tmp);
+    f << text;
+    if (!f) return;  // a cache that cannot be written only costs the next run a calibration
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+int clamp_partitions(int k, std::size_t n) {
+  return static_cast<int>(std::clamp<std::size_t>(
+      static_cast<std::size_t>(std::max(k, 1)), 1,
+      std::min<std::size_t>(kMaxPartitions, std::max<std::size_t>(1, (n + 63) / 64))));
+}
+
+}  // namespace
+
+std::string plan_key(const TensorPlan& p) {
+  return fmt::format("{}/{}/{}", p.codec, to_string(p.strategy), p.partitions);
+}
+
+Planner::Planner(PlannerOptions options) : options_(std::move(options)) {
+  if (options_.allowed.empty()) options_.allowed = default_allowed();
+  for (const auto& spec : options_.allowed) {
+    auto codec = make_codec(spec);  // throws SpecError for unknown codecs
+    if (codec->name() == "none") continue;
+    if (codec->traits().multi_round) {
+      throw InvalidArgument(
+          fmt::format("planner: codec {} needs rounds of sums across ranks, "
+                      "which the cost model does not cover",
+                      codec->spec()));
+    }
+    if (std::find(allowed_.begin(), allowed_.end(), codec->spec()) == allowed_.end()) {
+      allowed_.push_back(codec->spec());
+    }
+  }
+  if (options_.partitions.empty()) options_.partitions = {1};
+  if (env_flag("TERSE_PLAN_LOG")) options_.log = true;
+  options_.calibration.codecs = allowed_;
+}
+
+Planner::Planner(PlannerOptions options, Calibration calibration) : Planner(std::move(options)) {
+  for (const auto& spec : allowed_) {
+    if (calibration.find(spec) == nullptr) {
+      throw InvalidArgument(
+          fmt::format("planner: the calibration has no costs for codec {}", spec));
+    }
+  }
+  model_ = std::make_unique<CostModel>(std::move(calibration));
+}
+
+std::vector<std::string> Planner::allowed() const { return allowed_; }
+
+bool Planner::calibrated() const {
+  std::lock_guard lock(mu_);
+  return model_ != nullptr;
+}
+
+const CostModel& Planner::model() const {
+  std::lock_guard lock(mu_);
+  if (!model_) throw InvalidArgument("planner: not calibrated yet");
+  return *model_;
+}
+
+const Calibration& Planner::calibration(Communicator& comm) {
+  ensure_calibrated(comm);
+  return model().calibration();
+}
+
+void Planner::ensure_calibrated(Communicator& comm) {
+  if (calibrated()) return;
+  const std::string path =
+      options_.cache_path.empty() ? default_calibration_path(comm.size()) : options_.cache_path;
+  // Use the cache only if every rank holds the same usable one; otherwise every rank measures.
+  std::string text = path == "-" ? std::string() : read_file(path);
+  Calibration cached;
+  bool usable = false;
+  if (!text.empty()) {
+    try {
+      cached = Calibration::from_json(text);
+      usable = cached.world_size == comm.size();
+      for (const auto& spec : allowed_) usable &= cached.find(spec) != nullptr;
+    } catch (const DecodeError&) {
+      usable = false;
+    }
+  }
+  const double digest = usable ? static_cast<double>(fnv1a64(text) >> 12) : 0.0;
+  bool agreed = true;
+  for (const auto& v : planner::gather(comm, std::span(&digest, 1))) agreed &= v[0] == digest;
+  Calibration c;
+  bool save = true;
+  const bool log = options_.log && comm.rank() == 0;
+  if (agreed && usable) {
+    c = std::move(cached);
+    save = false;
+    // Links change (another network, another shaping) where the machine does not: check them.
+    const double ratio = planner::probe_links(comm, c, options_.calibration);
+    if (ratio > 1.3 || ratio < 1 / 1.3) {
+      if (log) {
+        std::fprintf(stderr, "terse plan: cached links off by %.2fx; measuring them again\n",
+                     ratio);
+      }
+      planner::measure_links(comm, options_.calibration, c);
+      save = true;
+    }
+    if (log) std::fprintf(stderr, "terse plan: calibration from %s\n", path.c_str());
+  } else {
+    c = calibrate(comm, options_.calibration);
+  }
+  if (save && path != "-") write_file(path, c.to_json(), comm.rank());
+  if (log) {
+    std::fprintf(stderr,
+                 "terse plan: calibrated in %.2f s: alpha %.1f us, beta %.3f ns/B (%.0f MB/s), "
+                 "%d ranks on %d cores, slowdown x%.2f at 4 threads\n",
+                 c.seconds, c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0,
+                 c.ranks_on_host, c.cores, c.slowdown(4));
+  }
+  std::lock_guard lock(mu_);
+  model_ = std::make_unique<CostModel>(std::move(c));
+}
+
+PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy strategy,
+                             int partitions) const {
+  std::lock_guard lock(mu_);
+  if (!model_) throw InvalidArgument("planner: not calibrated yet");
+  PlanDecision d;
+  d.elements = n;
+  std::vector<int> ks;
+  if (partitions > 0) {
+    ks.push_back(clamp_partitions(partitions, n));
+  } else {
+    for (int k : options_.partitions) {
+      const int c = clamp_partitions(k, n);
+      if (std::find(ks.begin(), ks.end(), c) == ks.end()) ks.push_back(c);
+    }
+  }
+  auto consider = [&](const std::string& spec, Strategy s) {
+    if (strategy != Strategy::kAuto && strategy != s) return;
+    for (int k : ks) {
+      PlanCandidate c;
+      c.plan.codec = spec;
+      c.plan.strategy = s;
+      c.plan.partitions = k;
+      c.predicted = model_->predict(n, spec, s, k, ranks, threads);
+      if (auto m = measured_.find({n, plan_key(c.plan)}); m != measured_.end()) {
+        c.measured = m->second;
+      }
+      d.ranked.push_back(std::move(c));
+    }
+  };
+  consider("none", Strategy::kRaw);
+  for (const auto& spec : allowed_) {
+    for (Strategy s : {Strategy::kAllgather, Strategy::kSharded, Strategy::kRing}) {
+      consider(spec, s);
+    }
+    if (model_->calibration().find(spec)->summable) consider(spec, Strategy::kSummable);
+  }
+  // Measured K of a codec and strategy correct the predictions of its other K (geometric mean
+  // of the measured / predicted ratios).
+  std::map<std::string, std::pair<double, int>> family;
+  auto family_of = [](const TensorPlan& p) {
+    return fmt::format("{}/{}", p.codec, to_string(p.strategy));
+  };
+  for (const auto& c : d.ranked) {
+    if (!c.measured || c.predicted.seconds <= 0) continue;
+    auto& [log_sum, count] = family[family_of(c.plan)];
+    log_sum += std::log(*c.measured / c.predicted.seconds);
+    ++count;
+  }
+  for (auto& c : d.ranked) {
+    auto it = family.find(family_of(c.plan));
+    if (!c.measured && it != family.end()) {
+      c.correction = std::exp(it->second.first / it->second.second);
+    }
+  }
+  if (d.ranked.empty()) {
+    throw InvalidArgument(
+        fmt::format("planner: no allowed codec can use strategy {}", to_string(strategy)));
+  }
+  // Stable: equal times keep the order above (raw first, then the allowed list's order).
+  std::stable_sort(d.ranked.begin(), d.ranked.end(), [](const auto& a, const auto& b) {
+    return PlanDecision::expected(a) < PlanDecision::expected(b);
+  });
+  d.chosen = d.ranked.front();
+  const PlanCandidate* raw = nullptr;
+  for (const auto& c : d.ranked) {
+    if (c.plan.strategy == Strategy::kRaw) {
+      raw = &c;
+      break;
+    }
+  }
+  if (raw != nullptr) {
+    d.raw_seconds = PlanDecision::expected(*raw);
+    const double best = PlanDecision::expected(d.chosen);
+    const bool small =
+        n * sizeof(float) <= options_.raw_below_bytes && ranks <= options_.small_tensor_max_ranks;
+    if (best > (1 - options_.min_gain) * d.raw_seconds ||  // would not clearly pay
+        (small && raw->predicted.network - best <= options_.small_tensor_slack)) {
+      d.chosen = *raw;
+    }
+  }
+  return d;
+}
+
+void Planner::log_decision(const PlanDecision& d, int rank, const char* why) const {
+  if (!options_.log || rank != 0) return;
+  const auto& c = d.chosen;
+  std::fprintf(stderr,
+               "terse plan: %s %zu floats -> %s, strategy %s, K=%d: %s %.3f ms (raw %.3f ms, "
+               "%.2fx)\n",
+               why, d.elements, c.plan.codec.c_str(),
+               std::string(to_string(c.plan.strategy)).c_str(), c.plan.partitions,
+               c.measured ? "measured" : "predicted", PlanDecision::expected(c) * 1e3,
+               d.raw_seconds * 1e3,
+               PlanDecision::expected(c) > 0 ? d.raw_seconds / PlanDecision::expected(c) : 0.0);
+}
+
+TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strategy strategy,
+                         int partitions) {
+  ensure_calibrated(comm);
+  const Key key{n, threads, strategy, partitions};
+  {
+    std::lock_guard lock(mu_);
+    auto it = decisions_.find(key);
+    if (it != decisions_.end()) return it->second.chosen.plan;
+  }
+  PlanDecision d = decide(n, comm.size(), threads, strategy, partitions);
+  log_decision(d, comm.rank(), "plan");
+  std::lock_guard lock(mu_);
+  return decisions_.emplace(key, std::move(d)).first->second.chosen.plan;
+}
+
+void Planner::observe(std::size_t n, const TensorPlan& plan, double seconds) {
+  std::lock_guard lock(mu_);
+  auto& v = observed_[{n, plan_key(plan)}];
+  if (v.size() < kMaxObservations) v.push_back(seconds);
+}
+
+int Planner::before_submission(Communicator& comm) {
+  std::string mine;
+  {
+    std::lock_guard lock(mu_);
+    ++submissions_;
+    if (options_.recheck_interval <= 0 || !model_ ||
+        submissions_ % static_cast<std::uint64_t>(options_.recheck_interval) != 0) {
+      return 0;
+    }
+    for (const auto& [key, samples] : observed_) {
+      mine += fmt::format("{} {} {:.9e}\n", key.first, key.second, planner::median(samples));
+    }
+    observed_.clear();
+  }
+  // Agreed measured time per (size, plan): each rank's median, then the largest over ranks
+  // (a collective completes when its slowest rank does).
+  std::map<std::pair<std::size_t, std::string>, double> agreed;
+  for (const auto& text : planner::gather_text(comm, mine)) {
+    std::istringstream lines(text);
+    std::size_t n;
+    std::string key;
+    double seconds;
+    while (lines >> n >> key >> seconds) {
+      auto [it, fresh] = agreed.emplace(std::make_pair(n, key), seconds);
+      if (!fresh) it->second = std::max(it->second, seconds);
+    }
+  }
+  std::vector<PlanDecision> replanned;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [key, seconds] : agreed) measured_[key] = seconds;
+    for (auto it = decisions_.begin(); it != decisions_.end();) {
+      const PlanCandidate& c = it->second.chosen;
+      auto m = agreed.find({it->first.n, plan_key(c.plan)});
+      const double expected = PlanDecision::expected(c);
+      if (m != agreed.end() && expected > 0 &&
+          std::abs(m->second / expected - 1) > options_.recheck_threshold) {
+        replanned.push_back(it->second);
+        it = decisions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& d : replanned) {
+    if (options_.log && comm.rank() == 0) {
+      const double m = agreed.at({d.elements, plan_key(d.chosen.plan)});
+      std::fprintf(stderr,
+                   "terse plan: re-check: %zu floats with %s took %.3f ms, expected %.3f ms: "
+                   "re-planning\n",
+                   d.elements, plan_key(d.chosen.plan).c_str(), m * 1e3,
+                   PlanDecision::expected(d.chosen) * 1e3);
+    }
+  }
+  return static_cast<int>(replanned.size());
+}
+
+}  // namespace terse

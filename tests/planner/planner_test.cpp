@@ -1,0 +1,402 @@
+// Planner tests: the fits, the cost model's formulas and limits, decisions and re-checks on
+// synthetic calibrations, the cache's format; then real multi-process runs of codec "auto"
+// (tests/planner/worker) for N = 2, 3, 4.
+#include "terse/planner.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "planner/synthetic.h"
+#include "process_testing.h"
+#include "terse/codec.h"
+#include "terse/communicator.h"
+#include "terse/engine.h"
+#include "terse/error.h"
+
+namespace terse {
+namespace {
+
+using namespace std::chrono_literals;
+
+// ---- fitting --------------------------------------------------------------------------------
+
+TEST(Fit, RecoversAnExactLine) {
+  std::vector<double> x = {1e3, 4e3, 16e3, 64e3, 256e3}, y;
+  for (double v : x) y.push_back(2e-6 + 3e-10 * v);
+  const LinearFit f = fit_linear(x, y);
+  EXPECT_NEAR(f.a, 2e-6, 1e-12);
+  EXPECT_NEAR(f.b, 3e-10, 1e-16);
+  EXPECT_LT(f.rms_relative_error, 1e-9);
+  EXPECT_EQ(f.points, 5);
+  EXPECT_EQ(f.outliers, 0);
+  EXPECT_EQ(f.xs, x);
+}
+
+TEST(Fit, NoisyPointsGiveAnErrorNearTheNoise) {
+  std::mt19937_64 gen(3);
+  std::normal_distribution<double> noise(1.0, 0.05);
+  std::vector<double> x, y;
+  for (double v = 1024; v <= (1 << 22); v *= 2) {
+    x.push_back(v);
+    y.push_back((5e-6 + 2e-10 * v) * noise(gen));
+  }
+  const LinearFit f = fit_linear(x, y);
+  EXPECT_NEAR(f.b, 2e-10, 2e-11);
+  EXPECT_GT(f.rms_relative_error, 0.01);
+  EXPECT_LT(f.rms_relative_error, 0.1);
+}
+
+TEST(Fit, LeavesOutADisturbedPointAndClampsNegativeCosts) {
+  std::vector<double> x = {1, 2, 3, 4, 5, 6}, y = {1, 2, 3, 40, 5, 6};
+  const LinearFit f = fit_linear(x, y);
+  EXPECT_EQ(f.outliers, 1);
+  EXPECT_NEAR(f.b, 1.0, 1e-9);
+  EXPECT_NEAR(f.a, 0.0, 1e-9);
+  // A decreasing series is noise around a constant, never a negative cost.
+  const LinearFit c = fit_linear(std::vector<double>{1, 2, 3}, std::vector<double>{3, 2, 1});
+  EXPECT_EQ(c.b, 0);
+  EXPECT_GT(c.a, 0);
+  EXPECT_THROW(fit_linear(std::vector<double>{1}, std::vector<double>{1}), InvalidArgument);
+  EXPECT_THROW(fit_linear(std::vector<double>{1, 2}, std::vector<double>{1, 0}), InvalidArgument);
+}
+
+TEST(Fit, FindsTheKneeWhereDataLeavesTheCache) {
+  std::vector<double> x, y;
+  for (double v = 1024; v <= (1 << 22); v *= 4) {
+    x.push_back(v);
+    y.push_back(v <= 262144 ? 1e-6 + 0.2e-9 * v : 1e-6 + 0.2e-9 * 262144 + 2e-9 * (v - 262144));
+  }
+  const LinearFit line = fit_linear(x, y);
+  const LinearFit f = fit_cost(x, y);
+  EXPECT_EQ(f.knee, 262144);
+  EXPECT_NEAR(f.b, 0.2e-9, 1e-12);
+  EXPECT_NEAR(f.b2, 2e-9, 1e-11);
+  EXPECT_LT(f.rms_relative_error, 1e-6);
+  EXPECT_GT(line.rms_relative_error, 0.1);
+  EXPECT_NEAR(f(1 << 22), y.back(), 1e-12);
+  // A straight series keeps a straight fit.
+  std::vector<double> straight;
+  for (double v : x) straight.push_back(1e-6 + 0.5e-9 * v);
+  EXPECT_EQ(fit_cost(x, straight).knee, 0);
+}
+
+using testing::line;
+using testing::synthetic;
+
+TEST(CostModel, RawRingFollowsItsFormula) {
+  const Calibration c = synthetic(125e6, 50e-6);
+  const CostModel model(c);
+  const std::size_t n = 1 << 20;
+  const double N = 4, s = n / N;
+  const Prediction p = model.predict(n, "none", Strategy::kRaw, 1, 4, 4);
+  const double want =
+      c.job_overhead + 2 * (N - 1) * (c.alpha + 4 * s * c.beta) + (N - 1) * c.add(s) + c.divide(s);
+  EXPECT_NEAR(p.seconds, want, want * 1e-12);
+  EXPECT_NEAR(p.bytes_sent, 2 * (N - 1) * 4 * s, 1);
+  // One rank: nothing to send.
+  EXPECT_EQ(model.predict(n, "none", Strategy::kRaw, 1, 1, 4).bytes_sent, 0);
+}
+
+TEST(CostModel, PartitionsPipelineTheSlowestResource) {
+  const Calibration c = synthetic(125e6, 50e-6);
+  const CostModel model(c);
+  const std::string onebit = make_codec("onebit:ef=1")->spec();
+  const std::size_t n = std::size_t{16} << 20;
+  const Prediction one = model.predict(n, onebit, Strategy::kSharded, 1, 4, 4);
+  const Prediction four = model.predict(n, onebit, Strategy::kSharded, 4, 4, 4);
+  // Same bytes either way; with 4 partitions CPU work overlaps the link, so it is faster, but
+  // never faster than the link alone or the CPU alone.
+  EXPECT_NEAR(one.bytes_sent, four.bytes_sent, one.bytes_sent * 0.01);
+  EXPECT_LT(four.seconds, one.seconds);
+  EXPECT_GE(four.seconds, four.network);
+  EXPECT_GE(four.seconds, four.cpu / 4);
+  // Where the CPU is the bottleneck (a fast link), a CPU contended 4x (four busy threads on one
+  // core) gains nothing from more workers.
+  const Calibration fast = synthetic(10e9, 50e-6);
+  Calibration slow = fast;
+  slow.cpu_slowdown = {1.0, 2.0, 3.0, 4.0};
+  const double free_cores = CostModel(fast).predict(n, onebit, Strategy::kSharded, 4, 4, 4).seconds;
+  const double contended = CostModel(slow).predict(n, onebit, Strategy::kSharded, 4, 4, 4).seconds;
+  const double single = CostModel(slow).predict(n, onebit, Strategy::kSharded, 1, 4, 4).seconds;
+  EXPECT_GT(contended, free_cores * 1.5);
+  EXPECT_GT(contended, single * 0.8);
+}
+
+TEST(CostModel, StrategiesScaleAsTheirSchedulesSay) {
+  const Calibration c = synthetic(1.25e9, 20e-6, 1024);
+  const CostModel model(c);
+  const std::string onebit = make_codec("onebit:ef=1")->spec();
+  const std::size_t n = std::size_t{25} << 20;
+  // Allgather's bytes grow with N; sharded's and the ring's do not.
+  const double ag8 = model.predict(n, onebit, Strategy::kAllgather, 1, 8, 4).bytes_sent;
+  const double ag64 = model.predict(n, onebit, Strategy::kAllgather, 1, 64, 4).bytes_sent;
+  EXPECT_NEAR(ag64 / ag8, 63.0 / 7.0, 0.01);
+  const double sh8 = model.predict(n, onebit, Strategy::kSharded, 1, 8, 4).bytes_sent;
+  const double sh1024 = model.predict(n, onebit, Strategy::kSharded, 1, 1024, 4).bytes_sent;
+  EXPECT_LT(sh1024 / sh8, 1.2);
+  // The ring's latency term grows linearly with N, the sharded one's does not.
+  const std::size_t small = 1 << 16;
+  const double ring = model.predict(small, onebit, Strategy::kRing, 1, 1024, 4).seconds;
+  const double sharded = model.predict(small, onebit, Strategy::kSharded, 1, 1024, 4).seconds;
+  EXPECT_GT(ring, 1024 * c.alpha);
+  EXPECT_LT(sharded, ring);
+}
+
+TEST(CostModel, RejectsWhatTheEngineWouldReject) {
+  const CostModel model(synthetic(125e6, 50e-6));
+  EXPECT_THROW(model.predict(1000, "none", Strategy::kSharded, 1, 4, 4), InvalidArgument);
+  EXPECT_THROW(model.predict(1000, make_codec("fp16")->spec(), Strategy::kRaw, 1, 4, 4),
+               InvalidArgument);
+  EXPECT_THROW(model.predict(1000, make_codec("onebit:ef=1")->spec(), Strategy::kSummable, 1, 4, 4),
+               InvalidArgument);
+  EXPECT_THROW(model.predict(1000, "topk-that-was-not-calibrated", Strategy::kSharded, 1, 4, 4),
+               InvalidArgument);
+  EXPECT_THROW(model.predict(1000, "none", Strategy::kAuto, 1, 4, 4), InvalidArgument);
+}
+
+// ---- decisions ------------------------------------------------------------------------------
+
+PlannerOptions options() {
+  PlannerOptions o;
+  o.allowed = {"fp16", "onebit:ef=1"};
+  o.cache_path = "-";
+  return o;
+}
+
+TEST(Planner, TinyTensorsGoRawAndSlowLinksCompress) {
+  Planner slow_link(options(), synthetic(12.5e6, 100e-6));  // 100 Mbit/s
+  EXPECT_EQ(slow_link.decide(100, 4, 4).chosen.plan.strategy, Strategy::kRaw);
+  EXPECT_EQ(slow_link.decide(1000, 4, 4).chosen.plan.codec, "none");
+  const PlanDecision big = slow_link.decide(std::size_t{16} << 20, 4, 4);
+  EXPECT_NE(big.chosen.plan.codec, "none");
+  EXPECT_LT(big.chosen.predicted.seconds, big.raw_seconds / 4);
+  // Candidates are ranked by expected time; every one has a prediction.
+  for (std::size_t i = 1; i < big.ranked.size(); ++i) {
+    EXPECT_LE(PlanDecision::expected(big.ranked[i - 1]), PlanDecision::expected(big.ranked[i]));
+  }
+}
+
+TEST(Planner, RawWhenCompressionDoesNotPay) {
+  // A link faster than any codec: every compressed plan loses, so raw is chosen at every size.
+  Calibration fast = synthetic(1e12, 10e-6);
+  for (auto& k : fast.codecs) k.encode = line(2e-6, 5e-9);
+  Planner planner(options(), fast);
+  for (std::size_t n : {std::size_t{1} << 14, std::size_t{1} << 20, std::size_t{1} << 26}) {
+    EXPECT_EQ(planner.decide(n, 4, 4).chosen.plan.strategy, Strategy::kRaw) << n;
+  }
+}
+
+TEST(Planner, MarginKeepsRawWhenCompressionBarelyWins) {
+  Calibration c = synthetic(125e6, 50e-6);
+  PlannerOptions o = options();
+  Planner base(o, c);
+  const std::size_t n = std::size_t{4} << 20;
+  const PlanDecision d = base.decide(n, 4, 4);
+  ASSERT_NE(d.chosen.plan.codec, "none");
+  const double gain = 1 - d.chosen.predicted.seconds / d.raw_seconds;
+  o.min_gain = gain + 0.01;
+  Planner cautious(o, c);
+  EXPECT_EQ(cautious.decide(n, 4, 4).chosen.plan.codec, "none");
+}
+
+TEST(Planner, RestrictionsAndValidation) {
+  Planner planner(options(), synthetic(12.5e6, 100e-6));
+  const std::size_t n = std::size_t{1} << 22;
+  EXPECT_EQ(planner.decide(n, 4, 4, Strategy::kSummable).chosen.plan.codec,
+            make_codec("fp16")->spec());
+  EXPECT_EQ(planner.decide(n, 4, 4, Strategy::kAuto, 3).chosen.plan.partitions, 3);
+  EXPECT_EQ(planner.decide(n, 4, 4, Strategy::kRaw).chosen.plan.codec, "none");
+  PlannerOptions bad = options();
+  bad.allowed = {"powersgd"};
+  EXPECT_THROW(Planner{bad}, InvalidArgument);
+  bad.allowed = {"nosuchcodec"};
+  EXPECT_THROW(Planner{bad}, SpecError);
+  PlannerOptions missing = options();
+  missing.allowed = {"bf16"};
+  EXPECT_THROW(Planner(missing, synthetic(12.5e6, 100e-6)), InvalidArgument);
+  Planner uncalibrated(options());
+  EXPECT_FALSE(uncalibrated.calibrated());
+  EXPECT_THROW(uncalibrated.decide(n, 4, 4), InvalidArgument);
+}
+
+TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
+  Calibration c = synthetic(125e6, 50e-6);
+  c.add.knee = 4096;
+  c.add.b2 = 1e-9;
+  c.add.xs = {1, 2};
+  c.add.ys = {3, 4};
+  const Calibration back = Calibration::from_json(c.to_json());
+  EXPECT_EQ(back.to_json(), c.to_json());
+  EXPECT_EQ(back.add(8192), c.add(8192));
+  EXPECT_THROW(Calibration::from_json("{}"), DecodeError);
+  EXPECT_THROW(Calibration::from_json("not json"), DecodeError);
+  EXPECT_NE(default_calibration_path(3).find("-n3.json"), std::string::npos);
+}
+
+// ---- re-checks (one rank: the exchange is local) ---------------------------------------------
+
+TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
+  const std::string dir = testing::temp_dir();
+  CommunicatorOptions co;
+  co.timeout = 5s;
+  auto comm = Communicator::create(0, 1, make_file_store(dir), co);
+  PlannerOptions o = options();
+  o.recheck_interval = 2;
+  o.recheck_threshold = 0.25;
+  // One rank: raw costs nothing but a task hand-off, so it is the first choice.
+  Planner planner(o, synthetic(12.5e6, 100e-6, 1));
+  const std::size_t n = std::size_t{1} << 22;
+  const TensorPlan first = planner.plan(*comm, n, 4);
+  ASSERT_EQ(first.strategy, Strategy::kRaw);
+  const PlanDecision d = planner.decide(n, 1, 4);
+  double compressed = 0;
+  for (const auto& c : d.ranked) {
+    if (c.plan.codec != "none" && compressed == 0) compressed = c.predicted.seconds;
+  }
+  // Measured as predicted: no re-plan.
+  planner.observe(n, first, d.chosen.predicted.seconds * 1.1);
+  EXPECT_EQ(planner.before_submission(*comm), 0);
+  EXPECT_EQ(planner.before_submission(*comm), 0);
+  // Measured far slower than expected (slower than a compressed plan is predicted to be): the
+  // size is re-planned with the measurement in place of the prediction.
+  planner.observe(n, first, compressed * 2);
+  EXPECT_EQ(planner.before_submission(*comm), 0);  // not due yet
+  EXPECT_EQ(planner.before_submission(*comm), 1);
+  const PlanDecision again = planner.decide(n, 1, 4);
+  bool seen = false;
+  for (const auto& c : again.ranked) {
+    if (plan_key(c.plan) != plan_key(first)) continue;
+    ASSERT_TRUE(c.measured.has_value());
+    EXPECT_NEAR(*c.measured, compressed * 2, 1e-12);
+    seen = true;
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_NE(planner.plan(*comm, n, 4).codec, "none");
+  comm.reset();
+  std::filesystem::remove_all(dir);
+}
+
+// ---- tools ------------------------------------------------------------------------------------
+
+const std::string kCli = TERSE_CLI;
+const std::string kWorker = TERSE_WORKER;
+
+TEST(PlanCommand, BuiltInModelsMatchThePythonScript) {
+  if (testing::shell("/usr/bin/python3 -c 'import torch'").code != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with torch";
+  }
+  const std::string dir = testing::temp_dir();
+  for (const char* model : {"mlp", "cnn", "vgg"}) {
+    auto py =
+        testing::shell(fmt::format("/usr/bin/python3 {}/python/terse/model_sizes.py {} "
+                                   "--out {}/{}.py.json",
+                                   TERSE_SOURCE_DIR, model, dir, model));
+    ASSERT_EQ(py.code, 0) << py.output;
+    // The plan itself: every tensor gets a line, and the step a prediction and a speedup.
+    auto plan =
+        testing::shell(fmt::format("{} plan --model {} --ranks 4 --bandwidth 1gbit "
+                                   "--write-sizes {}/{}.cc.json --sizes-only",
+                                   kCli, model, dir, model));
+    ASSERT_EQ(plan.code, 0) << plan.output;
+    auto same = testing::shell(
+        fmt::format("python3 -c 'import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); "
+                    "sys.exit(a!=b)' {0}/{1}.py.json {0}/{1}.cc.json",
+                    dir, model));
+    EXPECT_EQ(same.code, 0) << model;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PlanCommand, PredictsEveryTensorAndTheStep) {
+  const std::string dir = testing::temp_dir();
+  auto sizes = testing::shell(
+      fmt::format("printf '[{{\"name\": \"big\", \"elements\": 4194304}}, {{\"name\": \"bias\", "
+                  "\"elements\": 10}}]' > {}/sizes.json",
+                  dir));
+  ASSERT_EQ(sizes.code, 0);
+  auto plan =
+      testing::shell(fmt::format("{} plan --sizes {}/sizes.json --ranks 4 --bandwidth "
+                                 "100mbit --scale 2 64 1024 --json {}/plan.json",
+                                 kCli, dir, dir));
+  ASSERT_EQ(plan.code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("big"), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("fused: 1 small"), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("speedup"), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("1024"), std::string::npos) << plan.output;
+  auto bad =
+      testing::shell(fmt::format("{} plan --model nosuch --ranks 4 --bandwidth 1gbit", kCli));
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("mlp, cnn, vgg"), std::string::npos) << bad.output;
+  std::filesystem::remove_all(dir);
+}
+
+// ---- multi-process ----------------------------------------------------------------------------
+
+class Ranks : public ::testing::TestWithParam<int> {};
+
+TEST_P(Ranks, AutoPlansAgreeOnEveryRankAndRun) {
+  const int n = GetParam();
+  const std::string cache = testing::temp_dir();
+  // Calibration runs on first use and is cached (XDG_CACHE_HOME); the second run loads the cache
+  // and still agrees. TERSE_PLAN_LOG prints the decisions.
+  for (int run = 0; run < 2; ++run) {
+    auto r =
+        testing::shell(fmt::format("XDG_CACHE_HOME={} TERSE_PLAN_LOG=1 {} run -n {} --timeout "
+                                   "120 -- {} auto",
+                                   cache, kCli, n, kWorker));
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (int i = 0; i < n; ++i) {
+      EXPECT_NE(r.output.find(fmt::format("OK rank {} auto", i)), std::string::npos) << r.output;
+    }
+    EXPECT_NE(r.output.find("terse plan: plan"), std::string::npos) << r.output;
+    if (run == 1) {
+      EXPECT_NE(r.output.find("calibration from"), std::string::npos) << r.output;
+    }
+  }
+  std::filesystem::remove_all(cache);
+}
+
+TEST_P(Ranks, AutoStaysRawWhereCompressionLoses) {
+  const int n = GetParam();
+  auto r = testing::shell(fmt::format("{} run -n {} --timeout 60 -- {} loses", kCli, n, kWorker));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NE(r.output.find(fmt::format("OK rank {} loses", i)), std::string::npos) << r.output;
+  }
+}
+
+TEST_P(Ranks, TraceMergeAlignsEveryRanksClock) {
+  const int n = GetParam();
+  const std::string dir = testing::temp_dir();
+  auto r = testing::shell(
+      fmt::format("TERSE_TRACE={} {} run -n {} --timeout 60 -- {} trace", dir, kCli, n, kWorker));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto m = testing::shell(fmt::format("{} trace merge {}", kCli, dir));
+  ASSERT_EQ(m.code, 0) << m.output;
+  EXPECT_NE(m.output.find(fmt::format("{} ranks", n)), std::string::npos) << m.output;
+  EXPECT_NE(m.output.find("traced"), std::string::npos) << m.output;  // its straggler line
+  // One timeline: events of every rank, starting at 0; the offsets of ranks sharing this
+  // machine's clock are within a round trip of 0.
+  auto check = testing::shell(fmt::format(
+      "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+      "ev=[e for e in d[\"traceEvents\"] if e[\"ph\"]==\"X\"]; "
+      "assert len({{e[\"pid\"] for e in ev}})=={}, \"ranks\"; "
+      "assert min(e[\"ts\"] for e in ev)==0, \"origin\"; "
+      "assert all(abs(o)<5e6 for o in d[\"otherData\"][\"clock_offsets_ns\"]), \"offsets\"' "
+      "{}/merged.json",
+      n, dir));
+  EXPECT_EQ(check.code, 0) << check.output;
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Planner, Ranks, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return "N" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace terse

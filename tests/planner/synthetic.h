@@ -1,0 +1,51 @@
+// A synthetic calibration for planner tests: known link and codec costs, so that predictions and
+// decisions can be checked by hand.
+#pragma once
+
+#include <vector>
+
+#include "terse/codec.h"
+#include "terse/planner.h"
+
+namespace terse::testing {
+
+inline LinearFit line(double a, double b) {
+  LinearFit f;
+  f.a = a;
+  f.b = b;
+  return f;
+}
+
+// Links of `bytes_per_second` and `alpha` seconds of latency between every pair of `ranks`
+// ranks; fp32 work and the codecs fp16 and onebit:ef=1 at a few GB/s; an idle CPU.
+inline Calibration synthetic(double bytes_per_second, double alpha, int ranks = 4) {
+  Calibration c;
+  c.host = "test";
+  c.world_size = ranks;
+  c.ranks_on_host = 1;
+  c.cores = 8;
+  c.alpha = alpha;
+  c.beta = 1 / bytes_per_second;
+  c.peer_alpha.assign(ranks, std::vector<double>(ranks, alpha));
+  c.peer_beta.assign(ranks, std::vector<double>(ranks, c.beta));
+  c.add = line(1e-6, 0.25e-9);
+  c.divide = line(1e-6, 0.2e-9);
+  c.cpu_slowdown = {1.0, 1.0, 1.0, 1.0};
+  c.task_overhead = 5e-6;
+  c.job_overhead = 20e-6;
+  for (const char* spec : {"fp16", "onebit:ef=1"}) {
+    CodecCosts k;
+    auto codec = make_codec(spec);
+    k.spec = codec->spec();
+    k.summable = codec->traits().summable;
+    k.encode = line(2e-6, k.summable ? 0.3e-9 : 0.6e-9);
+    k.decode = line(2e-6, 0.3e-9);
+    k.accumulate = line(2e-6, 0.35e-9);
+    k.combine = line(2e-6, 0.4e-9);
+    k.bytes = line(24, k.summable ? 2.0 : 0.1289);
+    c.codecs.push_back(k);
+  }
+  return c;
+}
+
+}  // namespace terse::testing

@@ -1,0 +1,169 @@
+// One rank of the planner's multi-process tests, started by `terse run`. Scenarios:
+//   auto    codec "auto" with the engine's own planner (calibrated on first use, or loaded from
+//           the cache every rank agrees on): plans are identical on every rank, tiny tensors go
+//           raw, results are identical on every rank and close to the exact average
+//   loses   codec "auto" with a calibration in which compression cannot pay (a link faster than
+//           any codec): every size goes raw and the results are exact
+//   trace   a few compressed allreduces under TERSE_TRACE (set by the caller): every rank writes
+//           its trace with its clock offset, for `terse trace merge`
+// Prints "OK rank R SCENARIO" on success; "CHECK FAILED: ..." and exit 2 otherwise.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kit/hash.h"
+#include "planner/synthetic.h"
+#include "terse/communicator.h"
+#include "terse/engine.h"
+#include "terse/planner.h"
+
+namespace {
+
+using namespace terse;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "CHECK FAILED: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::_Exit(2);
+}
+void check(bool ok, const std::string& what) {
+  if (!ok) fail(what);
+}
+
+// Different on every (rank, tensor, step, element); every rank can compute every rank's input.
+float value(int rank, std::uint64_t key, std::size_t i) {
+  const std::uint64_t h = kit::mix64(kit::combine_keys(key, rank) + i * 0x9e3779b97f4a7c15ull);
+  return (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 0.01f;
+}
+
+std::uint64_t digest(std::span<const float> y) {
+  return fnv1a64(std::string_view(reinterpret_cast<const char*>(y.data()), y.size_bytes()));
+}
+
+// Every rank's text must equal this rank's.
+void check_same_everywhere(Communicator& comm, const std::string& text, const std::string& what) {
+  const std::uint64_t mine = fnv1a64(text);
+  std::vector<std::uint64_t> all(comm.size());
+  std::vector<std::size_t> sizes(comm.size(), 8);
+  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)), sizes,
+                  "check");
+  for (int i = 0; i < comm.size(); ++i) {
+    check(all[i] == mine,
+          fmt::format("{}: rank {} differs from rank {} (mine: {})", what, i, comm.rank(), text));
+  }
+}
+
+// Runs codec "auto" on each size for a few steps; checks identical results and their accuracy
+// (exact up to summation order when the plan is raw). Returns the plans, one line per size.
+std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std::size_t>& sizes) {
+  AllreduceOptions o;
+  o.codec = "auto";
+  std::string plans;
+  for (std::size_t n : sizes) {
+    const TensorPlan plan = engine.plan(n, o);
+    plans += fmt::format("{} {}\n", n, plan_key(plan));
+    const std::string name = fmt::format("t{}", n);
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      const std::uint64_t key = kit::combine_keys(fnv1a64(name), step);
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = value(comm.rank(), key, i);
+      engine.allreduce(name, x, o).wait();
+      check_same_everywhere(comm, std::to_string(digest(x)), fmt::format("result of {}", name));
+      double err = 0, norm = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        double exact = 0;
+        for (int r = 0; r < comm.size(); ++r) exact += value(r, key, i);
+        exact /= comm.size();
+        check(std::isfinite(x[i]), fmt::format("{}: element {} is not finite", name, i));
+        err += (x[i] - exact) * (x[i] - exact);
+        norm += exact * exact;
+      }
+      const double rel = std::sqrt(err / std::max(norm, 1e-30));
+      // Raw: float sums in another order. Compressed: at most what one-bit signs lose.
+      const double bound = plan.codec == "none" ? 1e-5 : 1.5;
+      check(rel <= bound,
+            fmt::format("{} ({}): relative error {} above {}", name, plan_key(plan), rel, bound));
+    }
+  }
+  check_same_everywhere(comm, plans, "plans");
+  return plans;
+}
+
+int scenario_auto(Communicator& comm) {
+  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+  const std::string plans = run_sizes(comm, engine, {100, 3000, 100000, std::size_t{1} << 21});
+  check(plans.find("100 none/raw/") != std::string::npos,
+        "a tiny tensor did not go raw:\n" + plans);
+  std::printf("OK rank %d auto\n%s", comm.rank(), comm.rank() == 0 ? plans.c_str() : "");
+  engine.synchronize();
+  return 0;
+}
+
+int scenario_loses(Communicator& comm) {
+  // Links of 1 TB/s and codecs at 0.2 GB/s: compression only adds work.
+  Calibration c = testing::synthetic(1e12, 10e-6, comm.size());
+  for (auto& k : c.codecs) k.encode = testing::line(2e-6, 20e-9);
+  PlannerOptions po;
+  po.allowed = {"fp16", "onebit:ef=1"};
+  EngineOptions eo;
+  eo.planner = std::make_shared<Planner>(po, c);
+  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
+  const std::string plans = run_sizes(comm, engine, {20000, 300000, std::size_t{1} << 21});
+  std::size_t lines = 0, raw = 0;
+  for (std::size_t at = 0; (at = plans.find('\n', at)) != std::string::npos; ++at) ++lines;
+  for (std::size_t at = 0; (at = plans.find(" none/raw/", at)) != std::string::npos; ++at) ++raw;
+  check(lines == raw, "compression was chosen where it cannot pay:\n" + plans);
+  std::printf("OK rank %d loses\n", comm.rank());
+  engine.synchronize();
+  return 0;
+}
+
+int scenario_trace(Communicator& comm) {
+  {
+    Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+    AllreduceOptions o;
+    o.codec = "onebit:ef=1";
+    o.partitions = 2;
+    std::vector<float> x(100000);
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(comm.rank(), step, i);
+      engine.allreduce("traced", x, o).wait();
+    }
+  }  // the engine writes its trace here
+  std::printf("OK rank %d trace\n", comm.rank());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: planner_worker auto|loses|trace\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  try {
+    std::unique_ptr<Communicator> comm = Communicator::from_env();
+    int rc = 2;
+    if (scenario == "auto") {
+      rc = scenario_auto(*comm);
+    } else if (scenario == "loses") {
+      rc = scenario_loses(*comm);
+    } else if (scenario == "trace") {
+      rc = scenario_trace(*comm);
+    } else {
+      std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+    }
+    comm->barrier("end");
+    std::fflush(stdout);
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ERROR: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,303 @@
+// terse bench planner: how well the planner predicts and chooses, measured in one run.
+//
+// Every rank calibrates (as codec "auto" does at engine start), then for each --size: every
+// candidate the planner considers (raw and each allowed codec x strategy x K) is predicted and
+// measured, as in `terse bench allreduce` (median over --reps of the slowest rank's time, each
+// run from the same input after a barrier, one warm-up first). Reported per configuration:
+// predicted, measured, relative error; per size: the planner's choice (run through codec "auto",
+// so the runtime's own plan is what is timed) against the best configuration measured
+// (exhaustive search over the same candidates) and against raw with the engine's default K.
+// Candidates predicted slower than --within times the fastest prediction or than --max-seconds
+// are not run (they are listed as skipped); the choice and the raw default always are.
+//
+// Run under a launcher (scripts/cluster.sh, `terse run`), or alone: without RANK in the
+// environment it starts --ranks local ranks of itself through `terse run`.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "commands.h"
+#include "launch.h"
+#include "terse/communicator.h"
+#include "terse/engine.h"
+#include "terse/planner.h"
+#include "units.h"
+
+namespace terse::tools {
+namespace {
+
+struct Options {
+  int ranks = 2;
+  std::vector<std::string> sizes = {"64KiB", "1MiB", "16MiB", "256MiB"};
+  std::vector<std::string> codecs;
+  std::vector<int> partitions;
+  int reps = 5;
+  int threads = 0;
+  double max_seconds = 3.0;
+  double within = 4.0;
+  std::string link;
+  std::string json;
+  std::string cache = "-";
+};
+
+struct Measured {
+  std::string label;
+  TensorPlan plan;
+  double predicted = 0;
+  std::vector<double> times;
+  double median = 0;
+  bool candidate = true;  // one of the planner's candidates (not the auto run or raw default)
+};
+
+std::string label_of(const TensorPlan& p) {
+  std::string codec = p.codec;
+  if (codec.size() > 18) codec = codec.substr(0, 18);
+  return fmt::format("{} {} K={}", to_string(p.strategy), codec, p.partitions);
+}
+
+void run_rank(const Options& opt) {
+  std::shared_ptr<Communicator> comm = Communicator::from_env();
+  const int r = comm->rank(), n_ranks = comm->size();
+  PlannerOptions po;
+  po.allowed = opt.codecs;
+  if (!opt.partitions.empty()) po.partitions = opt.partitions;
+  po.cache_path = opt.cache;
+  po.recheck_interval = 0;  // the benchmark compares the planner's first choice
+  auto planner = std::make_shared<Planner>(po);
+  EngineOptions eo;
+  eo.threads = opt.threads;
+  eo.planner = planner;
+  Engine engine(comm, eo);
+  const int threads = opt.threads > 0 ? opt.threads : [] {
+    const char* v = std::getenv("TERSE_THREADS");
+    return v != nullptr && *v != '\0' ? std::atoi(v) : 4;
+  }();
+  const Calibration& cal = planner->calibration(*comm);
+  if (r == 0) {
+    fmt::print(
+        "terse bench planner: {} ranks{}, {} threads, median of {} runs; calibrated in "
+        "{:.2f} s: alpha {:.1f} us, {:.1f} MB/s, slowdown x{:.2f} at 4 threads\n",
+        n_ranks, opt.link.empty() ? "" : ", links " + opt.link, threads, opt.reps, cal.seconds,
+        cal.alpha * 1e6, cal.beta > 0 ? 1e-6 / cal.beta : 0.0, cal.slowdown(4));
+    std::fflush(stdout);
+  }
+
+  nlohmann::json report;
+  report["ranks"] = n_ranks;
+  report["link"] = opt.link;
+  report["threads"] = threads;
+  report["reps"] = opt.reps;
+  report["calibration"] = nlohmann::json::parse(cal.to_json());
+  report["sizes"] = nlohmann::json::array();
+
+  for (const auto& size_text : opt.sizes) {
+    const std::size_t n = parse_size(size_text) / sizeof(float);
+    std::vector<float> input = touched<float>(n), data = touched<float>(n);
+    {
+      std::mt19937_64 gen(1000 + r);
+      std::normal_distribution<float> normal(0.0f, 1e-3f);
+      for (auto& v : input) v = normal(gen);
+      for (std::size_t i = r; i < n; i += 9973) input[i] *= 50.0f;
+    }
+    const PlanDecision d = planner->decide(n, n_ranks, threads);
+    const double fastest = d.ranked.front().predicted.seconds;
+    std::vector<Measured> runs;
+    std::vector<std::string> skipped;
+    for (const auto& c : d.ranked) {
+      const bool chosen = plan_key(c.plan) == plan_key(d.chosen.plan);
+      if (!chosen &&
+          (c.predicted.seconds > opt.within * fastest || c.predicted.seconds > opt.max_seconds)) {
+        skipped.push_back(label_of(c.plan));
+        continue;
+      }
+      runs.push_back({label_of(c.plan), c.plan, c.predicted.seconds, {}, 0, true});
+    }
+    // The runtime's own choice, through codec "auto", and raw as the engine does it by default.
+    AllreduceOptions raw_default;
+    const TensorPlan raw_plan = engine.plan(n, raw_default);
+    runs.push_back({"codec auto: " + label_of(d.chosen.plan),
+                    d.chosen.plan,
+                    d.chosen.predicted.seconds,
+                    {},
+                    0,
+                    false});
+    runs.push_back({"raw default " + label_of(raw_plan),
+                    raw_plan,
+                    planner->model()
+                        .predict(n, "none", Strategy::kRaw, raw_plan.partitions, n_ranks, threads)
+                        .seconds,
+                    {},
+                    0,
+                    false});
+    if (r == 0) {
+      fmt::print("\n{} ({} floats): {} configurations, {} skipped by prediction\n", size_text, n,
+                 runs.size(), skipped.size());
+      fmt::print("{:<40} {:>12} {:>12} {:>8}\n", "configuration", "predicted ms", "measured ms",
+                 "error");
+      std::fflush(stdout);
+    }
+    // Runs alternate between configurations, rep by rep, so that a burst of load from outside
+    // the job slows several configurations a little rather than one a lot. Each configuration
+    // keeps its own tensor (and codec state) for that, unless that would take too much memory:
+    // then one tensor, configuration after configuration.
+    const bool interleave = n * sizeof(float) * runs.size() <= (std::size_t{1} << 30);
+    std::vector<AllreduceOptions> options(runs.size());
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const Measured& m = runs[i];
+      AllreduceOptions& o = options[i];
+      if (m.label.rfind("codec auto", 0) == 0) {
+        o.codec = "auto";
+      } else if (m.label.rfind("raw default", 0) == 0) {
+        o = raw_default;
+      } else {
+        o.codec = m.plan.codec;
+        o.strategy = m.plan.strategy;
+        o.partitions = m.plan.partitions;
+      }
+    }
+    auto name = [&](std::size_t i) {
+      return interleave ? fmt::format("gradient-{}-{}", n, i) : fmt::format("gradient-{}", n);
+    };
+    auto reps_of = [&](const Measured& m) {
+      return m.predicted > 2.0 ? std::min(opt.reps, 3) : opt.reps;
+    };
+    // Warm-up: the first use (the cross-rank check, buffers), and enough runs that every worker
+    // thread has met the configuration: each thread's scratch memory is touched for the first
+    // time on its first task of a size (about 10 us per page here), and which thread takes a
+    // partition is up to the queue. About 8 tasks per configuration, fewer for slow ones.
+    auto warm_up = [&](std::size_t i) {
+      const int tasks = std::max(1, runs[i].plan.partitions);
+      const int rounds = runs[i].predicted > 0.5 ? 1 : 1 + std::clamp(8 / tasks, 1, 8);
+      for (int w = 0; w < rounds; ++w) {
+        std::copy(input.begin(), input.end(), data.begin());
+        engine.allreduce(name(i), data, options[i]).wait();
+      }
+    };
+    if (interleave) {
+      for (std::size_t i = 0; i < runs.size(); ++i) warm_up(i);
+      for (int rep = 0; rep < opt.reps; ++rep) {
+        for (std::size_t i = 0; i < runs.size(); ++i) {
+          if (rep >= reps_of(runs[i])) continue;
+          const auto t = time_allreduce(engine, *comm, name(i), data, input, options[i], 1);
+          runs[i].times.push_back(t[0]);
+        }
+      }
+    } else {
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        warm_up(i);
+        runs[i].times =
+            time_allreduce(engine, *comm, name(i), data, input, options[i], reps_of(runs[i]));
+      }
+    }
+    for (auto& m : runs) {
+      m.median = median(m.times);
+      if (r == 0) {
+        fmt::print("{:<40} {:>12.3f} {:>12.3f} {:>+7.1f}%\n", m.label, m.predicted * 1e3,
+                   m.median * 1e3, (m.predicted / m.median - 1) * 100);
+      }
+    }
+    if (r == 0) std::fflush(stdout);
+    const Measured* auto_run = nullptr;
+    const Measured* raw_run = nullptr;
+    Measured* chosen_run = nullptr;
+    for (auto& m : runs) {
+      if (m.label.rfind("codec auto", 0) == 0) auto_run = &m;
+      if (m.label.rfind("raw default", 0) == 0) raw_run = &m;
+      if (m.candidate && plan_key(m.plan) == plan_key(d.chosen.plan)) chosen_run = &m;
+    }
+    // The choice was timed twice: as a candidate and through codec "auto" (the same
+    // configuration, as the runtime plans it). Its figure is the median of both samples, so
+    // that it is not judged on fewer runs than the best of the candidates it is compared with.
+    std::vector<double> both = auto_run->times;
+    if (chosen_run != nullptr)
+      both.insert(both.end(), chosen_run->times.begin(), chosen_run->times.end());
+    const double choice = median(both);
+    const Measured* best = nullptr;
+    double best_median = 0;
+    for (const auto& m : runs) {
+      if (!m.candidate) continue;
+      const double v = &m == chosen_run ? choice : m.median;
+      if (best == nullptr || v < best_median) {
+        best = &m;
+        best_median = v;
+      }
+    }
+    if (r == 0) {
+      fmt::print(
+          "choice {}: {:.3f} ms; best measured {}: {:.3f} ms (choice/best {:.3f}); raw "
+          "default {:.3f} ms (auto/raw {:.3f})\n",
+          label_of(d.chosen.plan), choice * 1e3, best->label, best_median * 1e3,
+          choice / best_median, raw_run->median * 1e3, choice / raw_run->median);
+      std::fflush(stdout);
+    }
+    nlohmann::json js;
+    js["size"] = size_text;
+    js["elements"] = n;
+    js["chosen"] = label_of(d.chosen.plan);
+    js["best"] = best->label;
+    js["auto_median_s"] = choice;
+    js["best_median_s"] = best_median;
+    js["raw_default_median_s"] = raw_run->median;
+    js["skipped"] = skipped;
+    js["configs"] = nlohmann::json::array();
+    for (const auto& m : runs) {
+      js["configs"].push_back({{"label", m.label},
+                               {"codec", m.plan.codec},
+                               {"strategy", std::string(to_string(m.plan.strategy))},
+                               {"partitions", m.plan.partitions},
+                               {"candidate", m.candidate},
+                               {"predicted_s", m.predicted},
+                               {"times_s", m.times},
+                               {"median_s", m.median}});
+    }
+    report["sizes"].push_back(js);
+  }
+  if (r == 0 && !opt.json.empty()) {
+    std::ofstream(opt.json) << report.dump(1) << "\n";
+    fmt::print("wrote {}\n", opt.json);
+  }
+  engine.synchronize();
+  comm->barrier("end");
+}
+
+}  // namespace
+
+void add_bench_planner_command(CLI::App& bench) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand(
+      "planner", "Planner: predicted against measured allreduce times, auto against exhaustive");
+  cmd->add_option("--ranks", opt->ranks, "Local ranks to start when not under a launcher")
+      ->capture_default_str();
+  cmd->add_option("--size,--sizes", opt->sizes, "Tensor sizes (B, KB, MB, KiB, MiB, ...)")
+      ->capture_default_str();
+  cmd->add_option("--codecs", opt->codecs,
+                  "Allowed codecs (default: TERSE_PLAN_CODECS, else fp16 onebit:ef=1)");
+  cmd->add_option("--partitions", opt->partitions, "Partition counts the planner tries");
+  cmd->add_option("--reps", opt->reps, "Timed runs per configuration (median)")
+      ->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "Engine worker threads (0: default)");
+  cmd->add_option("--max-seconds", opt->max_seconds,
+                  "Skip candidates predicted to take longer than this")
+      ->capture_default_str();
+  cmd->add_option("--within", opt->within,
+                  "Skip candidates predicted slower than this factor times the fastest")
+      ->capture_default_str();
+  cmd->add_option("--link", opt->link, "Link rate of the emulated cluster (a label)");
+  cmd->add_option("--json", opt->json, "Write results as JSON to this file (rank 0)");
+  cmd->add_option("--cache", opt->cache,
+                  "Calibration cache file ('-': calibrate in this run, the default)")
+      ->capture_default_str();
+  cmd->callback([opt] {
+    if (!relaunch_unless_launched(opt->ranks, "bench planner")) run_rank(*opt);
+  });
+}
+
+}  // namespace terse::tools

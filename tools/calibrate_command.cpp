@@ -1,0 +1,125 @@
+// terse calibrate: measures this job's links and this machine's codec costs (what the planner
+// uses for codec "auto"), prints them with the fits' errors and writes the cache file.
+//
+// Run under a launcher (scripts/cluster.sh, `terse run`, torchrun), or alone: without RANK in
+// the environment it starts --ranks local ranks of itself through `terse run`.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "launch.h"
+#include "terse/communicator.h"
+#include "terse/planner.h"
+
+namespace terse::tools {
+namespace {
+
+struct Options {
+  int ranks = 2;
+  std::vector<std::string> codecs;
+  std::string out;
+  std::size_t max_elements = std::size_t{1} << 22;
+};
+
+std::string fit_row(const std::string& what, const LinearFit& f) {
+  std::string knee = "-";
+  if (f.knee > 0) knee = fmt::format("{:.0f}:{:.4f}", f.knee, f.b2 * 1e9);
+  return fmt::format("  {:<26} {:>9.2f} {:>11.4f} {:>9.2f} {:>18} {:>7.1f} {:>7.1f} {:>4}\n", what,
+                     f.a * 1e6, f.b * 1e9, f.b > 0 ? 4e-9 / f.b : 0.0, knee,
+                     f.rms_relative_error * 100, f.max_relative_error * 100, f.outliers);
+}
+
+void print(const Calibration& c, const std::string& path) {
+  std::string t;
+  t += fmt::format("terse calibrate: {} ranks ({} on this machine, {} cores), host {}, {:.2f} s\n",
+                   c.world_size, c.ranks_on_host, c.cores, c.host, c.seconds);
+  if (c.world_size > 1) {
+    t += "links (measured with every rank exchanging with a partner at once):\n";
+    t += fmt::format("  {:<8} {:>12} {:>12}\n", "pair", "latency us", "MB/s");
+    for (int i = 0; i < c.world_size; ++i) {
+      for (int j = i + 1; j < c.world_size; ++j) {
+        const double b = c.peer_beta[i][j];
+        t += fmt::format("  {:<8} {:>12.1f} {:>12.1f}\n", fmt::format("{}-{}", i, j),
+                         c.peer_alpha[i][j] * 1e6, b > 0 ? 1e-6 / b : 0.0);
+      }
+    }
+    t += fmt::format(
+        "  model: alpha {:.1f} us (a message round inside the engine), beta {:.4f} ns/B "
+        "({:.1f} MB/s, the slowest pair)\n",
+        c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0);
+  }
+  t += "CPU costs t(n) = A + B*n, n floats, every rank of the machine at once (fit error on the "
+       "measured sizes):\n";
+  t += fmt::format("  {:<26} {:>9} {:>11} {:>9} {:>18} {:>7} {:>7} {:>4}\n", "operation", "A us",
+                   "B ns/elem", "GB/s", "knee n:B2 ns/elem", "rms %", "max %", "out");
+  t += fit_row("fp32 add", c.add);
+  t += fit_row("fp32 divide", c.divide);
+  for (const auto& k : c.codecs) {
+    const std::string name = k.spec.size() > 16 ? k.spec.substr(0, 16) : k.spec;
+    t += fit_row(name + " encode", k.encode);
+    t += fit_row(name + " decode", k.decode);
+    t += fit_row(name + " accumulate", k.accumulate);
+    if (k.summable) t += fit_row(name + " combine", k.combine);
+    t += fmt::format("  {:<26} {:>9.0f} {:>11.4f}  bytes = A + B*n\n", name + " bytes", k.bytes.a,
+                     k.bytes.b);
+  }
+  t += "  CPU slowdown with t busy threads per rank:";
+  for (std::size_t i = 0; i < c.cpu_slowdown.size(); ++i) {
+    t += fmt::format(" t={} x{:.2f}", i + 1, c.cpu_slowdown[i]);
+  }
+  t += fmt::format(
+      "\nengine fixed costs (measured on tiny raw tensors): {:.1f} us per allreduce, "
+      "{:.1f} us per partition task\n",
+      c.job_overhead * 1e6, c.task_overhead * 1e6);
+  t += fmt::format("wrote {}\n", path);
+  std::fputs(t.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+void run_rank(const Options& opt) {
+  std::shared_ptr<Communicator> comm = Communicator::from_env();
+  PlannerOptions po;
+  po.allowed = opt.codecs;
+  const Planner defaults(po);  // resolves the default codec list and checks the specs
+  CalibrationOptions co;
+  co.codecs = defaults.allowed();
+  co.codec_max_elements = opt.max_elements;
+  co.quiet = false;
+  const Calibration c = calibrate(*comm, co);
+  const std::string path = opt.out.empty() ? default_calibration_path(comm->size()) : opt.out;
+  std::error_code ec;
+  // Every rank writes its own machine's cache (the same agreed numbers); the last rename wins.
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = fmt::format("{}.tmp{}", path, comm->rank());
+  std::ofstream(tmp) << c.to_json() << "\n";
+  std::filesystem::rename(tmp, path, ec);
+  if (comm->rank() == 0) print(c, path);
+  comm->barrier("end");
+}
+
+}  // namespace
+
+void add_calibrate_command(CLI::App& app) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "calibrate", "Measure links and codec costs for the planner (codec auto); write the cache");
+  cmd->add_option("--ranks", opt->ranks, "Local ranks to start when not under a launcher")
+      ->capture_default_str();
+  cmd->add_option("--codecs", opt->codecs,
+                  "Codec specs to measure (default: TERSE_PLAN_CODECS, else fp16 onebit:ef=1)");
+  cmd->add_option("--out", opt->out,
+                  "Cache file (default: ~/.cache/terse/calibration-HOST-nN.json)");
+  cmd->add_option("--max-elements", opt->max_elements, "Largest tensor of the codec fits")
+      ->capture_default_str();
+  cmd->callback([opt] {
+    if (!relaunch_unless_launched(opt->ranks, "calibrate")) run_rank(*opt);
+  });
+}
+
+}  // namespace terse::tools
