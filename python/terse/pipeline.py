@@ -791,7 +791,7 @@ class Pipeline:
         sample ids, for :class:`Delta`) on the first; other stages may pass them or ``None``.
         Returns the batch's mean loss on the last stage, None elsewhere.
         """
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         batch = inputs.shape[0] if self.is_first else 0
         if self.is_first and indices is not None and len(indices) != batch:
             raise terse.InvalidArgument(f"{len(indices)} indices for a batch of {batch}")
@@ -883,6 +883,7 @@ class Pipeline:
         self.steps += 1
         self._calls += 1
         self.step_seconds.append(time.perf_counter() - started)
+        self.timer.add("step", self.step_seconds[-1], time.thread_time() - started_cpu)
         return sum(losses) if self.is_last else None
 
     def _backward_codec(self, boundary: _Boundary) -> str:
@@ -956,7 +957,8 @@ class Pipeline:
 
     def profile(self) -> Dict[str, Any]:
         """What this stage measured since the last :meth:`reset_profile`: per step, wall and CPU
-        seconds of each phase (forward, backward, encode_*, wait_*, autoencoder, delta), bytes
+        seconds of each phase (step: the whole of step(); forward, backward, encode_*, wait_*,
+        autoencoder, delta, and the caller's :meth:`measure` blocks), bytes
         sent by message kind, and the step times. ``terse plan-pipeline`` calibrates its cost
         model from the profiles of all stages."""
         steps = max(1, len(self.step_seconds))
