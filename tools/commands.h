@@ -23,5 +23,6 @@ void add_bench_powersgd_command(CLI::App& bench);
 void add_bench_allreduce_command(CLI::App& bench);
 // terse run: the local launcher (N ranks with torchrun's environment).
 void add_run_command(CLI::App& app);
+void add_plan_pipeline_command(CLI::App& app);  // terse plan-pipeline (Python cost model)
 
 }  // namespace terse::tools

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   terse::tools::add_codecs_command(app);
   terse::tools::add_run_command(app);
+  terse::tools::add_plan_pipeline_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Run a benchmark");
   bench->require_subcommand(1);
   terse::tools::add_bench_codecs_command(*bench);
