@@ -53,6 +53,7 @@ def train(args: argparse.Namespace, compressor: str, x, y) -> dict:
                        else args.backward)
     options["warmup_steps"] = args.warmup
     options["uncompressed_boundaries"] = args.uncompressed
+    options["replicas"] = args.replicas
     pipe = terse.torch.pipeline(model, **options)
     pipe.setup(x[:2])
     optimizer = torch.optim.SGD(pipe.parameters(), lr=args.lr, momentum=0.9)
@@ -61,7 +62,9 @@ def train(args: argparse.Namespace, compressor: str, x, y) -> dict:
     for step in range(args.steps):
         # A small pool of samples revisited in random order, so that delta compression sees
         # samples again after the first pass.
-        index = torch.randperm(len(x), generator=order)[:BATCH]
+        # Replicas of a stage take different samples of the same permutation.
+        first = pipe.replica * BATCH
+        index = torch.randperm(len(x), generator=order)[first:first + BATCH]
         optimizer.zero_grad()
         loss = pipe.step(x[index], y[index], indices=index)
         optimizer.step()
@@ -69,6 +72,7 @@ def train(args: argparse.Namespace, compressor: str, x, y) -> dict:
             losses.append(loss)
     prediction = pipe.predict(x[:256])
     result = {
+        "stage": pipe.stage, "replica": pipe.replica,
         "parameters": {name: p.detach().flatten().tolist() if args.dump else digest(p)
                        for name, p in pipe.named_parameters()},
         "losses": losses,
@@ -121,6 +125,7 @@ def main() -> None:
     p.add_argument("--backward", default="same")
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--uncompressed", type=int, default=0, help="uncompressed first boundaries")
+    p.add_argument("--replicas", type=int, default=1, help="data-parallel replicas per stage")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--dump", action="store_true", help="write parameter values, not digests")
     p.add_argument("--victim", type=int, default=2)

@@ -10,20 +10,14 @@ import pytest
 import torch
 
 import terse
-from conftest import HERE, PYTHON, TERSE_CLI, free_port, read_results
+import conftest
+from conftest import HERE, PYTHON, free_port, read_results
 
 WORKER = HERE / "pipeline_worker.py"
 
 
 def launch(n, args, out, timeout=90):
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [TERSE_CLI, "run", "-n", str(n), "--", PYTHON, str(WORKER), *args, "--out", str(out)]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}"
-    results = read_results(out, n)
-    assert all(results), f"a rank wrote no result:\n{proc.stdout}"
-    return results
+    return conftest.launch(n, args, out, timeout=timeout, worker=WORKER)
 
 
 # ---- Codec and Channel on their own ------------------------------------------------------------
@@ -166,6 +160,20 @@ def test_first_boundaries_can_stay_uncompressed(tmp_path):
     compressors = results[0]["minmax8:bits=2"]["profile"]["compressors"]
     assert compressors == [["none", "none"], ["none", "none"],
                            ["minmax8:bits=2", "minmax8:bits=2"]]
+
+
+def test_data_parallel_replicas_of_each_stage_stay_equal(tmp_path):
+    # 2 stages x 2 replicas: replicas see different samples and average their gradients (and
+    # their autoencoders' PCA statistics) with terse's engine, so they stay bit-identical.
+    results = launch(4, ["train", "ae:ratio=0.25", "--replicas", "2", "--steps", "12",
+                         "--warmup", "3", "--backward", "fp16", "--width", "128",
+                         "--samples", "128"], tmp_path)
+    runs = [r["ae:ratio=0.25"] for r in results]
+    assert [(r["stage"], r["replica"]) for r in runs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert runs[0]["parameters"] == runs[1]["parameters"]
+    assert runs[2]["parameters"] == runs[3]["parameters"]
+    assert runs[2]["losses"] != runs[3]["losses"]  # different samples: really two replicas
+    assert np.mean(runs[2]["losses"][-3:]) < runs[2]["losses"][0] - 0.15, runs[2]["losses"]
 
 
 @pytest.mark.parametrize("how", ["kill", "stall"])
