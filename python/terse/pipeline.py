@@ -790,7 +790,23 @@ class Pipeline:
         ``inputs`` is needed on the first stage, ``targets`` on the last, ``indices`` (int64
         sample ids, for :class:`Delta`) on the first; other stages may pass them or ``None``.
         Returns the batch's mean loss on the last stage, None elsewhere.
+
+        An error on any stage (a NaN the codecs refuse, a dead peer, a timeout) fails the
+        pipeline's communicator, so every stage raises promptly instead of waiting for messages
+        that will not come; the pipeline cannot be used afterwards.
         """
+        try:
+            return self._step(inputs, targets, indices)
+        except BaseException as e:
+            self._abort(e)
+            raise
+
+    def _abort(self, error: BaseException) -> None:
+        self.comm.abort(f"rank {self.rank} (pipeline stage {self.stage}) failed: "
+                        f"{type(error).__name__}: {error}")
+
+    def _step(self, inputs: Optional[torch.Tensor], targets: Optional[torch.Tensor],
+              indices: Optional[torch.Tensor]) -> Optional[float]:
         started, started_cpu = time.perf_counter(), time.thread_time()
         batch = inputs.shape[0] if self.is_first else 0
         if self.is_first and indices is not None and len(indices) != batch:
@@ -908,11 +924,18 @@ class Pipeline:
 
     # ---- inference ----------------------------------------------------------------------------
 
-    @torch.no_grad()
     def predict(self, inputs: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         """The model's output for a batch (forward only, M micro-batches, boundaries compressed
         as in training except :class:`Delta`, which sends fp32). Returns the output on the last
-        stage, None elsewhere. Every stage calls it together."""
+        stage, None elsewhere. Every stage calls it together; errors fail all, as in step()."""
+        try:
+            return self._predict(inputs)
+        except BaseException as e:
+            self._abort(e)
+            raise
+
+    @torch.no_grad()
+    def _predict(self, inputs: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         self.setup(inputs)
         batch = inputs.shape[0] if self.is_first else 0
         batch, _, _ = self._header(batch, None, True)

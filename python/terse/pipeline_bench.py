@@ -157,6 +157,8 @@ def worker(args: argparse.Namespace) -> None:
     same processes (so a link's cells share the start-up), writing OUT/<slug>.rank<R>."""
     import torch
 
+    import terse
+
     torch.set_num_threads(1)
     cfg = dict(MODELS[args.model])
     for key in ("samples", "epochs", "micro_batches", "batch"):
@@ -164,7 +166,14 @@ def worker(args: argparse.Namespace) -> None:
             cfg[key] = getattr(args, key)
     x, y, xt, yt = load_data(args.model, cfg["samples"], cfg["test"])
     for compressor in args.compressors:
-        result = run_one(args, cfg, compressor, x, y, xt, yt)
+        try:
+            result = run_one(args, cfg, compressor, x, y, xt, yt)
+        except terse.Error as e:
+            # Training diverged (a codec refused NaN) or a stage failed: every stage gets an
+            # error (the pipeline fails its communicator) and goes on to the next compressor
+            # with a fresh pipeline.
+            result = {"rank": int(os.environ.get("RANK", 0)), "compressor": compressor,
+                      "failed": f"{type(e).__name__}: {e}"}
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"{_slug(compressor)}.rank{result['rank']}"), "w") as f:
             json.dump(result, f)
@@ -172,10 +181,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_one(args: argparse.Namespace, cfg: Dict[str, Any], compressor: str, x, y, xt, yt
             ) -> Dict[str, Any]:
-    import gc
-
-    import torch
-
+    import terse
     import terse.torch
 
     started = time.perf_counter()
@@ -190,6 +196,22 @@ def run_one(args: argparse.Namespace, cfg: Dict[str, Any], compressor: str, x, y
                                 forward=fwd, backward=bwd, schedule=args.schedule,
                                 uncompressed_boundaries=args.uncompressed_boundaries,
                                 warmup_steps=warmup, timeout=args.timeout)
+    try:
+        return train_one(args, cfg, compressor, pipe, warmup, started, x, y, xt, yt)
+    except BaseException:
+        try:
+            pipe.close()  # its communicator failed: pending messages fail at once
+        except terse.Error:
+            pass
+        raise
+
+
+def train_one(args: argparse.Namespace, cfg: Dict[str, Any], compressor: str, pipe: Any,
+              warmup: int, started: float, x, y, xt, yt) -> Dict[str, Any]:
+    import gc
+
+    import torch
+
     pipe.setup(x[:2])
     params = list(pipe.parameters())
     if args.model == "transformer":
@@ -243,7 +265,7 @@ def run_one(args: argparse.Namespace, cfg: Dict[str, Any], compressor: str, x, y
         "test_accuracy": correct / len(xt) if pipe.is_last else None,
     }
     pipe.close()
-    del pipe, optimizer, params, model
+    del pipe, optimizer, params
     gc.collect()
     return result
 
@@ -300,7 +322,12 @@ def launch(model: str, compressors: List[str], link: str, out: str, extra: List[
                 with open(path) as f:
                     ranks.append(json.load(f))
                 os.remove(path)
-        if len(ranks) == stages:
+        failures = [r["failed"] for r in ranks if "failed" in r]
+        if failures:
+            # The stage that met the error first names it; the others report its abort.
+            first = next((f for f in failures if f.startswith("InvalidArgument")), failures[0])
+            cells[c] = {"failed": first, "diverged": "NaN" in " ".join(failures)}
+        elif len(ranks) == stages:
             cells[c] = summarize(ranks, wall)
         else:
             tail = "".join(output[-30:])
@@ -404,6 +431,16 @@ def predictions_for(model: str, calibration: Dict[str, Any], links: List[str],
     return stored
 
 
+def _done(path: str) -> bool:
+    """A cell is done when its JSON exists and is not a failed launch; a diverged run (NaN) is
+    a result, a crash of the launch is not."""
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        cell = json.load(f)
+    return "failed" not in cell or bool(cell.get("diverged"))
+
+
 def run_grid(args: argparse.Namespace) -> None:
     links = args.links.split()
     models = args.models.split()
@@ -423,7 +460,7 @@ def run_grid(args: argparse.Namespace) -> None:
         for link in links:
             paths = {c: os.path.join(args.out, link, model, _slug(c) + suffix)
                      for c in compressors}
-            todo = [c for c in compressors if args.redo or not os.path.exists(paths[c])]
+            todo = [c for c in compressors if args.redo or not _done(paths[c])]
             if not todo:
                 continue
             os.makedirs(os.path.join(args.out, link, model), exist_ok=True)
