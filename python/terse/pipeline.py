@@ -177,10 +177,6 @@ def _check_delta_codec(spec: str) -> None:
             f"cache with its own decoding); {spec} draws random numbers")
 
 
-def _is_lossless(c: Compressor) -> bool:
-    return isinstance(c, str) and c.split(":")[0] == "none"
-
-
 # ---- splitting a model ----------------------------------------------------------------------
 
 def split_balance(modules: Sequence[nn.Module], stages: int) -> List[int]:
@@ -432,7 +428,6 @@ class Pipeline:
         self._from_prev = channel() if self.prev is not None else None
 
         self._engine = None
-        self._replica_items: Optional[List[Tuple[str, torch.Tensor]]] = None
         self.replica_codec = replica_codec
         if replicas > 1:
             if self._store is None:

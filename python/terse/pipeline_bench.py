@@ -161,7 +161,7 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     cfg = dict(MODELS[args.model])
-    for key in ("samples", "epochs", "micro_batches", "batch"):
+    for key in ("samples", "epochs", "micro_batches", "batch", "test"):
         if getattr(args, key, None):
             cfg[key] = getattr(args, key)
     x, y, xt, yt = load_data(args.model, cfg["samples"], cfg["test"])
@@ -447,6 +447,9 @@ def run_grid(args: argparse.Namespace) -> None:
     if any(link not in ("loopback", "local") for link in links) and os.geteuid() != 0:
         raise SystemExit("pipeline_bench: emulated links need root (network namespaces, tc)")
     extra = ["--schedule", args.schedule]
+    for key in ("samples", "epochs", "test"):
+        if getattr(args, key):
+            extra += [f"--{key}", str(getattr(args, key))]
     total_started = time.perf_counter()
     for model in models:
         compressors = args.compressors or compressors_for(model)
@@ -683,6 +686,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                    help="repetition number: 2, 3, ... run the grid again (even ones in reverse "
                         "order) into separate files; the report takes medians over them")
     r.add_argument("--progress", action="store_true")
+    r.add_argument("--samples", type=int, help="training samples per epoch (default per model)")
+    r.add_argument("--epochs", type=int, help="epochs (default per model)")
+    r.add_argument("--test", type=int, help="test samples (default per model)")
     rep = sub.add_parser("report", help="tables, JSON and plots from the results")
     rep.add_argument("--out", default="results/pipeline")
     rep.add_argument("--docs", default="docs")
@@ -698,6 +704,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     w.add_argument("--schedule", default="gpipe")
     w.add_argument("--samples", type=int)
     w.add_argument("--epochs", type=int)
+    w.add_argument("--test", type=int)
     w.add_argument("--micro-batches", dest="micro_batches", type=int)
     w.add_argument("--batch", type=int)
     w.add_argument("--uncompressed-boundaries", dest="uncompressed_boundaries", type=int,

@@ -84,7 +84,6 @@ class CompressorCost:
     receiver_forward: float  # decoder, delta cache update on the receiver's thread
     receiver_backward: float  # decoder backward and encoding of the gradient
     off_thread: float  # decoding on channel threads: competes for cores, not on a stage thread
-    messages_forward: int = 1
 
 
 @dataclass
