@@ -598,12 +598,32 @@ def report(args: argparse.Namespace) -> None:
                     f"{1000 * measured:.0f}",
                     "" if err is None else f"{100 * err:+.0f} %"]
                 lines.append("| " + " | ".join(cells_text) + " |")
+            for c in failed:
+                if c["model"] == model and c["link"] == link and c.get("rep", 1) == 1:
+                    what = "diverged (NaN)" if c.get("diverged") else "failed"
+                    lines.append(f"| {c['compressor']} | | | | {what} | | | | | |")
     if errors:
         lines.append(f"\nPrediction error over {len(errors)} cells: median "
                      f"{100 * statistics.median(errors):.1f} %, max {100 * max(errors):.1f} %.")
+        for link in LINK_ORDER:
+            mine = [abs(r["prediction_error"]) for r in summary
+                    if r["link"] == link and r["prediction_error"] is not None]
+            if mine:
+                lines.append(f"- {link}: median {100 * statistics.median(mine):.1f} % over "
+                             f"{len(mine)} cells")
+    # How far repetitions of the same cell land apart: the noise floor of any prediction here.
+    spreads = [abs(a - b) / ((a + b) / 2) for c in cells
+               if len(c["median_step_seconds_per_rep"]) >= 2
+               for a, b in [c["median_step_seconds_per_rep"][:2]]]
+    if spreads:
+        lines.append(f"\nRepetitions of the same cell differ by a median of "
+                     f"{100 * statistics.median(spreads):.1f} % in median step time (max "
+                     f"{100 * max(spreads):.1f} %, {len(spreads)} cells).")
     for c in failed:
-        lines.append(f"\nFAILED: {c['link']} {c['model']} {c['compressor']}: "
-                     f"{c['failed'].splitlines()[0]}")
+        what = "diverged" if c.get("diverged") else "FAILED"
+        if c.get("rep", 1) == 1:
+            lines.append(f"\n{what}: {c['link']} {c['model']} {c['compressor']}: "
+                         f"{c['failed'].splitlines()[0]}")
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
