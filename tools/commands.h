@@ -31,5 +31,6 @@ void add_trace_command(CLI::App& app);
 void add_bench_planner_command(CLI::App& bench);
 // terse run: the local launcher (N ranks with torchrun's environment).
 void add_run_command(CLI::App& app);
+void add_plan_pipeline_command(CLI::App& app);  // terse plan-pipeline (Python cost model)
 
 }  // namespace terse::tools

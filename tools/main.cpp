@@ -1,6 +1,7 @@
 // The `terse` command: benchmarks, planning, calibration, the local launcher and the demo.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   terse::tools::add_run_command(app);
   terse::tools::add_calibrate_command(app);
   terse::tools::add_plan_command(app);
+  terse::tools::add_plan_pipeline_command(app);
   terse::tools::add_trace_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Run a benchmark");
   bench->require_subcommand(1);
@@ -38,8 +40,15 @@ int main(int argc, char** argv) {
   terse::tools::add_bench_powersgd_command(*bench);
   terse::tools::add_bench_allreduce_command(*bench);
   terse::tools::add_bench_planner_command(*bench);
+  // `terse plan --pipeline ...` is the pipeline's planner: the same as `terse plan-pipeline ...`.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() >= 2 && args[0] == "plan" && args[1] == "--pipeline") {
+    args.erase(args.begin() + 1);
+    args[0] = "plan-pipeline";
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const terse::Error& e) {

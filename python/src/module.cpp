@@ -1,4 +1,5 @@
-// terse._C: the Python binding of terse's public C++ API (codecs, stores, Communicator, Engine).
+// terse._C: the Python binding of terse's public C++ API (codecs, stores, Communicator, Engine,
+// the point-to-point Channel).
 // The pure-Python package terse re-exports it; terse.torch builds the DDP hook on top.
 //
 // Tensors are borrowed zero-copy: a contiguous float32 CPU torch.Tensor is read through its
@@ -28,6 +29,7 @@
 #include "errors.h"
 #include "gil.h"
 #include "python_store.h"
+#include "terse/channel.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
@@ -251,6 +253,111 @@ class PyEngine {
  private:
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<Engine> engine_;
+};
+
+// ---- codecs ---------------------------------------------------------------------------------
+
+// One codec for single-process use: encode to bytes, decode, or both at once. The pipeline's
+// delta compressor mirrors on the sender what the receiver decodes, so it needs exactly the
+// bytes a Channel would send: deterministic codecs give the same bytes for the same input.
+class PyCodec {
+ public:
+  explicit PyCodec(const std::string& spec) : codec_(make_codec(spec)) {
+    if (codec_->traits().stateful || codec_->traits().multi_round) {
+      throw InvalidArgument(fmt::format(
+          "codec {}: keeps state between calls or needs sums across ranks; terse.Codec encodes "
+          "single stateless messages",
+          codec_->spec()));
+    }
+  }
+  const Codec& get() const { return *codec_; }
+
+  // Encodes x into this thread's reusable buffer (fresh pages cost ~10 us each here).
+  std::span<const std::byte> encode(std::span<const float> x, const EncodeContext& context) const {
+    thread_local std::vector<std::byte> buffer;
+    const std::size_t cap = codec_->max_encoded_bytes(x.size());
+    if (buffer.size() < cap) buffer.resize(cap);
+    EncodeContext ctx = context;
+    const std::size_t n = codec_->encode(x, std::span(buffer).first(cap), ctx);
+    return std::span<const std::byte>(buffer).first(n);
+  }
+
+ private:
+  std::unique_ptr<Codec> codec_;
+};
+
+EncodeContext make_context(std::uint64_t seed, std::uint64_t step, const std::string& tensor,
+                           std::uint64_t rank) {
+  EncodeContext ctx;
+  ctx.seed = seed;
+  ctx.step = step;
+  ctx.tensor = tensor.empty() ? 0 : fnv1a64(tensor);
+  ctx.rank = rank;
+  return ctx;
+}
+
+// ---- the channel ----------------------------------------------------------------------------
+
+class PyChannel;
+// Channels still open, closed at interpreter exit like engines (their completion threads take
+// the GIL to drop references). Guarded by the GIL.
+std::set<PyChannel*>& open_channels() {
+  static auto* channels = new std::set<PyChannel*>();
+  return *channels;
+}
+
+class PyChannel {
+ public:
+  PyChannel(std::shared_ptr<Communicator> comm, std::uint64_t seed) : comm_(comm) {
+    ChannelOptions options;
+    options.seed = seed;
+    channel_ = share_releasing_gil(std::make_unique<Channel>(std::move(comm), options));
+    open_channels().insert(this);
+  }
+  ~PyChannel() {
+    open_channels().erase(this);
+    close();
+  }
+  PyChannel(const PyChannel&) = delete;
+  PyChannel& operator=(const PyChannel&) = delete;
+
+  // Waits for the pending messages (each bounded by the timeout) and joins the threads.
+  void close() { channel_.reset(); }
+  bool closed() const { return !channel_; }
+  std::shared_ptr<Channel> get() const {
+    if (!channel_) throw InvalidArgument("channel: used after close()");
+    return channel_;
+  }
+  const std::shared_ptr<Communicator>& communicator() const { return comm_; }
+
+  PyHandle send(int peer, const std::string& name, py::object tensor, const std::string& codec) {
+    auto channel = get();
+    const std::span<float> x = float_span(tensor, name);
+    Handle handle;
+    {
+      py::gil_scoped_release release;
+      handle = channel->send(peer, name, x, codec);
+    }
+    // The payload is a copy: the tensor is free again, so the handle borrows nothing.
+    return PyHandle(std::move(handle), py::list());
+  }
+
+  PyHandle recv(int peer, const std::string& name, py::object tensor, const std::string& codec) {
+    auto channel = get();
+    const std::span<float> out = float_span(tensor, name);
+    py::list borrowed;
+    borrowed.append(tensor);
+    Handle handle;
+    {
+      py::gil_scoped_release release;
+      handle = channel->recv(peer, name, out, codec);
+    }
+    return PyHandle(std::move(handle), std::move(borrowed));
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<Channel> channel_;
 };
 
 std::string options_repr(const AllreduceOptions& o) {
@@ -561,8 +668,119 @@ void bind(py::module_& m) {
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyEngine& e, py::args) { e.close(); });
 
-  // Close engines still open before the interpreter finalizes (see open_engines).
+  // ---- single codecs ------------------------------------------------------------------------
+  py::class_<PyCodec>(m, "Codec",
+                      "One stateless codec for single-process use: encode a float32 tensor to "
+                      "bytes, decode bytes, or both (roundtrip). Deterministic codecs give the "
+                      "same bytes a Channel sends for the same input.")
+      .def(py::init<const std::string&>(), py::arg("spec"))
+      .def_property_readonly("name", [](const PyCodec& c) { return c.get().name(); })
+      .def_property_readonly("spec", [](const PyCodec& c) { return c.get().spec(); },
+                             "The canonical spec (every parameter).")
+      .def_property_readonly(
+          "traits",
+          [](const PyCodec& c) {
+            const CodecTraits t = c.get().traits();
+            py::dict d;
+            d["lossless"] = t.lossless;
+            d["unbiased"] = t.unbiased;
+            d["summable"] = t.summable;
+            d["stochastic"] = t.stochastic;
+            d["stateful"] = t.stateful;
+            d["sparse"] = t.sparse;
+            return d;
+          },
+          "What the codec promises (lossless, unbiased, summable, stochastic, stateful, sparse).")
+      .def(
+          "max_encoded_bytes", [](const PyCodec& c, std::size_t n) {
+            return c.get().max_encoded_bytes(n);
+          },
+          py::arg("elements"), "Upper bound on an encoding of that many elements, header included.")
+      .def(
+          "encode",
+          [](const PyCodec& c, py::object x, std::uint64_t seed, std::uint64_t step,
+             const std::string& tensor, std::uint64_t rank) {
+            const std::span<float> in = float_span(x, tensor.empty() ? "x" : tensor);
+            std::span<const std::byte> bytes;
+            {
+              py::gil_scoped_release release;
+              bytes = c.encode(in, make_context(seed, step, tensor, rank));
+            }
+            return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          },
+          py::arg("x"), py::arg("seed") = 0, py::arg("step") = 0, py::arg("tensor") = "",
+          py::arg("rank") = 0,
+          "The encoding of x (header included). seed, step, tensor (a name) and rank key "
+          "stochastic codecs' random streams as the engine and the Channel do.")
+      .def(
+          "decode",
+          [](const PyCodec& c, py::buffer payload, py::object out) {
+            py::buffer_info info = payload.request();
+            const std::span<const std::byte> bytes(
+                static_cast<const std::byte*>(info.ptr),
+                static_cast<std::size_t>(info.size) * static_cast<std::size_t>(info.itemsize));
+            const std::span<float> y = float_span(out, "out");
+            py::gil_scoped_release release;
+            c.get().decode(bytes, y);
+          },
+          py::arg("payload"), py::arg("out"),
+          "Decodes payload into out (exactly its element count); raises DecodeError on bytes "
+          "this codec could not have produced.")
+      .def(
+          "roundtrip",
+          [](const PyCodec& c, py::object x, py::object out, std::uint64_t seed,
+             std::uint64_t step, const std::string& tensor, std::uint64_t rank) {
+            const std::span<float> in = float_span(x, tensor.empty() ? "x" : tensor);
+            const std::span<float> y = float_span(out, "out");
+            if (y.size() != in.size()) {
+              throw InvalidArgument(fmt::format("roundtrip: out has {} elements, x has {}",
+                                                y.size(), in.size()));
+            }
+            py::gil_scoped_release release;
+            const std::span<const std::byte> bytes =
+                c.encode(in, make_context(seed, step, tensor, rank));
+            c.get().decode(bytes, y);
+            return bytes.size();
+          },
+          py::arg("x"), py::arg("out"), py::arg("seed") = 0, py::arg("step") = 0,
+          py::arg("tensor") = "", py::arg("rank") = 0,
+          "out = decode(encode(x)) (out may be x); returns the encoding's size in bytes.");
+
+  // ---- channel ------------------------------------------------------------------------------
+  py::class_<PyChannel>(
+      m, "Channel",
+      "Point-to-point exchange of float32 tensors between ranks of a Communicator, compressed by "
+      "a codec (pipeline stages: activations forward, gradients backward). The k-th send of a "
+      "name from rank a to rank b is received by the k-th recv of that name on b from a. Every "
+      "wait is bounded by the communicator's timeout; errors name this rank, the peer and the "
+      "tensor. Several channels may share a communicator as long as they use different names.")
+      .def(py::init<std::shared_ptr<Communicator>, std::uint64_t>(), py::arg("comm"),
+           py::arg("seed") = 0)
+      .def("send", &PyChannel::send, py::arg("peer"), py::arg("name"), py::arg("tensor"),
+           py::arg("codec") = "none",
+           "Encodes tensor with codec and starts sending it to peer; the tensor may be reused "
+           "at once (the payload is a copy). The Handle completes when the bytes are handed to "
+           "the network. NaN or Inf raises InvalidArgument here and fails the receiver too.")
+      .def("recv", &PyChannel::recv, py::arg("peer"), py::arg("name"), py::arg("tensor"),
+           py::arg("codec") = "none",
+           "Starts receiving the next message called name from peer into tensor (its element "
+           "count and codec must match the sender's, else MismatchError). The tensor is written "
+           "once the message decoded; leave it alone until the Handle completes.")
+      .def_property_readonly(
+          "bytes_sent", [](const PyChannel& c) { return c.get()->bytes_sent(); },
+          "Payload bytes this channel sent so far (codec headers included).")
+      .def_property_readonly("communicator", &PyChannel::communicator)
+      .def_property_readonly("closed", &PyChannel::closed)
+      .def("close", &PyChannel::close,
+           "Waits for pending messages (each bounded by the timeout) and stops the channel's "
+           "threads; later calls raise.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyChannel& c, py::args) { c.close(); });
+
+  // Close channels and engines still open before the interpreter finalizes (see open_engines).
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    const std::set<PyChannel*> channels = open_channels();
+    for (PyChannel* c : channels) c->close();
     const std::set<PyEngine*> engines = open_engines();
     for (PyEngine* e : engines) e->close();
   }));

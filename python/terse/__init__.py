@@ -9,7 +9,9 @@ The C++ core (codecs, Gloo transport, the asynchronous allreduce engine) as a Py
         handle.wait()                              # tensor now holds the average, in place
 
 PyTorch integration lives in :mod:`terse.torch` (imported separately, since importing torch
-takes a second): ``terse.torch.ddp_hook`` is a DistributedDataParallel communication hook.
+takes a second): ``terse.torch.ddp_hook`` is a DistributedDataParallel communication hook, and
+``terse.torch.pipeline`` splits a model into pipeline stages, one process each, that exchange
+compressed activations and gradients through :class:`terse.Channel`.
 
 Errors are :class:`terse.Error` subclasses carrying the C++ message (rank, tensor, peer):
 SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError.
@@ -17,6 +19,8 @@ SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportE
 
 from terse._C import (
     AllreduceOptions,
+    Channel,
+    Codec,
     Communicator,
     DecodeError,
     Engine,
@@ -44,6 +48,8 @@ from terse._C import (
 
 __all__ = [
     "AllreduceOptions",
+    "Channel",
+    "Codec",
     "Communicator",
     "DecodeError",
     "Engine",

@@ -1,6 +1,7 @@
 """PyTorch integration: a DistributedDataParallel communication hook backed by terse.
 
-Two lines turn DDP's allreduce into terse's compression-aware one::
+Pipeline parallelism with compressed stage boundaries is :func:`pipeline` (from
+:mod:`terse.pipeline`). Two lines turn DDP's allreduce into terse's compression-aware one::
 
     state, hook = terse.torch.ddp_hook(model, codec="powersgd")
     model.register_comm_hook(state, hook)
@@ -24,8 +25,10 @@ import torch
 import torch.distributed as dist
 
 import terse
+from terse.pipeline import Autoencoder, Delta, Pipeline, pipeline
 
-__all__ = ["TerseHookState", "ddp_hook", "hook", "communicator_for"]
+__all__ = ["TerseHookState", "ddp_hook", "hook", "communicator_for", "pipeline", "Pipeline",
+           "Autoencoder", "Delta"]
 
 # Communicators created by this process, numbered in creation order. Every rank creates its
 # hooks in the same order, so the n-th one gets the same store prefix on every rank.

@@ -48,10 +48,12 @@ def read_results(out: pathlib.Path, n: int) -> List[Dict]:
     return results
 
 
-def launch(n: int, args: List[str], out: pathlib.Path, timeout: float = 120) -> List[Dict]:
-    """Runs N ranks of ddp_worker.py through `terse run`; returns each rank's result."""
+def launch(n: int, args: List[str], out: pathlib.Path, timeout: float = 120,
+           worker: pathlib.Path = WORKER) -> List[Dict]:
+    """Runs N ranks of a worker (ddp_worker.py) through `terse run`; returns each rank's
+    result."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [TERSE_CLI, "run", "-n", str(n), "--", PYTHON, str(WORKER), *args, "--out", str(out)]
+    cmd = [TERSE_CLI, "run", "-n", str(n), "--", PYTHON, str(worker), *args, "--out", str(out)]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}"
