@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Emulates an N-host cluster on this machine and runs a command on every host.
 #
-#   scripts/cluster.sh -n N -r RATE [-p PORT] [-b BURST] -- COMMAND [ARGS...]
+#   scripts/cluster.sh -n N -r RATE|unshaped [-p PORT] [-b BURST] -- COMMAND [ARGS...]
 #
 # Topology: a "switch" network namespace holding a bridge, and N "host" namespaces, each joined
 # to the bridge by a veth pair (eth0 in the host, sI in the switch). Every link is shaped with
 # tbf to RATE (tc syntax: 10gbit, 1gbit, 100mbit) in both directions: on eth0 (upload) and on
-# sI (download); RATE "unshaped" leaves the links unshaped. Addresses come from 10.77.0.0/24 and exist only inside these namespaces; the
-# root namespace is not touched. Namespace names carry a per-invocation prefix, so parallel runs
-# do not clash. Everything is torn down on exit, also on failure or interruption.
+# sI (download); RATE "unshaped" adds no qdisc (veth at full speed). Addresses come from
+# 10.77.0.0/24 and exist only inside these namespaces; the root namespace is not touched.
+# Namespace names carry a per-invocation prefix, so parallel runs do not clash. Everything is
+# torn down on exit, also on failure or interruption.
 #
 # COMMAND runs in host I with RANK=I, WORLD_SIZE=N, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
 # MASTER_ADDR=10.77.0.1 (host 0), MASTER_PORT=PORT (default 29500) and TERSE_IFNAME=eth0, its

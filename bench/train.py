@@ -1,0 +1,518 @@
+#!/usr/bin/python3
+"""The training benchmark: DistributedDataParallel's own fp32 allreduce, PyTorch's fp16 and
+PowerSGD communication hooks, and the terse hook with several codecs (and codec=auto) train the
+same models from the same initial weights on the same batches, 4 ranks on the same emulated
+cluster (scripts/cluster.sh: one network namespace per host), at several link rates.
+
+    bench/train.py run --link 1gbit [--models mlp,cnn,vgg] [--methods ddp,terse-fp16,...]
+    bench/train.py report [--results results/train] [--update docs/training.md] [--plots docs]
+    bench/train.py list                    # the matrix: models, methods, budgets
+
+`run` trains every (model, method) of one link rate ("unshaped", "1gbit", "100mbit", or
+"loopback": local processes without an emulated network) and writes one JSON per configuration,
+results/train/<link>/<model>/<method>.json, with every rank's output beside it (.log). A
+configuration whose JSON exists is skipped, so an interrupted run resumes where it stopped
+(--force runs it again). `report` reads every JSON, prints markdown tables (throughput,
+time to accuracy, bytes, where the time goes, the issue's targets met or missed), replaces the
+part of --update between the markers `<!-- training-report:begin -->` and `<!-- ...:end -->`,
+and draws the plots (python3-matplotlib) into --plots. bench/train.sh runs everything.
+
+Each run (terse.training) measures: samples/s (global batch over the median step time after
+the warm-up steps), test accuracy every 1/evals-per-epoch epoch and at the end (evaluation time
+is excluded from the training clock, for every method), the training time until the model's
+target accuracy is first reached, the bytes each rank sent per step as counted by the kernel on
+its emulated host's interface (the same measurement for every method; terse also reports its own
+payload count), forward/backward/optimizer time per step, and a digest of every rank's
+parameters. "compute only" runs every step without communicating (each rank keeps its own
+gradient): the compute floor of a step, against which communication time is
+(step time - floor).
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from terse.training import MODELS, RunConfig, launch, method_label
+
+# ---- the matrix -----------------------------------------------------------------------------
+
+# (name, RunConfig fields). The name is the JSON's file name and what --methods selects.
+METHODS: List[Tuple[str, Dict]] = [
+    ("ddp", dict(method="ddp")),
+    ("ddp-fp16", dict(method="ddp-fp16")),
+    ("ddp-powersgd-r1", dict(method="ddp-powersgd", powersgd_rank=1)),
+    ("ddp-powersgd-r4", dict(method="ddp-powersgd", powersgd_rank=4)),
+    ("terse-powersgd-r1", dict(method="terse", codec="powersgd:rank=1")),
+    ("terse-powersgd-r4", dict(method="terse", codec="powersgd")),
+    ("terse-fp16", dict(method="terse", codec="fp16")),
+    ("terse-onebit", dict(method="terse", codec="onebit:ef=1")),
+    ("terse-topk", dict(method="terse", codec="topk:ratio=0.01,ef=1")),
+    ("terse-randomk", dict(method="terse", codec="randomk:ratio=0.01,ef=1")),
+    ("terse-dgc", dict(method="terse", codec="dgc")),
+    ("terse-auto", dict(method="terse", codec="auto")),
+    ("compute-only", dict(method="local")),
+]
+BASELINES = ("ddp", "ddp-fp16", "ddp-powersgd-r1", "ddp-powersgd-r4")
+
+# What each model trains for. Fashion-MNIST models: whole epochs with test accuracy every
+# quarter epoch (time to accuracy); the synthetic model: a fixed number of steps (throughput).
+# The compute-only floor needs no accuracy: a few dozen steps give its median.
+BUDGETS: Dict[str, Dict] = {
+    "mlp": dict(epochs=2, evals_per_epoch=4),
+    "cnn": dict(epochs=2, evals_per_epoch=4),
+    "vgg": dict(steps=25),
+}
+COMPUTE_ONLY_STEPS = 40
+LINKS = ("100mbit", "1gbit", "unshaped")
+LINK_NAMES = {"100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s", "unshaped": "unshaped veth",
+              "loopback": "loopback"}
+
+
+def configs(models: Iterable[str], methods: Iterable[str],
+            overrides: Dict) -> List[Tuple[str, str, RunConfig]]:
+    """(model, method name, RunConfig) of every configuration selected."""
+    table = dict(METHODS)
+    out = []
+    for model in models:
+        for name in methods:
+            fields = dict(BUDGETS[model], **table[name])
+            if name == "compute-only":
+                fields.pop("epochs", None)
+                fields.update(steps=min(COMPUTE_ONLY_STEPS, fields.get("steps", 10 ** 9)),
+                              evals_per_epoch=0)
+            fields.update(overrides)
+            fields["model"] = model
+            out.append((model, name, RunConfig(**fields)))
+    return out
+
+
+def _split(value: str, allowed: Iterable[str], what: str) -> List[str]:
+    items = [v for v in value.split(",") if v]
+    unknown = [v for v in items if v not in allowed]
+    if unknown:
+        raise SystemExit(f"unknown {what} {', '.join(unknown)}; known: {', '.join(allowed)}")
+    return items
+
+
+# ---- run ------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace) -> None:
+    if args.link != "loopback" and os.geteuid() != 0:
+        raise SystemExit("bench/train.py: emulated links need root (network namespaces, tc)")
+    overrides = {k: v for k, v in (("steps", args.steps), ("epochs", args.epochs),
+                                   ("samples", args.samples), ("warmup_steps", args.warmup),
+                                   ("evals_per_epoch", args.evals_per_epoch))
+                 if v is not None}
+    todo = configs(_split(args.models, MODELS, "models"),
+                   _split(args.methods, dict(METHODS), "methods"), overrides)
+    started = time.perf_counter()
+    for k, (model, name, config) in enumerate(todo, 1):
+        directory = os.path.join(args.results, args.link, model)
+        out = os.path.join(directory, f"{name}.json")
+        head = f"[{k}/{len(todo)}] {LINK_NAMES.get(args.link, args.link)} {model} {name}"
+        if os.path.exists(out) and not args.force:
+            print(f"{head}: done before, skipped ({out})", flush=True)
+            continue
+        os.makedirs(directory, exist_ok=True)
+        print(f"{head}: {method_label(config)}", flush=True)
+        partial = out + ".partial"
+        try:
+            result = launch(config, partial, ranks=args.ranks, link=args.link,
+                            log=os.path.join(directory, f"{name}.log"), echo=args.verbose)
+        except RuntimeError as e:
+            print(f"{head}: FAILED: {e}", file=sys.stderr, flush=True)
+            if args.keep_going:
+                continue
+            raise SystemExit(1)
+        result["name"] = name
+        with open(partial, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(partial, out)  # a JSON exists only for a finished configuration
+        accuracy = result["test_accuracy"]
+        print(f"{head}: {result['samples_per_second']:,.0f} samples/s, "
+              f"{_mb(result['wire_bytes_per_step'])} MB/step/rank on the wire, "
+              f"test accuracy {'-' if accuracy is None else f'{100 * accuracy:.2f} %'}, "
+              f"replicas {'identical' if result['replicas_identical'] else 'DIFFER'}, "
+              f"{result['wall_seconds']:.0f} s", flush=True)
+    print(f"bench/train.py: {args.link} finished in {time.perf_counter() - started:.0f} s",
+          flush=True)
+
+
+# ---- report ---------------------------------------------------------------------------------
+
+def _mb(n: Optional[float]) -> str:
+    return "-" if n is None else f"{n / 1e6:.3g}"
+
+
+def load(results: str) -> Dict[Tuple[str, str], Dict[str, Dict]]:
+    """{(link, model): {method name: result}} of every finished configuration."""
+    table: Dict[Tuple[str, str], Dict[str, Dict]] = {}
+    for path in sorted(glob.glob(os.path.join(results, "*", "*", "*.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        link, model = path.split(os.sep)[-3:-1]
+        table.setdefault((link, model), {})[r.get("name") or os.path.basename(path)[:-5]] = r
+    return table
+
+
+def _order(names: Iterable[str]) -> List[str]:
+    known = [n for n, _ in METHODS]
+    return sorted(names, key=lambda n: known.index(n) if n in known else len(known))
+
+
+def _links(table) -> List[str]:
+    present = {link for link, _ in table}
+    return [l for l in (*LINKS, "loopback") if l in present] + sorted(
+        present - set(LINKS) - {"loopback"})
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _seconds(s: Optional[float]) -> str:
+    return "not reached" if s is None else f"{s:.0f}"
+
+
+def _is_terse(name: str) -> bool:
+    return name.startswith("terse-")
+
+
+def best_terse(runs: Dict[str, Dict], by: str) -> Optional[str]:
+    """The terse configuration with the least time to accuracy (by="tta") or the most samples/s
+    among those whose final test accuracy is within 0.5 points of DDP fp32 (by="throughput";
+    any accuracy for synthetic data)."""
+    reference = runs.get("ddp", {}).get("test_accuracy")
+    candidates = []
+    for name, r in runs.items():
+        if not _is_terse(name):
+            continue
+        if by == "tta":
+            if r.get("time_to_accuracy") is not None:
+                candidates.append((r["time_to_accuracy"], name))
+        else:
+            accuracy = r.get("test_accuracy")
+            if accuracy is None or reference is None or accuracy >= reference - 0.005:
+                candidates.append((-r["samples_per_second"], name))
+    return min(candidates)[1] if candidates else None
+
+
+def model_table(link: str, model: str, runs: Dict[str, Dict]) -> List[str]:
+    """The detailed table of one model at one link rate."""
+    any_run = next(iter(runs.values()))
+    ddp, fp16, psgd = (runs.get(n, {}).get("samples_per_second")
+                       for n in ("ddp", "ddp-fp16", "ddp-powersgd-r4"))
+    floor = runs.get("compute-only", {}).get("median_step_seconds")
+    reference = runs.get("ddp", {}).get("test_accuracy")
+    target = any_run.get("target_accuracy")
+    budget = (f"{any_run['config']['epochs']} epoch(s) of {any_run['train_samples']:,} images"
+              if any_run["steps_per_epoch"] else f"{any_run['steps']} steps")
+    lines = [
+        f"#### {any_run['model_description']}, {LINK_NAMES.get(link, link)}",
+        "",
+        f"{any_run['ranks']} ranks, batch {any_run['batch_per_rank']} per rank, SGD lr "
+        f"{any_run['lr']} momentum {any_run['momentum']}, {any_run['parameters']:,} parameters "
+        f"({any_run['gradient_bytes'] / 1e6:.1f} MB fp32 gradient); {budget}"
+        + (f"; time to {100 * target:.0f} % test accuracy" if target else "") + ".",
+        "",
+        "| method | samples/s | vs DDP fp32 | vs fp16 hook | vs PowerSGD r4 | step ms "
+        "(fwd / bwd+comm / opt) | comm ms | wire MB/step | terse payload MB | test acc % "
+        "| vs DDP fp32 (points) | time to target s | replicas | others' CPU |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for name in _order(runs):
+        r = runs[name]
+        step = r["median_step_seconds"]
+        parts = " / ".join(f"{1000 * r[k]:.0f}" for k in (
+            "median_forward_seconds", "median_backward_seconds", "median_optimizer_seconds"))
+        comm = f"{1000 * (step - floor):.0f}" if floor and name != "compute-only" else "-"
+        accuracy = r["test_accuracy"]
+        local = name == "compute-only"
+        acc = "-" if accuracy is None or local else f"{100 * accuracy:.2f}"
+        delta = ("-" if accuracy is None or reference is None or local
+                 else f"{100 * (accuracy - reference):+.2f}")
+        tta = "-" if target is None or local else _seconds(r["time_to_accuracy"])
+        replicas = "n/a (no comm)" if local else ("identical" if r["replicas_identical"]
+                                                  else "**DIFFER**")
+        machine = r.get("machine", {})
+        others = (f"{100 * machine['cpu_seconds_others'] / machine['cpu_seconds_available']:.0f} %"
+                  if machine.get("cpu_seconds_available") else "-")
+        rate = r["samples_per_second"]
+        lines.append(
+            f"| {r['label']} | {rate:,.0f} | {_ratio(rate, ddp)} | {_ratio(rate, fp16)} "
+            f"| {_ratio(rate, psgd)} | {1000 * step:.0f} ({parts}) | {comm} "
+            f"| {_mb(r['wire_bytes_per_step'])} | {_mb(r['payload_bytes_per_step'])} | {acc} "
+            f"| {delta} | {tta} | {replicas} | {others} |")
+    return lines + [""]
+
+
+def summary_tables(table) -> List[str]:
+    """Throughput and time to accuracy of every method across link rates, one table a model."""
+    links = _links(table)
+    models = [m for m in MODELS if any((l, m) in table for l in links)]
+    lines = []
+    for model in models:
+        names = _order({n for l in links for n in table.get((l, model), {})})
+        spec = MODELS[model]
+        lines += [f"#### {spec.description}: samples/s (and time to "
+                  f"{100 * spec.target_accuracy:.0f} % test accuracy, s)"
+                  if spec.target_accuracy else f"#### {spec.description}: samples/s", "",
+                  "| method | " + " | ".join(LINK_NAMES.get(l, l) for l in links) + " |",
+                  "|---|" + "---:|" * len(links)]
+        for name in names:
+            cells = []
+            for link in links:
+                r = table.get((link, model), {}).get(name)
+                if r is None:
+                    cells.append("-")
+                    continue
+                cell = f"{r['samples_per_second']:,.0f}"
+                if spec.target_accuracy and name != "compute-only":
+                    cell += f" ({_seconds(r['time_to_accuracy'])})"
+                cells.append(cell)
+            label = next(r["label"] for l in links
+                         for n, r in table.get((l, model), {}).items() if n == name)
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def targets(table) -> List[str]:
+    """The issue's targets, each with the measured figures and whether it is met."""
+    lines = ["| target | model, link | measured | met |", "|---|---|---|---|"]
+
+    def row(target: str, where: str, measured: str, ok: Optional[bool]) -> None:
+        lines.append(f"| {target} | {where} | {measured} | "
+                     f"{'-' if ok is None else ('yes' if ok else '**no**')} |")
+
+    for link in ("100mbit", "1gbit"):
+        for model in MODELS:
+            runs = table.get((link, model))
+            if not runs:
+                continue
+            where = f"{model}, {LINK_NAMES[link]}"
+            base = {n: runs.get(n) for n in ("ddp", "ddp-fp16", "ddp-powersgd-r4")}
+            if MODELS[model].target_accuracy:
+                best = best_terse(runs, "tta")
+                if best and all(base.values()):
+                    t = runs[best]["time_to_accuracy"]
+                    others = [base[n]["time_to_accuracy"] for n in base]
+                    others += [runs[n]["time_to_accuracy"] for n in runs
+                               if n.startswith("ddp-powersgd") and n not in base]
+                    ok = all(o is None or t < o for o in others)
+                    row("time to accuracy: best terse sooner than DDP fp32, fp16 hook, "
+                        "PowerSGD hook", where,
+                        f"{runs[best]['label']} {t:.0f} s; DDP fp32 "
+                        f"{_seconds(base['ddp']['time_to_accuracy'])} s, fp16 hook "
+                        f"{_seconds(base['ddp-fp16']['time_to_accuracy'])} s, PowerSGD r4 "
+                        f"{_seconds(base['ddp-powersgd-r4']['time_to_accuracy'])} s"
+                        + (f", r1 {_seconds(runs['ddp-powersgd-r1']['time_to_accuracy'])} s"
+                           if "ddp-powersgd-r1" in runs else ""), ok)
+                else:
+                    row("time to accuracy", where, "no terse configuration reached the target"
+                        if not best else "a baseline is missing", False if not best else None)
+            best = best_terse(runs, "throughput")
+            if best and base["ddp-fp16"] and base["ddp-powersgd-r4"]:
+                rate = runs[best]["samples_per_second"]
+                fp16 = base["ddp-fp16"]["samples_per_second"]
+                psgd = base["ddp-powersgd-r4"]["samples_per_second"]
+                row("throughput: best terse >= 1.5x fp16 hook and >= PowerSGD hook r4 "
+                    "(accuracy within 0.5 points of DDP fp32)", where,
+                    f"{runs[best]['label']} {rate:,.0f} samples/s = {rate / fp16:.2f}x fp16 "
+                    f"hook, {rate / psgd:.2f}x PowerSGD r4", rate >= 1.5 * fp16 and rate >= psgd)
+            elif MODELS[model].target_accuracy and base["ddp"]:
+                row("throughput", where, "no terse configuration within 0.5 points of DDP fp32",
+                    False)
+            auto, fastest = runs.get("terse-auto"), best_terse(runs, "throughput")
+            if auto and fastest:
+                ratio = auto["samples_per_second"] / runs[fastest]["samples_per_second"]
+                row("codec=auto within 10% of the best terse configuration", where,
+                    f"auto {auto['samples_per_second']:,.0f} samples/s = {ratio:.2f}x "
+                    f"{runs[fastest]['label']}", ratio >= 0.9)
+    for model in MODELS:
+        runs = table.get(("unshaped", model))
+        if runs and runs.get("terse-auto") and runs.get("ddp"):
+            ratio = runs["terse-auto"]["samples_per_second"] / runs["ddp"]["samples_per_second"]
+            row("codec=auto at most 5% slower than DDP fp32 (unshaped)", f"{model}, unshaped",
+                f"{ratio:.3f}x DDP fp32", ratio >= 0.95)
+    identical = [(l, m, n) for (l, m), runs in table.items() for n, r in runs.items()
+                 if n != "compute-only" and not r["replicas_identical"]]
+    total = sum(1 for runs in table.values() for n in runs if n != "compute-only")
+    row("parameters bit-identical across ranks after every run", "all",
+        f"{total - len(identical)} of {total} runs"
+        + (": differ in " + ", ".join("/".join(x) for x in identical) if identical else ""),
+        not identical)
+    return lines + [""]
+
+
+def runtime(table) -> List[str]:
+    """Wall time of the benchmark's runs (start-up included), per link and in total."""
+    lines = []
+    total = 0.0
+    for link in _links(table):
+        seconds = sum(r["wall_seconds"] for (l, _), runs in table.items() if l == link
+                      for r in runs.values())
+        runs = sum(len(runs) for (l, _), runs in table.items() if l == link)
+        total += seconds
+        lines.append(f"- {LINK_NAMES.get(link, link)}: {runs} runs, {seconds / 60:.0f} min")
+    lines.append(f"- total: {total / 3600:.2f} h of wall time")
+    return lines + [""]
+
+
+def markdown(table) -> str:
+    lines = ["### Summary", ""] + summary_tables(table)
+    lines += ["### Targets", ""] + targets(table)
+    lines += ["### Every configuration", ""]
+    for link in _links(table):
+        for model in MODELS:
+            if (link, model) in table:
+                lines += model_table(link, model, table[(link, model)])
+    lines += ["### Runtime of the benchmark", ""] + runtime(table)
+    return "\n".join(lines)
+
+
+def plots(table, directory: str) -> List[str]:
+    """Throughput vs link rate (one panel a model) and accuracy vs training time (one figure a
+    Fashion-MNIST model, one panel a link rate); returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    links = [l for l in _links(table) if l != "loopback"] or _links(table)
+    models = [m for m in MODELS if any((l, m) in table for l in links)]
+    names = _order({n for runs in table.values() for n in runs})
+    styles = {n: ("--" if n in BASELINES else (":" if n == "compute-only" else "-"))
+              for n in names}
+    colors = {n: plt.cm.tab20(i % 20) for i, n in enumerate(names)}
+
+    def label_of(name: str) -> str:
+        return next(r["label"] for runs in table.values() for n, r in runs.items() if n == name)
+
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for name in names:
+            xs, ys = [], []
+            for i, link in enumerate(links):
+                r = table.get((link, model), {}).get(name)
+                if r:
+                    xs.append(i)
+                    ys.append(r["samples_per_second"])
+            if xs:
+                ax.plot(xs, ys, styles[name], marker="o", color=colors[name],
+                        label=label_of(name))
+        ax.set_xticks(range(len(links)), [LINK_NAMES.get(l, l) for l in links])
+        ax.set_yscale("log")
+        ax.set_title(MODELS[model].description, fontsize=9)
+        ax.set_xlabel("link rate")
+        ax.set_ylabel("samples/s (median step, 4 ranks)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    path = os.path.join(directory, "training-throughput.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    for model in models:
+        spec = MODELS[model]
+        if not spec.target_accuracy:
+            continue
+        panels = [l for l in links if (l, model) in table]
+        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
+        for ax, link in zip(axes[0], panels):
+            for name in names:
+                r = table[(link, model)].get(name)
+                if not r or name == "compute-only" or not r["curve"]:
+                    continue
+                ax.plot([0] + [c["train_seconds"] for c in r["curve"]],
+                        [0.1] + [c["accuracy"] for c in r["curve"]], styles[name],
+                        color=colors[name], label=label_of(name))
+            ax.axhline(spec.target_accuracy, color="gray", lw=0.8)
+            ax.set_xscale("symlog", linthresh=10)
+            ax.set_ylim(max(0.0, spec.target_accuracy - 0.15), 1.0)
+            ax.set_title(f"{spec.description}, {LINK_NAMES.get(link, link)}", fontsize=9)
+            ax.set_xlabel("training time, s (evaluation excluded; log scale above 10 s)")
+            ax.set_ylabel("test accuracy")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        fig.tight_layout()
+        path = os.path.join(directory, f"training-accuracy-{model}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+BEGIN, END = "<!-- training-report:begin -->", "<!-- training-report:end -->"
+
+
+def report(args: argparse.Namespace) -> None:
+    table = load(args.results)
+    if not table:
+        raise SystemExit(f"bench/train.py: no results under {args.results}")
+    text = markdown(table)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    if args.update:
+        with open(args.update) as f:
+            page = f.read()
+        if BEGIN not in page or END not in page:
+            raise SystemExit(f"{args.update} has no {BEGIN} ... {END} markers")
+        head, rest = page.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        with open(args.update, "w") as f:
+            f.write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    if args.plots:
+        for path in plots(table, args.plots):
+            print(f"plot: {path}", file=sys.stderr)
+
+
+def list_matrix(args: argparse.Namespace) -> None:
+    for model, name, config in configs(MODELS, dict(METHODS), {}):
+        budget = (f"{config.steps} steps" if config.steps
+                  else f"{config.epochs} epoch(s), accuracy {config.evals_per_epoch}x/epoch")
+        print(f"{model:4} {name:18} {method_label(config):34} {budget}")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="bench/train.py",
+                                description=" ".join(__doc__.split("\n\n")[0].split()))
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="train every selected configuration at one link rate")
+    r.add_argument("--link", required=True,
+                   help="unshaped, 1gbit, 100mbit (any tc rate), or loopback (no emulation)")
+    r.add_argument("--models", default=",".join(MODELS))
+    r.add_argument("--methods", default=",".join(n for n, _ in METHODS))
+    r.add_argument("--results", default="results/train")
+    r.add_argument("--ranks", type=int, default=4)
+    r.add_argument("--force", action="store_true", help="run configurations that have a JSON")
+    r.add_argument("--keep-going", action="store_true", help="go on after a failed run")
+    r.add_argument("--verbose", action="store_true", help="show rank 0's output")
+    r.add_argument("--steps", type=int, help="override: train this many steps")
+    r.add_argument("--epochs", type=int, help="override: epochs")
+    r.add_argument("--samples", type=int, help="override: training images used")
+    r.add_argument("--warmup", type=int, help="override: steps left out of the median")
+    r.add_argument("--evals-per-epoch", type=int, help="override: accuracy checks per epoch")
+    r.set_defaults(func=run)
+    q = sub.add_parser("report", help="tables, targets and plots from the JSON files")
+    q.add_argument("--results", default="results/train")
+    q.add_argument("--markdown", help="also write the tables to this file")
+    q.add_argument("--update", help="replace the marked part of this markdown file")
+    q.add_argument("--plots", help="directory for the PNG plots")
+    q.set_defaults(func=report)
+    sub.add_parser("list", help="the matrix").set_defaults(func=list_matrix)
+    args = p.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,608 @@
+"""Data-parallel training of real models, shared by the demo (terse.demo) and the training
+benchmark (bench/train.py).
+
+A run is described by a :class:`RunConfig`: which model (and with it the data set, batch size
+and optimizer), how gradients travel between the ranks (DDP's own allreduce, one of PyTorch's
+communication hooks, or the terse hook with a codec), how long to train and how often to
+measure test accuracy. :func:`launch` starts the run's ranks on this machine, over loopback
+with ``terse run`` or each on its own emulated host with ``scripts/cluster.sh``, and returns
+rank 0's result; every rank runs ``python3 -m terse.training --config JSON --out FILE``.
+
+What a run measures (the result's keys are described in :func:`run_rank`):
+
+* time of every step, split into forward, backward (which includes waiting for DDP's
+  communication) and optimizer step; throughput is the global batch over the median step time
+  after ``warmup_steps``;
+* test accuracy at fixed points (``evals_per_epoch``), each stamped with the training time so
+  far; evaluation itself is not training time, for every method alike, so time-to-accuracy is
+  the training clock at the first evaluation that reaches the model's target;
+* bytes each rank sent per step: on an emulated host from the kernel's counters of its
+  interface (``/proc/self/net/dev``; what any method puts on the wire, TCP/IP headers
+  included), and for the terse hook also the engine's own count of payload bytes;
+* a SHA-256 digest of every rank's parameters at the end, gathered on rank 0.
+"""
+
+import argparse
+import dataclasses
+import gc
+import hashlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+# ---- models ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A model with its data set and the optimizer settings every method trains it with."""
+
+    name: str
+    description: str
+    dataset: str  # "fashion-mnist" or "synthetic" (throughput only: no accuracy)
+    batch: int  # per rank
+    lr: float
+    momentum: float
+    target_accuracy: Optional[float]  # the time-to-accuracy level; None for synthetic data
+    build: Callable[[], Any]
+
+
+def _mlp():
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+                         nn.Linear(2048, 10))
+
+
+def _cnn():
+    import torch.nn as nn
+
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 28, 28)),
+        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def _vgg():
+    import torch.nn as nn
+
+    def block(cin, cout):
+        return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+
+    # VGG's shape at CIFAR size: three conv blocks, then fully connected layers that hold most
+    # of the parameters (and so of the gradient bytes). Each layer stays under 32 MB: glibc
+    # serves larger blocks with fresh mmap()s, and autograd allocates every weight's gradient
+    # anew each step, so a 4096x4096 layer (67 MB) paid about 2 s a step here in first touches
+    # of fresh pages, the same for every method, burying communication under it.
+    return nn.Sequential(
+        *block(3, 32), *block(32, 64), *block(64, 128), nn.Flatten(),
+        nn.Linear(128 * 4 * 4, 2560), nn.ReLU(), nn.Linear(2560, 2560), nn.ReLU(),
+        nn.Linear(2560, 2560), nn.ReLU(), nn.Linear(2560, 10))
+
+
+MODELS: Dict[str, ModelSpec] = {
+    "mlp": ModelSpec("mlp", "MLP 784-2048-2048-10 on Fashion-MNIST", "fashion-mnist",
+                     batch=64, lr=0.05, momentum=0.9, target_accuracy=0.85, build=_mlp),
+    "cnn": ModelSpec("cnn", "CNN conv32-conv64-fc128 on Fashion-MNIST", "fashion-mnist",
+                     batch=64, lr=0.05, momentum=0.9, target_accuracy=0.88, build=_cnn),
+    "vgg": ModelSpec("vgg", "VGG-style CNN (conv 32-64-128, fc 2560x3) on synthetic "
+                     "3x32x32 images", "synthetic", batch=32, lr=0.01, momentum=0.9,
+                     target_accuracy=None, build=_vgg),
+}
+
+
+def build_model(name: str):
+    """The model ``name`` with the same initial weights on every rank and in every run."""
+    import torch
+
+    torch.manual_seed(0)
+    return MODELS[name].build()
+
+
+# ---- how gradients travel -------------------------------------------------------------------
+
+METHODS = ("ddp", "ddp-fp16", "ddp-powersgd", "terse", "local")
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """One training run, the same on every rank.
+
+    method: ``ddp`` (DistributedDataParallel's fp32 allreduce over Gloo), ``ddp-fp16``
+    (PyTorch's fp16_compress_hook), ``ddp-powersgd`` (PyTorch's powerSGD_hook of rank
+    ``powersgd_rank`` with error feedback and warm start), ``terse`` (terse's hook with
+    ``codec``, ``strategy``, ``partitions``, ``min_bytes``), or ``local`` (a hook that returns
+    each rank's own gradient without communicating: the compute-only floor of a step; replicas
+    diverge by design).
+    """
+
+    model: str = "mlp"
+    method: str = "ddp"
+    codec: str = "powersgd"
+    strategy: str = "auto"
+    partitions: int = 0
+    min_bytes: int = 64 << 10
+    powersgd_rank: int = 4
+    threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
+    epochs: int = 1
+    samples: int = 60000  # training images used (Fashion-MNIST)
+    steps: int = 0  # > 0: stop after this many steps (the only limit for synthetic data)
+    warmup_steps: int = 5  # excluded from the throughput median
+    evals_per_epoch: int = 0  # test accuracy this often per epoch; always once at the end
+    timeout: float = 120.0  # seconds every terse wait is bounded by
+    label: str = ""
+    progress_every: int = 0  # rank 0 prints a progress line every this many steps (0: 10x)
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; known: {', '.join(METHODS)}")
+        if MODELS[self.model].dataset == "synthetic" and self.steps <= 0:
+            raise ValueError(f"model {self.model} trains on synthetic data: give steps > 0")
+
+
+def _local_hook():
+    """A hook that returns each bucket unchanged: no communication at all (the compute-only
+    floor). Built on first use: DDP checks the annotations, which need torch."""
+    import torch
+    import torch.distributed as dist
+
+    def local(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    return local
+
+
+def _communication(model: Any, config: RunConfig) -> Optional[Any]:
+    """Registers the communication hook of ``config.method`` on the DDP ``model``; returns the
+    terse hook state for method ``terse`` (else None)."""
+    if config.method == "ddp":
+        return None
+    if config.method == "ddp-fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif config.method == "ddp-powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+        # start_powerSGD_iter=2 is the earliest PyTorch allows with error feedback or warm start
+        # (DDP rebuilds its buckets after the first step); before it the hook allreduces fp32.
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=config.powersgd_rank,
+            use_error_feedback=True, warm_start=True, start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif config.method == "local":
+        model.register_comm_hook(None, _local_hook())
+    elif config.method == "terse":
+        import terse.torch
+
+        state, hook = terse.torch.ddp_hook(
+            model, codec=config.codec, strategy=config.strategy, partitions=config.partitions,
+            min_bytes=config.min_bytes, threads=config.threads, timeout=config.timeout)
+        model.register_comm_hook(state, hook)
+        return state
+    return None
+
+
+def method_label(config: RunConfig) -> str:
+    """How the method reads in tables: "DDP fp32", "DDP PowerSGD r4", "terse fp16", ..."""
+    if config.method == "ddp":
+        return "DDP fp32"
+    if config.method == "ddp-fp16":
+        return "DDP fp16 hook"
+    if config.method == "ddp-powersgd":
+        return f"DDP PowerSGD r{config.powersgd_rank}"
+    if config.method == "local":
+        return "compute only (no communication)"
+    extra = [] if config.strategy == "auto" else [config.strategy]
+    extra += [] if config.partitions == 0 else [f"K={config.partitions}"]
+    return f"terse {config.codec}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+
+class _Data:
+    """Training and test sets of a model: Fashion-MNIST, or fixed random synthetic batches."""
+
+    def __init__(self, spec: ModelSpec, config: RunConfig, rank: int, world: int) -> None:
+        import torch
+
+        self.rank, self.world, self.batch = rank, world, spec.batch
+        self.synthetic = spec.dataset == "synthetic"
+        if self.synthetic:
+            # A pool of 8 batches per rank, drawn once: generating images is no part of a step.
+            g = torch.Generator().manual_seed(1000 + rank)
+            self.pool = [(torch.randn(spec.batch, 3, 32, 32, generator=g),
+                          torch.randint(0, 10, (spec.batch,), generator=g)) for _ in range(8)]
+            self.train_size = 0
+            self.x_test = self.y_test = None
+            return
+        from terse.data import load_fashion_mnist
+
+        x, y = load_fashion_mnist("train", limit=config.samples)
+        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+        xt, yt = load_fashion_mnist("test")
+        self.x_test, self.y_test = torch.from_numpy(xt), torch.from_numpy(yt)
+        self.train_size = len(self.x)
+        self.order = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.train_size // (self.batch * self.world) if not self.synthetic else 0
+
+    def start_epoch(self, epoch: int) -> None:
+        import torch
+
+        if not self.synthetic:
+            # The same permutation on every rank; each takes its slice of every global batch.
+            self.order = torch.randperm(self.train_size,
+                                        generator=torch.Generator().manual_seed(epoch))
+
+    def batch_of_step(self, i: int) -> Tuple[Any, Any]:
+        """This rank's batch of the epoch's step i."""
+        if self.synthetic:
+            return self.pool[i % len(self.pool)]
+        global_batch = self.batch * self.world
+        start = i * global_batch + self.rank * self.batch
+        index = self.order[start:start + self.batch]
+        return self.x[index], self.y[index]
+
+
+def evaluate(module: Any, data: _Data) -> float:
+    """Test accuracy over all 10,000 test images: each rank scores every world-th one, and the
+    counts are summed over the default process group."""
+    import torch
+    import torch.distributed as dist
+
+    module.eval()
+    correct = 0
+    share = torch.arange(data.rank, len(data.x_test), data.world)
+    with torch.no_grad():
+        for chunk in share.split(1000):
+            correct += int((module(data.x_test[chunk]).argmax(1) == data.y_test[chunk]).sum())
+    module.train()
+    counts = torch.tensor([float(correct), float(len(share))], dtype=torch.float64)
+    dist.all_reduce(counts)
+    return float(counts[0] / counts[1])
+
+
+def parameter_digest(module: Any) -> str:
+    """SHA-256 of every parameter's bytes, in order: equal digests mean bit-identical replicas."""
+    digest = hashlib.sha256()
+    for p in module.parameters():
+        digest.update(p.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def interface_tx_bytes(ifname: Optional[str]) -> Optional[int]:
+    """Bytes the kernel has sent on interface ``ifname`` of this process's network namespace
+    (/proc/self/net/dev), or None without an interface name or when it does not exist."""
+    if not ifname:
+        return None
+    with open("/proc/self/net/dev") as f:
+        for line in f:
+            name, sep, rest = line.partition(":")
+            if sep and name.strip() == ifname:
+                return int(rest.split()[8])  # receive: 8 fields, then transmit bytes
+    return None
+
+
+# ---- one rank -------------------------------------------------------------------------------
+
+
+def _median(values: List[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
+
+
+class _Meter:
+    """Counts bytes over the training steps only: evaluation's collectives stay outside."""
+
+    def __init__(self, ifname: Optional[str], state: Optional[Any]) -> None:
+        self.ifname, self.state = ifname, state
+        self.wire = 0 if interface_tx_bytes(ifname) is not None else None
+        self.payload = 0 if state is not None else None
+        self._marks: Optional[Tuple[Optional[int], Optional[int]]] = None
+
+    def _now(self) -> Tuple[Optional[int], Optional[int]]:
+        return (interface_tx_bytes(self.ifname) if self.wire is not None else None,
+                self.state.bytes_sent if self.state is not None else None)
+
+    def start(self) -> None:
+        self._marks = self._now()
+
+    def stop(self) -> None:
+        if self._marks is None:
+            return
+        wire, payload = self._now()
+        if self.wire is not None:
+            self.wire += wire - self._marks[0]
+        if self.payload is not None:
+            self.payload += payload - self._marks[1]
+        self._marks = None
+
+
+def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
+    """Trains one rank of ``config`` (torch.distributed's environment: RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT; TERSE_IFNAME names the interface whose bytes are counted).
+
+    Returns on rank 0 (None elsewhere) a dict with the configuration and: ``steps``,
+    ``timed_steps`` (after warm-up), ``samples_per_second`` (global batch / median step time),
+    ``median_step_seconds`` and the medians of its ``forward``/``backward``/``optimizer`` parts,
+    ``train_seconds`` (every step, evaluation excluded), ``curve`` (evaluations: step, epoch,
+    train_seconds, accuracy), ``test_accuracy`` (at the end), ``time_to_accuracy`` (the
+    training time of the first evaluation at the model's target, or None),
+    ``wire_bytes_per_step`` (per rank, mean over ranks, measured on the interface),
+    ``payload_bytes_per_step`` (terse's count), ``gradient_bytes``, ``digests`` and
+    ``replicas_identical``.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    started = time.perf_counter()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = MODELS[config.model]
+    data = _Data(spec, config, rank, world)
+    if config.method == "ddp-powersgd":
+        # PyTorch's powerSGD_hook starts its second allreduce (of Q) from a callback of the
+        # first; with several buckets that callback races the next bucket's hook, the ranks
+        # enqueue Gloo collectives in different orders and Gloo aborts ("op.preamble.length <=
+        # op.nbytes"). One bucket holding every parameter keeps the order the same everywhere.
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 62
+        model = DDP(build_model(config.model), bucket_cap_mb=1 << 20)
+    else:
+        model = DDP(build_model(config.model))
+    state = _communication(model, config)
+    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
+    parameters = sum(p.numel() for p in model.parameters())
+    label = config.label or method_label(config)
+    meter = _Meter(os.environ.get("TERSE_IFNAME"), state)
+
+    steps_per_epoch = data.steps_per_epoch
+    total = config.steps if config.steps > 0 else steps_per_epoch * config.epochs
+    if steps_per_epoch and config.steps <= 0 and total == 0:
+        raise ValueError("too few samples for one global batch")
+    eval_steps = set()
+    if steps_per_epoch and config.evals_per_epoch > 0:
+        for e in range(config.epochs):
+            for j in range(1, config.evals_per_epoch + 1):
+                eval_steps.add(e * steps_per_epoch + round(j * steps_per_epoch /
+                                                           config.evals_per_epoch))
+    progress_every = config.progress_every or max(1, total // 10)
+    global_batch = spec.batch * world
+    if rank == 0:
+        print(f"[{label}] {world} ranks connected, data ready "
+              f"({time.perf_counter() - started:.1f} s); {total} steps of {global_batch} samples",
+              flush=True)
+
+    times: List[Tuple[float, float, float]] = []  # (forward, backward, optimizer) after warm-up
+    train_seconds = 0.0
+    curve: List[Dict[str, float]] = []
+    loss_sum, loss_count = 0.0, 0
+    step = 0
+    while step < total:
+        if steps_per_epoch:
+            data.start_epoch(step // steps_per_epoch)
+        for i in range(steps_per_epoch or total):
+            if step == total:
+                break
+            if step == config.warmup_steps:
+                meter.start()
+            xb, yb = data.batch_of_step(i)
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(xb), yb)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            optimizer.step()
+            t3 = time.perf_counter()
+            train_seconds += t3 - t0
+            if step >= config.warmup_steps:
+                times.append((t1 - t0, t2 - t1, t3 - t2))
+            loss_sum += loss.item()
+            loss_count += 1
+            step += 1
+            if step in eval_steps or (steps_per_epoch and step == total):
+                meter.stop()
+                accuracy = evaluate(model.module, data)
+                curve.append({"step": step, "epoch": step / steps_per_epoch,
+                              "train_seconds": train_seconds, "accuracy": accuracy})
+                if rank == 0:
+                    print(f"[{label}] step {step}/{total} epoch {step / steps_per_epoch:.2f} "
+                          f"train time {train_seconds:.1f} s: test accuracy "
+                          f"{100 * accuracy:.2f} %", flush=True)
+                if step >= config.warmup_steps:
+                    meter.start()
+            if rank == 0 and (step % progress_every == 0 or step == total):
+                med = _median([sum(t) for t in times])
+                rate = f"{global_batch / med:,.0f} samples/s" if med else "warming up"
+                print(f"[{label}] step {step}/{total} loss {loss_sum / loss_count:.3f} {rate}",
+                      flush=True)
+                loss_sum, loss_count = 0.0, 0
+    meter.stop()
+
+    timed = len(times)
+    mine = {
+        "wire_bytes_per_step": meter.wire / timed if meter.wire is not None and timed else None,
+        "payload_bytes_per_step": (meter.payload / timed if meter.payload is not None and timed
+                                   else None),
+        "digest": parameter_digest(model.module),
+    }
+    everyone: List[Optional[Dict[str, Any]]] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    plan = []
+    if state is not None:
+        plan = [(name, n, p.codec, p.strategy, p.partitions) for name, n, p in state.plan()]
+        state.close()
+
+    result = None
+    if rank == 0:
+        def mean_over_ranks(key: str) -> Optional[float]:
+            values = [r[key] for r in everyone]
+            return None if any(v is None for v in values) else sum(values) / len(values)
+
+        steps = [sum(t) for t in times]
+        median_step = _median(steps)
+        target = spec.target_accuracy
+        reached = [c for c in curve if target is not None and c["accuracy"] >= target]
+        digests = [r["digest"] for r in everyone]
+        result = {
+            "config": dataclasses.asdict(config), "label": label, "model": config.model,
+            "model_description": spec.description, "method": config.method,
+            "ranks": world, "batch_per_rank": spec.batch, "global_batch": global_batch,
+            "lr": spec.lr, "momentum": spec.momentum, "parameters": parameters,
+            "gradient_bytes": parameters * 4, "train_samples": data.train_size,
+            "steps_per_epoch": steps_per_epoch, "steps": total, "timed_steps": timed,
+            "samples_per_second": global_batch / median_step if median_step else None,
+            "median_step_seconds": median_step,
+            "median_forward_seconds": _median([t[0] for t in times]),
+            "median_backward_seconds": _median([t[1] for t in times]),
+            "median_optimizer_seconds": _median([t[2] for t in times]),
+            "step_seconds": steps,
+            "train_seconds": train_seconds, "curve": curve,
+            "test_accuracy": curve[-1]["accuracy"] if curve else None,
+            "target_accuracy": target,
+            "time_to_accuracy": reached[0]["train_seconds"] if reached else None,
+            "epochs_to_accuracy": reached[0]["epoch"] if reached else None,
+            "wire_bytes_per_step": mean_over_ranks("wire_bytes_per_step"),
+            "wire_bytes_per_step_by_rank": [r["wire_bytes_per_step"] for r in everyone],
+            "payload_bytes_per_step": mean_over_ranks("payload_bytes_per_step"),
+            "interface": os.environ.get("TERSE_IFNAME"),
+            "digests": digests, "replicas_identical": len(set(digests)) == 1, "plan": plan,
+        }
+    # DDP's reducer holds the process group: if it outlived destroy_process_group(), its
+    # destructor would join Gloo's threads while holding the GIL, which a thread still freeing a
+    # tensor waits for (a torch 1.13 deadlock at exit). So the model goes first.
+    del model, optimizer, state, meter
+    gc.collect()
+    dist.destroy_process_group()
+    return result
+
+
+# ---- launching the ranks --------------------------------------------------------------------
+
+
+class _MachineLoad:
+    """How busy the machine was while a run's ranks ran: this machine is shared, and CPU time
+    taken by other processes slows every method's steps. Compares the machine's busy CPU time
+    (/proc/stat) with the CPU time of the run's own processes (waited-for children)."""
+
+    def __init__(self) -> None:
+        self.busy, self.total = self._stat()
+        self.own = self._own()
+        self.loadavg = self._loadavg()
+
+    @staticmethod
+    def _stat() -> Tuple[float, float]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        ticks = os.sysconf("SC_CLK_TCK")
+        idle = fields[3] + fields[4]  # idle, iowait
+        return (sum(fields) - idle) / ticks, sum(fields) / ticks
+
+    @staticmethod
+    def _own() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    @staticmethod
+    def _loadavg() -> float:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+
+    def finish(self) -> Dict[str, float]:
+        busy, total = self._stat()
+        own = self._own() - self.own
+        cores = os.cpu_count() or 1
+        return {"cores": cores, "cpu_seconds_busy": busy - self.busy,
+                "cpu_seconds_available": total - self.total,
+                "cpu_seconds_this_run": own,
+                "cpu_seconds_others": max(0.0, busy - self.busy - own),
+                "loadavg_start": self.loadavg, "loadavg_end": self._loadavg()}
+
+
+def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
+           log: Optional[str] = None, echo: bool = True) -> Dict[str, Any]:
+    """Runs ``config`` on ``ranks`` ranks of this machine and returns rank 0's result (also
+    written to ``out``), with ``wall_seconds`` (the whole run, start-up included) and ``link``.
+
+    ``link`` empty or "loopback": local processes over loopback (``terse run``). Otherwise
+    (root only) each rank gets its own emulated host from scripts/cluster.sh with links of that
+    rate, or "unshaped" veth links, and the bytes each rank sends are counted on its eth0.
+    ``log``: a file that receives every rank's output; ``echo``: also print rank 0's lines.
+    """
+    from terse import _paths
+
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=python_path)
+    worker = [sys.executable, "-m", "terse.training", "--config",
+              json.dumps(dataclasses.asdict(config)), "--out", out]
+    if link and link != "loopback":
+        # Each rank in its own namespace: torch's Gloo must bind the namespace's eth0 (terse
+        # gets TERSE_IFNAME=eth0 from cluster.sh); the environment is passed through env(1).
+        cluster = os.path.join(_paths.SOURCE_DIR, "scripts", "cluster.sh")
+        cmd = ["bash", cluster, "-n", str(ranks), "-r", link, "--", "env",
+               f"PYTHONPATH={python_path}", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
+               "GLOO_SOCKET_IFNAME=eth0", f"TERSE_TIMEOUT={config.timeout}", *worker]
+        rank0 = "[host 0] "
+    else:
+        cmd = [_paths.TERSE_CLI, "run", "-n", str(ranks), "--timeout", str(config.timeout),
+               "--", *worker]
+        rank0 = "[rank 0] "
+    if os.path.exists(out):
+        os.remove(out)
+    machine = _MachineLoad()
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    lines: List[str] = []
+    with open(log, "w") if log else open(os.devnull, "w") as sink:
+        for line in proc.stdout:
+            sink.write(line)
+            lines.append(line)
+            if echo and line.startswith(rank0):
+                print(line[len(rank0):], end="", flush=True)
+    status = proc.wait()
+    if status != 0 or not os.path.exists(out):
+        tail = "".join(lines[-40:])
+        raise RuntimeError(f"{config.label or method_label(config)}: the run failed "
+                           f"(exit status {status}); last output:\n{tail}")
+    with open(out) as f:
+        result = json.load(f)
+    result["wall_seconds"] = time.perf_counter() - start
+    result["link"] = link or "loopback"
+    result["machine"] = machine.finish()
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="python3 -m terse.training",
+                                description="One rank of a training run (see terse.training).")
+    p.add_argument("--config", required=True, help="RunConfig as JSON")
+    p.add_argument("--out", required=True, help="where rank 0 writes the result (JSON)")
+    args = p.parse_args(argv)
+    result = run_rank(RunConfig(**json.loads(args.config)))
+    if result is not None:
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

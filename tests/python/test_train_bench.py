@@ -1,0 +1,54 @@
+"""Smoke test of the training benchmark's driver (bench/train.py): a tiny configuration (2 ranks
+over loopback, a few steps of the MLP on part of Fashion-MNIST) with DDP's allreduce and with
+the terse hook, then the report. It checks that the driver still runs end to end and writes
+what the full benchmark's report reads, not any figure."""
+
+import json
+import subprocess
+
+from conftest import PYTHON, REPO
+
+DRIVER = str(REPO / "bench" / "train.py")
+METHODS = ["ddp", "terse-powersgd-r4"]
+
+
+def driver(*args: str, timeout: float = 300) -> str:
+    proc = subprocess.run([PYTHON, DRIVER, *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"bench/train.py {' '.join(args)} failed:\n{proc.stdout}"
+    return proc.stdout
+
+
+def test_driver_runs_a_tiny_configuration_and_reports(tmp_path):
+    results = tmp_path / "results"
+    run = ["run", "--link", "loopback", "--ranks", "2", "--models", "mlp", "--methods",
+           ",".join(METHODS), "--steps", "6", "--warmup", "2", "--samples", "2048",
+           "--evals-per-epoch", "2", "--results", str(results)]
+    driver(*run)
+    for name in METHODS:
+        r = json.loads((results / "loopback" / "mlp" / f"{name}.json").read_text())
+        assert r["name"] == name and r["ranks"] == 2 and r["steps"] == 6
+        assert r["timed_steps"] == 4 and r["samples_per_second"] > 0
+        assert r["replicas_identical"], r["digests"]
+        assert 0.0 < r["test_accuracy"] <= 1.0
+        # 2048 images are 16 steps of 2 x 64: accuracy at steps 8 and 16 of the epoch would
+        # come after these 6 steps, so the one point of the curve is the final evaluation.
+        assert [c["step"] for c in r["curve"]] == [6]
+        assert r["wire_bytes_per_step"] is None  # loopback: no per-rank interface to count
+        assert (r["payload_bytes_per_step"] is None) == (name == "ddp")
+        assert (tmp_path / "results" / "loopback" / "mlp" / f"{name}.log").exists()
+
+    # Resumable: a configuration with a JSON is not run again.
+    assert driver(*run).count("done before, skipped") == len(METHODS)
+
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- training-report:begin -->\nold\n<!-- training-report:end -->\n"
+                    "outro\n")
+    out = driver("report", "--results", str(results), "--update", str(page), "--plots",
+                 str(tmp_path / "plots"))
+    assert "terse powersgd" in out and "DDP fp32" in out
+    text = page.read_text()
+    assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
+    assert "| terse powersgd | " in text
+    assert (tmp_path / "plots" / "training-throughput.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "training-accuracy-mlp.png").stat().st_size > 0
