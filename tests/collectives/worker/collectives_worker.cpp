@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "../simulate.h"
+#include "worker_check.h"
 #include "kit/hash.h"
 #include "terse/channel.h"
 #include "terse/codec.h"
@@ -45,14 +46,8 @@ using testing::Inputs;
 
 constexpr std::uint64_t kSeed = 1234;
 
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "CHECK FAILED: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::_Exit(2);
-}
-void check(bool ok, const std::string& what) {
-  if (!ok) fail(what);
-}
+using testing::check;
+using testing::fail;
 
 // Roughly normal values, different per (rank, tensor, step, element).
 std::vector<float> make_input(int rank, const std::string& name, std::uint64_t step,

@@ -18,6 +18,7 @@
 
 #include "kit/hash.h"
 #include "planner/synthetic.h"
+#include "worker_check.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/planner.h"
@@ -26,14 +27,8 @@ namespace {
 
 using namespace terse;
 
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "CHECK FAILED: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::_Exit(2);
-}
-void check(bool ok, const std::string& what) {
-  if (!ok) fail(what);
-}
+using testing::check;
+using testing::fail;
 
 // Different on every (rank, tensor, step, element); every rank can compute every rank's input.
 float value(int rank, std::uint64_t key, std::size_t i) {

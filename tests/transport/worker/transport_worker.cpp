@@ -18,6 +18,7 @@
 
 #include "terse/communicator.h"
 #include "terse/error.h"
+#include "worker_check.h"
 
 namespace {
 
@@ -35,12 +36,7 @@ std::vector<std::byte> filled(int src, int dst, std::uint64_t tag, std::size_t n
   return v;
 }
 
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "CHECK FAILED: %s\n", what.c_str());
-    std::exit(2);
-  }
-}
+using terse::testing::check;
 
 void verify(const std::vector<std::byte>& got, int src, int dst, std::uint64_t tag) {
   for (std::size_t k = 0; k < got.size(); ++k) {
