@@ -188,13 +188,11 @@ def time_to_accuracy(table, link: str, model: str, name: str) -> Tuple[Optional[
     would reach the target at the step where its full run on another link did, and it takes
     that many steps at this link's median step time."""
     r = table[(link, model)][name]
-    if r["time_to_accuracy"] is not None or not r.get("target_accuracy") or name == "terse-auto":
+    if r["time_to_accuracy"] is not None or not r.get("target_accuracy") or not _cut_short(r):
         return r["time_to_accuracy"], False
-    for other in _links(table):
-        o = table.get((other, model), {}).get(name)
-        if o is None or o["steps"] <= r["steps"]:
-            continue
-        reached = [c for c in o["curve"] if c["accuracy"] >= r["target_accuracy"]]
+    full = _full_run(table, model, name)
+    if full is not None:
+        reached = [c for c in full["curve"] if c["accuracy"] >= r["target_accuracy"]]
         if reached:
             return reached[0]["step"] * r["median_step_seconds"], True
     return None, False
@@ -210,6 +208,19 @@ def _cut_short(r: Dict) -> bool:
     return bool(r["steps_per_epoch"]) and r["steps"] < r["steps_per_epoch"] * r["config"]["epochs"]
 
 
+def _full_run(table, model: str, name: str) -> Optional[Dict]:
+    """The same method's run over the whole budget on some link, which a run cut short by
+    --steps stands in for (the same parameters step by step; never codec=auto, which plans
+    from the links)."""
+    if name == "terse-auto":
+        return None
+    for link in _links(table):
+        r = table.get((link, model), {}).get(name)
+        if r is not None and not _cut_short(r):
+            return r
+    return None
+
+
 def final_accuracy(table, link: str, model: str, name: str) -> Optional[float]:
     """Test accuracy after the model's whole budget: the run's own, or for a run cut short, that
     of the same method's full run on another link (the same parameters, see time_to_accuracy;
@@ -219,13 +230,8 @@ def final_accuracy(table, link: str, model: str, name: str) -> Optional[float]:
         return None
     if not _cut_short(r):
         return r["test_accuracy"]
-    if name == "terse-auto":
-        return None
-    for other in _links(table):
-        o = table.get((other, model), {}).get(name)
-        if o is not None and not _cut_short(o):
-            return o["test_accuracy"]
-    return None
+    full = _full_run(table, model, name)
+    return None if full is None else full["test_accuracy"]
 
 
 def _is_terse(name: str) -> bool:
