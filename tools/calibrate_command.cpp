@@ -62,9 +62,13 @@ void print(const Calibration& c, const std::string& path) {
   t += fit_row("fp32 divide", c.divide);
   for (const auto& k : c.codecs) {
     const std::string name = k.spec.size() > 16 ? k.spec.substr(0, 16) : k.spec;
-    t += fit_row(name + " encode", k.encode);
-    t += fit_row(name + " decode", k.decode);
-    t += fit_row(name + " accumulate", k.accumulate);
+    if (k.multi_round) {  // no payload: every round and finish() on one rank
+      t += fit_row(name + " rounds", k.encode);
+    } else {
+      t += fit_row(name + " encode", k.encode);
+      t += fit_row(name + " decode", k.decode);
+      t += fit_row(name + " accumulate", k.accumulate);
+    }
     if (k.summable) t += fit_row(name + " combine", k.combine);
     t += fmt::format("  {:<26} {:>9.0f} {:>11.4f}  bytes = A + B*n\n", name + " bytes", k.bytes.a,
                      k.bytes.b);

@@ -33,6 +33,7 @@
 
 namespace terse {
 
+class Codec;
 class Communicator;
 
 // ---- fitting --------------------------------------------------------------------------------
@@ -74,9 +75,13 @@ LinearFit fit_cost(std::span<const double> x, std::span<const double> y);
 
 // One codec's costs on this machine: seconds for n elements, and encoded bytes for n elements
 // (measured on gradient-like data).
+// A multi-round codec (PowerSGD, a RoundCodec) has no payload to decode or merge: `encode` is
+// the CPU time of all its rounds and finish() on one rank (its sums cost what the raw ring's do),
+// decode and accumulate stay zero, and `bytes` is what its round contributions hold.
 struct CodecCosts {
   std::string spec;  // canonical
   bool summable = false;
+  bool multi_round = false;
   LinearFit encode;
   LinearFit decode;      // overwrite
   LinearFit accumulate;  // decode-accumulate: the merge of non-summable strategies
@@ -183,6 +188,8 @@ class CostModel {
 
  private:
   Calibration calibration_;
+  // The multi-round codecs of the calibration: their contributions' sizes per round.
+  std::map<std::string, std::shared_ptr<const Codec>, std::less<>> rounds_;
 };
 
 // ---- planner --------------------------------------------------------------------------------

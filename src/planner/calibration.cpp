@@ -241,6 +241,7 @@ std::string Calibration::to_json() const {
   for (const auto& c : codecs) {
     j["codecs"].push_back({{"spec", c.spec},
                            {"summable", c.summable},
+                           {"multi_round", c.multi_round},
                            {"encode", fit_json(c.encode)},
                            {"decode", fit_json(c.decode)},
                            {"accumulate", fit_json(c.accumulate)},
@@ -276,6 +277,7 @@ Calibration Calibration::from_json(std::string_view text) {
       CodecCosts k;
       k.spec = e.at("spec").get<std::string>();
       k.summable = e.at("summable").get<bool>();
+      k.multi_round = e.value("multi_round", false);
       k.encode = fit_from(e.at("encode"));
       k.decode = fit_from(e.at("decode"));
       k.accumulate = fit_from(e.at("accumulate"));
@@ -676,12 +678,6 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
   for (const auto& spec : options.codecs) {
     auto codec = make_codec(spec);
     if (codec->name() == "none") continue;
-    if (codec->traits().multi_round) {
-      throw InvalidArgument(
-          fmt::format("planner: codec {} needs rounds of sums across ranks; the "
-                      "cost model does not cover multi-round codecs",
-                      codec->spec()));
-    }
     codecs.push_back(std::move(codec));
   }
   std::vector<std::vector<double>> encoded_bytes(codecs.size());
@@ -695,19 +691,57 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
     std::vector<std::unique_ptr<CodecState>> states;
     std::size_t state_n = 0, turn = 0;
     std::size_t length = 0;
-    auto encode = [&](std::size_t n) {
+    // A new state is used once before it is timed: in training a tensor's state was touched in
+    // the step before, and first touches of fresh pages would add the kernel's page faults
+    // (several ms for the residual of a 16 MB tensor) to a cost that training never pays again.
+    std::function<void(std::size_t, CodecState*)> warm;
+    auto next_state = [&](std::size_t n) {
       if (state_n != n) {
         states.clear();
         for (std::size_t i = 0; i < std::clamp<std::size_t>(meter.windows(n), 1, 16); ++i) {
           states.push_back(codec.make_state(n));
+          warm(n, states.back().get());
         }
         state_n = n;
       }
+      return states[turn++ % states.size()].get();
+    };
+    if (const auto* rounds = dynamic_cast<const RoundCodec*>(&codec);
+        rounds != nullptr && codec.traits().multi_round) {
+      // All rounds and finish() as one rank runs them (its sum is its own contribution): the
+      // sums between rounds are raw rings, which the cost model prices from the links.
+      auto contribution_elements = [&](std::size_t n) {
+        std::size_t total = 0;
+        for (int r = 0; r < rounds->rounds(); ++r) total += rounds->round_elements(r, n);
+        return total;
+      };
+      std::vector<float> contribution(contribution_elements(sizes.back()));
+      auto all_rounds = [&](std::size_t n, CodecState* state) {
+        EncodeContext ctx;
+        ctx.state = state;
+        ctx.workspace = &ws;
+        for (int r = 0; r < rounds->rounds(); ++r) {
+          std::span<float> sum = std::span(contribution).first(rounds->round_elements(r, n));
+          rounds->encode_round(r, meter.x(n), sum, ctx);
+          rounds->absorb_round(r, sum, ctx);
+        }
+        rounds->finish(meter.y(n), ctx);
+      };
+      warm = all_rounds;
+      meter.series([&](std::size_t n) { all_rounds(n, next_state(n)); }, times);
+      for (std::size_t n : sizes) {
+        encoded_bytes[c].push_back(static_cast<double>(contribution_elements(n) * sizeof(float)));
+      }
+      continue;
+    }
+    auto encode_with = [&](std::size_t n, CodecState* state) {
       EncodeContext ctx;
-      ctx.state = states[turn++ % states.size()].get();
+      ctx.state = state;
       ctx.workspace = &ws;
       length = codec.encode(meter.x(n), payload, ctx);
     };
+    warm = encode_with;
+    auto encode = [&](std::size_t n) { encode_with(n, next_state(n)); };
     meter.series(encode, times);
     for (std::size_t n : sizes) {
       encode(n);
@@ -737,7 +771,10 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
 
   log_line(options.quiet, rank, fmt::format("  series measured at {:.2f} s", seconds_since(start)));
   // CPU contention: encode+decode with 1, 2, 4 threads per rank at once.
-  const Codec* probe = codecs.empty() ? nullptr : codecs.front().get();
+  const Codec* probe = nullptr;
+  for (const auto& codec : codecs) {
+    if (probe == nullptr && !codec->traits().multi_round) probe = codec.get();
+  }
   std::unique_ptr<Codec> fallback;
   if (probe == nullptr) {
     fallback = make_codec("fp16");
@@ -778,9 +815,12 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
     CodecCosts k;
     k.spec = codecs[c]->spec();
     k.summable = codecs[c]->traits().summable;
+    k.multi_round = codecs[c]->traits().multi_round;
     k.encode = next_fit();
-    k.decode = next_fit();
-    k.accumulate = next_fit();
+    if (!k.multi_round) {
+      k.decode = next_fit();
+      k.accumulate = next_fit();
+    }
     if (k.summable) k.combine = next_fit();
     k.bytes = fit_linear(xs, encoded_bytes[c]);
     out.codecs.push_back(std::move(k));

@@ -10,6 +10,10 @@
 //   ring       L = N       W = 2(N-1)*e(s)      C = N*enc(s) + (N-1)*(dec(s) + add(s)) + div(s)
 //                                                   + N*dec(s)
 //   summable   L = N       W = 2(N-1)*e(s)      C = N*enc(s) + (N-1)*cmb(s) + N*dec(s) + div(m)
+//   rounds     L = R*2(N-1)  W = sum_r 2(N-1)*4*c_r/N
+//                                               C = enc(m) + sum_r (N-1)*add(c_r/N) + div(m)
+// (rounds: a multi-round codec such as PowerSGD, always one partition; round r's contribution
+// of c_r floats is summed by the raw ring, and enc() is the CPU of all its rounds and finish().)
 // (L: message rounds on the critical path; W: bytes this rank sends, all of which cross its
 // link; C: CPU seconds on the critical path.) One partition alone takes
 //   t1 = L*alpha + W*beta + C
@@ -49,7 +53,11 @@ struct PartitionCost {
 
 }  // namespace
 
-CostModel::CostModel(Calibration calibration) : calibration_(std::move(calibration)) {}
+CostModel::CostModel(Calibration calibration) : calibration_(std::move(calibration)) {
+  for (const auto& k : calibration_.codecs) {
+    if (k.multi_round) rounds_.emplace(k.spec, make_codec(k.spec));
+  }
+}
 
 Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strategy strategy,
                               int partitions, int ranks, int threads) const {
@@ -66,8 +74,17 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   if (!raw && k == nullptr) {
     throw InvalidArgument(fmt::format("cost model: codec {} was not calibrated", codec_spec));
   }
-  if (strategy == Strategy::kSummable && !k->summable) {
+  if (strategy == Strategy::kSummable && !k->summable && !k->multi_round) {
     throw InvalidArgument(fmt::format("cost model: {} is not summable", codec_spec));
+  }
+  const RoundCodec* rounds = nullptr;
+  if (k != nullptr && k->multi_round) {
+    auto it = rounds_.find(codec_spec);
+    rounds = it == rounds_.end() ? nullptr : dynamic_cast<const RoundCodec*>(it->second.get());
+    if (rounds == nullptr || strategy != Strategy::kSummable || partitions > 1) {
+      throw InvalidArgument(fmt::format(
+          "cost model: {} runs rounds of sums: strategy summable, one partition", codec_spec));
+    }
   }
   // The engine's clamp: no empty partitions (64-element boundaries), at most 256.
   const int parts = static_cast<int>(std::clamp<std::size_t>(
@@ -106,6 +123,16 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       p.cpu = N * enc(s) + (N - 1) * (dec(s) + c.add(s)) + c.divide(s) + N * dec(s);
       break;
     case Strategy::kSummable:
+      if (rounds != nullptr) {
+        p.cpu = enc(m) + c.divide(m);
+        for (int r = 0; r < rounds->rounds() && ranks > 1; ++r) {
+          const double chunk = largest_piece(static_cast<double>(rounds->round_elements(r, n)), N);
+          p.rounds += 2 * (N - 1);
+          p.bytes += 2 * (N - 1) * 4 * chunk;
+          p.cpu += (N - 1) * c.add(chunk);
+        }
+        break;
+      }
       p.rounds = ranks > 1 ? N : 0;
       p.bytes = 2 * (N - 1) * e(s);
       p.cpu = N * enc(s) + (N - 1) * k->combine(s) + N * dec(s) + c.divide(m);

@@ -90,12 +90,6 @@ Planner::Planner(PlannerOptions options) : options_(std::move(options)) {
   for (const auto& spec : options_.allowed) {
     auto codec = make_codec(spec);  // throws SpecError for unknown codecs
     if (codec->name() == "none") continue;
-    if (codec->traits().multi_round) {
-      throw InvalidArgument(
-          fmt::format("planner: codec {} needs rounds of sums across ranks, "
-                      "which the cost model does not cover",
-                      codec->spec()));
-    }
     if (std::find(allowed_.begin(), allowed_.end(), codec->spec()) == allowed_.end()) {
       allowed_.push_back(codec->spec());
     }
@@ -200,9 +194,10 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
       if (std::find(ks.begin(), ks.end(), c) == ks.end()) ks.push_back(c);
     }
   }
-  auto consider = [&](const std::string& spec, Strategy s) {
+  auto consider = [&](const std::string& spec, Strategy s, bool whole) {
     if (strategy != Strategy::kAuto && strategy != s) return;
-    for (int k : ks) {
+    if (whole && partitions > 1) return;
+    for (int k : whole ? std::vector<int>{1} : ks) {
       PlanCandidate c;
       c.plan.codec = spec;
       c.plan.strategy = s;
@@ -214,12 +209,17 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
       d.ranked.push_back(std::move(c));
     }
   };
-  consider("none", Strategy::kRaw);
+  consider("none", Strategy::kRaw, false);
   for (const auto& spec : allowed_) {
-    for (Strategy s : {Strategy::kAllgather, Strategy::kSharded, Strategy::kRing}) {
-      consider(spec, s);
+    const CodecCosts& k = *model_->calibration().find(spec);
+    if (k.multi_round) {  // PowerSGD: its rounds ride the raw ring, on the whole matrix
+      consider(spec, Strategy::kSummable, true);
+      continue;
     }
-    if (model_->calibration().find(spec)->summable) consider(spec, Strategy::kSummable);
+    for (Strategy s : {Strategy::kAllgather, Strategy::kSharded, Strategy::kRing}) {
+      consider(spec, s, false);
+    }
+    if (k.summable) consider(spec, Strategy::kSummable, false);
   }
   // Measured K of a codec and strategy correct the predictions of its other K (geometric mean
   // of the measured / predicted ratios).

@@ -213,8 +213,6 @@ TEST(Planner, RestrictionsAndValidation) {
   EXPECT_EQ(planner.decide(n, 4, 4, Strategy::kAuto, 3).chosen.plan.partitions, 3);
   EXPECT_EQ(planner.decide(n, 4, 4, Strategy::kRaw).chosen.plan.codec, "none");
   PlannerOptions bad = options();
-  bad.allowed = {"powersgd"};
-  EXPECT_THROW(Planner{bad}, InvalidArgument);
   bad.allowed = {"nosuchcodec"};
   EXPECT_THROW(Planner{bad}, SpecError);
   PlannerOptions missing = options();
@@ -223,6 +221,79 @@ TEST(Planner, RestrictionsAndValidation) {
   Planner uncalibrated(options());
   EXPECT_FALSE(uncalibrated.calibrated());
   EXPECT_THROW(uncalibrated.decide(n, 4, 4), InvalidArgument);
+}
+
+TEST(CostModel, MultiRoundCodecSumsEachRoundOnTheRawRing) {
+  Calibration c = synthetic(12.5e6, 100e-6);
+  testing::add_powersgd(c);
+  const CostModel model(c);
+  auto codec = make_codec("powersgd");
+  const auto& rounds = dynamic_cast<const RoundCodec&>(*codec);
+  const std::size_t n = std::size_t{1} << 20;  // viewed as 1024 x 1024
+  const double N = 4;
+  double want = c.job_overhead + c.codecs.back().encode(n) + c.divide(n);
+  double bytes = 0;
+  for (int r = 0; r < rounds.rounds(); ++r) {
+    const double chunk = std::ceil(rounds.round_elements(r, n) / N / 64) * 64;
+    want += 2 * (N - 1) * (c.alpha + 4 * chunk * c.beta) + (N - 1) * c.add(chunk);
+    bytes += 2 * (N - 1) * 4 * chunk;
+  }
+  const Prediction p = model.predict(n, codec->spec(), Strategy::kSummable, 1, 4, 4);
+  EXPECT_NEAR(p.seconds, want, want * 1e-12);
+  EXPECT_NEAR(p.bytes_sent, bytes, 1);
+  // 4 x (1024 + 1024) floats per rank and round trip: about 1.5% of raw's bytes.
+  EXPECT_LT(p.bytes_sent, 0.02 * model.predict(n, "none", Strategy::kRaw, 1, 4, 4).bytes_sent);
+  // Its rounds need the sums of whole matrices: one partition, on the ring.
+  EXPECT_THROW(model.predict(n, codec->spec(), Strategy::kSummable, 4, 4, 4), InvalidArgument);
+  EXPECT_THROW(model.predict(n, codec->spec(), Strategy::kSharded, 1, 4, 4), InvalidArgument);
+}
+
+TEST(Planner, ChoosesPowerSgdWhereItsRoundsPay) {
+  Calibration c = synthetic(12.5e6, 100e-6);  // 100 Mbit/s
+  testing::add_powersgd(c);
+  PlannerOptions o = options();
+  o.allowed = {"fp16", "onebit:ef=1", "powersgd"};
+  Planner planner(o, c);
+  const std::string powersgd = make_codec("powersgd")->spec();
+  const PlanDecision big = planner.decide(std::size_t{1} << 22, 4, 4);
+  EXPECT_EQ(big.chosen.plan.codec, powersgd);
+  EXPECT_EQ(big.chosen.plan.strategy, Strategy::kSummable);
+  EXPECT_EQ(big.chosen.plan.partitions, 1);
+  // Only ever one partition among the candidates.
+  for (const auto& cand : big.ranked) {
+    if (cand.plan.codec == powersgd) {
+      EXPECT_EQ(cand.plan.partitions, 1);
+    }
+  }
+  // Restrictions it cannot meet leave it out.
+  EXPECT_NE(planner.decide(std::size_t{1} << 22, 4, 4, Strategy::kAuto, 4).chosen.plan.codec,
+            powersgd);
+  EXPECT_NE(planner.decide(std::size_t{1} << 22, 4, 4, Strategy::kSharded).chosen.plan.codec,
+            powersgd);
+  // A fast link: its fixed CPU cost and four extra ring passes are not worth it.
+  Calibration fast = synthetic(10e9, 10e-6);
+  testing::add_powersgd(fast);
+  Planner quick(o, fast);
+  EXPECT_NE(quick.decide(std::size_t{1} << 16, 4, 4).chosen.plan.codec, powersgd);
+}
+
+TEST(Calibration, MeasuresMultiRoundCodecs) {
+  CalibrationOptions co;
+  co.codecs = {"fp16", "powersgd"};
+  co.codec_max_elements = std::size_t{1} << 16;
+  const Calibration c = calibrate_local(co, 4, 1);
+  const CodecCosts* k = c.find(make_codec("powersgd")->spec());
+  ASSERT_NE(k, nullptr);
+  EXPECT_TRUE(k->multi_round);
+  EXPECT_GT(k->encode(1 << 16), 0);
+  EXPECT_EQ(k->decode(1 << 16), 0);  // no payload to decode
+  // Contributions of a rank-4 factorization: 4 x (rows + cols) floats, far fewer than n.
+  ASSERT_FALSE(k->bytes.ys.empty());
+  EXPECT_LT(k->bytes.ys.back(), 0.1 * 4 * k->bytes.xs.back());
+  EXPECT_FALSE(c.find(make_codec("fp16")->spec())->multi_round);
+  const Calibration back = Calibration::from_json(c.to_json());
+  EXPECT_TRUE(back.find(k->spec)->multi_round);
+  EXPECT_EQ(back.to_json(), c.to_json());
 }
 
 TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
@@ -368,6 +439,17 @@ TEST_P(Ranks, AutoStaysRawWhereCompressionLoses) {
   ASSERT_EQ(r.code, 0) << r.output;
   for (int i = 0; i < n; ++i) {
     EXPECT_NE(r.output.find(fmt::format("OK rank {} loses", i)), std::string::npos) << r.output;
+  }
+}
+
+TEST_P(Ranks, AutoRunsPowerSgdWhereItPays) {
+  const int n = GetParam();
+  auto r =
+      testing::shell(fmt::format("{} run -n {} --timeout 60 -- {} powersgd", kCli, n, kWorker));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NE(r.output.find(fmt::format("OK rank {} powersgd", i)), std::string::npos)
+        << r.output;
   }
 }
 

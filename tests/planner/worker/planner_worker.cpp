@@ -4,6 +4,9 @@
 //           raw, results are identical on every rank and close to the exact average
 //   loses   codec "auto" with a calibration in which compression cannot pay (a link faster than
 //           any codec): every size goes raw and the results are exact
+//   powersgd  codec "auto" with PowerSGD allowed and a 100 Mbit/s calibration: the large
+//           matrix goes PowerSGD (its rounds on the raw ring, one partition), the small tensor
+//           does not, and results are identical on every rank
 //   trace   a few compressed allreduces under TERSE_TRACE (set by the caller): every rank writes
 //           its trace with its clock offset, for `terse trace merge`
 // Prints "OK rank R SCENARIO" on success; "CHECK FAILED: ..." and exit 2 otherwise.
@@ -118,6 +121,26 @@ int scenario_loses(Communicator& comm) {
   return 0;
 }
 
+int scenario_powersgd(Communicator& comm) {
+  Calibration c = testing::synthetic(12.5e6, 100e-6, comm.size());
+  testing::add_powersgd(c);
+  PlannerOptions po;
+  po.allowed = {"fp16", "powersgd"};
+  EngineOptions eo;
+  eo.planner = std::make_shared<Planner>(po, c);
+  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
+  const std::string plans = run_sizes(comm, engine, {3000, std::size_t{1} << 20});
+  const std::string powersgd = make_codec("powersgd")->spec();
+  check(plans.find(fmt::format("{} {}/summable/1", std::size_t{1} << 20, powersgd)) !=
+            std::string::npos,
+        "the large matrix did not go PowerSGD:\n" + plans);
+  check(plans.find(fmt::format("3000 {}", powersgd)) == std::string::npos,
+        "a small tensor went PowerSGD:\n" + plans);
+  std::printf("OK rank %d powersgd\n%s", comm.rank(), comm.rank() == 0 ? plans.c_str() : "");
+  engine.synchronize();
+  return 0;
+}
+
 int scenario_trace(Communicator& comm) {
   {
     Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
@@ -138,7 +161,7 @@ int scenario_trace(Communicator& comm) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: planner_worker auto|loses|trace\n");
+    std::fprintf(stderr, "usage: planner_worker auto|loses|powersgd|trace\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -149,6 +172,8 @@ int main(int argc, char** argv) {
       rc = scenario_auto(*comm);
     } else if (scenario == "loses") {
       rc = scenario_loses(*comm);
+    } else if (scenario == "powersgd") {
+      rc = scenario_powersgd(*comm);
     } else if (scenario == "trace") {
       rc = scenario_trace(*comm);
     } else {
