@@ -46,17 +46,22 @@ METHODS: List[Tuple[str, Dict]] = [
     ("ddp-fp16", dict(method="ddp-fp16")),
     ("ddp-powersgd-r1", dict(method="ddp-powersgd", powersgd_rank=1)),
     ("ddp-powersgd-r4", dict(method="ddp-powersgd", powersgd_rank=4)),
+    ("ddp-powersgd-r8", dict(method="ddp-powersgd", powersgd_rank=8)),
     ("terse-powersgd-r1", dict(method="terse", codec="powersgd:rank=1")),
     ("terse-powersgd-r4", dict(method="terse", codec="powersgd")),
+    ("terse-powersgd-r8", dict(method="terse", codec="powersgd:rank=8")),
     ("terse-fp16", dict(method="terse", codec="fp16")),
     ("terse-onebit", dict(method="terse", codec="onebit:ef=1")),
     ("terse-topk", dict(method="terse", codec="topk:ratio=0.01,ef=1")),
     ("terse-randomk", dict(method="terse", codec="randomk:ratio=0.01,ef=1")),
     ("terse-dgc", dict(method="terse", codec="dgc")),
-    ("terse-auto", dict(method="terse", codec="auto")),
+    # codec=auto may choose what the fastest fixed codecs are: fp16, onebit with error feedback
+    # and PowerSGD (rank 4).
+    ("terse-auto", dict(method="terse", codec="auto",
+                        auto_codecs=("fp16", "onebit:ef=1", "powersgd"))),
     ("compute-only", dict(method="local")),
 ]
-BASELINES = ("ddp", "ddp-fp16", "ddp-powersgd-r1", "ddp-powersgd-r4")
+BASELINES = ("ddp", "ddp-fp16", "ddp-powersgd-r1", "ddp-powersgd-r4", "ddp-powersgd-r8")
 
 # What each model trains for. Fashion-MNIST models: whole epochs with test accuracy every
 # quarter epoch (time to accuracy); the synthetic model: a fixed number of steps (throughput).

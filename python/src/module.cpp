@@ -34,6 +34,7 @@
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/error.h"
+#include "terse/planner.h"
 
 namespace terse::python {
 namespace {
@@ -564,19 +565,34 @@ void bind(py::module_& m) {
   py::class_<EngineOptions>(m, "EngineOptions",
                             "Engine-wide settings (see include/terse/engine.h).")
       .def(py::init([](std::uint64_t seed, int threads, std::size_t fuse_bytes,
-                       std::size_t partition_bytes, bool keep_input_on_error) {
+                       std::size_t partition_bytes, bool keep_input_on_error,
+                       std::vector<std::string> auto_codecs) {
              EngineOptions o;
              o.seed = seed;
              o.threads = threads;
              o.fuse_bytes = fuse_bytes;
              o.partition_bytes = partition_bytes;
              o.keep_input_on_error = keep_input_on_error;
+             if (!auto_codecs.empty()) {  // validates the specs (SpecError)
+               PlannerOptions po;
+               po.allowed = std::move(auto_codecs);
+               o.planner = std::make_shared<Planner>(std::move(po));
+             }
              return o;
            }),
            py::arg("seed") = 0, py::arg("threads") = 0,
            py::arg("fuse_bytes") = EngineOptions{}.fuse_bytes,
            py::arg("partition_bytes") = EngineOptions{}.partition_bytes,
-           py::arg("keep_input_on_error") = false)
+           py::arg("keep_input_on_error") = false,
+           py::arg("auto_codecs") = std::vector<std::string>{},
+           "auto_codecs: the codecs codec='auto' may choose from (empty: TERSE_PLAN_CODECS, else "
+           "fp16 and onebit:ef=1).")
+      .def_property_readonly(
+          "auto_codecs",
+          [](const EngineOptions& o) {
+            return o.planner ? o.planner->allowed() : std::vector<std::string>{};
+          },
+          "The canonical specs codec='auto' chooses from ([]: the default set).")
       .def_readwrite("seed", &EngineOptions::seed, "Seed of stochastic codecs, equal on all ranks.")
       .def_readwrite("threads", &EngineOptions::threads,
                      "Worker threads (0: TERSE_THREADS, else 4).")

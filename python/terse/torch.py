@@ -19,7 +19,7 @@ name, so it survives DDP's bucket rebuilds, and ``state.state_dict()`` /
 
 import itertools
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -95,6 +95,10 @@ class TerseHookState:
         ``terse.canonical_spec(spec)`` shows every parameter. ``"none"`` reduces raw fp32
         (terse's ring; equal to DDP's own allreduce up to summation order). ``"auto"`` leaves
         the choice to the engine's planner (until it has one, ``"auto"`` means ``"none"``).
+    auto_codecs
+        With ``codec="auto"``: the codecs the planner may choose from for each parameter (lossy
+        codecs change what training computes, so this is yours to decide), e.g.
+        ``["fp16", "powersgd"]``. None: ``TERSE_PLAN_CODECS``, else fp16 and onebit:ef=1.
     strategy
         How compressed tensors are reduced: ``"auto"`` (the engine's choice for the codec:
         summable codecs such as fp16 and PowerSGD ride a ring on compressed data, others
@@ -138,6 +142,7 @@ class TerseHookState:
         model: Optional[torch.nn.Module] = None,
         *,
         codec: str = "powersgd",
+        auto_codecs: Optional[Sequence[str]] = None,
         strategy: str = "auto",
         partitions: int = 0,
         min_bytes: int = 64 << 10,
@@ -161,6 +166,9 @@ class TerseHookState:
         # Validate the options before any rank connects: a typo fails fast, on this rank alone.
         if codec != "auto":
             terse.canonical_spec(codec)
+            if auto_codecs is not None:
+                raise terse.InvalidArgument("auto_codecs is for codec='auto'")
+        self.auto_codecs = [terse.canonical_spec(c) for c in auto_codecs or ()]
         terse.AllreduceOptions(codec=codec, strategy=strategy, partitions=partitions)
 
         self._names: Dict[int, str] = {}
@@ -178,7 +186,8 @@ class TerseHookState:
             comm,
             terse.EngineOptions(seed=seed, threads=threads, fuse_bytes=fuse_bytes,
                                 partition_bytes=partition_bytes,
-                                keep_input_on_error=keep_input_on_error))
+                                keep_input_on_error=keep_input_on_error,
+                                auto_codecs=self.auto_codecs))
 
     # ---- what each parameter gets ------------------------------------------------------------
 
@@ -265,6 +274,7 @@ class TerseHookState:
         return {
             "version": _STATE_VERSION,
             "codec": self.codec,
+            "auto_codecs": self.auto_codecs,
             "strategy": self.strategy,
             "min_bytes": self.min_bytes,
             "rank": self.engine.rank,
@@ -278,10 +288,11 @@ class TerseHookState:
         if state.get("version") != _STATE_VERSION:
             raise terse.DecodeError(
                 f"terse hook state: version {state.get('version')!r}, expected {_STATE_VERSION}")
-        expected = {"codec": self.codec, "strategy": self.strategy, "min_bytes": self.min_bytes,
+        expected = {"codec": self.codec, "auto_codecs": self.auto_codecs,
+                    "strategy": self.strategy, "min_bytes": self.min_bytes,
                     "rank": self.engine.rank, "size": self.engine.size}
         for key, value in expected.items():
-            if state.get(key) != value:
+            if state.get(key, [] if key == "auto_codecs" else None) != value:
                 raise terse.MismatchError(
                     f"rank {self.engine.rank}: terse hook state was saved with {key}="
                     f"{state.get(key)!r}, this hook has {key}={value!r}")

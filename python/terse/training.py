@@ -117,7 +117,8 @@ class RunConfig:
     method: ``ddp`` (DistributedDataParallel's fp32 allreduce over Gloo), ``ddp-fp16``
     (PyTorch's fp16_compress_hook), ``ddp-powersgd`` (PyTorch's powerSGD_hook of rank
     ``powersgd_rank`` with error feedback and warm start), ``terse`` (terse's hook with
-    ``codec``, ``strategy``, ``partitions``, ``min_bytes``), or ``local`` (a hook that returns
+    ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto``,
+    ``auto_codecs``), or ``local`` (a hook that returns
     each rank's own gradient without communicating: the compute-only floor of a step; replicas
     diverge by design).
     """
@@ -129,6 +130,7 @@ class RunConfig:
     partitions: int = 0
     min_bytes: int = 64 << 10
     powersgd_rank: int = 4
+    auto_codecs: Tuple[str, ...] = ()  # codec "auto": what the planner may choose (): default
     threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
     epochs: int = 1
     samples: int = 60000  # training images used (Fashion-MNIST)
@@ -187,7 +189,8 @@ def _communication(model: Any, config: RunConfig) -> Optional[Any]:
 
         state, hook = terse.torch.ddp_hook(
             model, codec=config.codec, strategy=config.strategy, partitions=config.partitions,
-            min_bytes=config.min_bytes, threads=config.threads, timeout=config.timeout)
+            min_bytes=config.min_bytes, threads=config.threads, timeout=config.timeout,
+            auto_codecs=list(config.auto_codecs) if config.codec == "auto" else None)
         model.register_comm_hook(state, hook)
         return state
     return None

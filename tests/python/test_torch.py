@@ -97,10 +97,10 @@ def make_ddp():
     return torch.nn.parallel.DistributedDataParallel(model)
 
 
-def hooked(codec: str):
+def hooked(codec: str, **knobs):
     """A one-rank DDP model with the terse hook, and the hook's state."""
     model = make_ddp()
-    state, hook = terse.torch.ddp_hook(model, codec=codec, timeout=TIMEOUT)
+    state, hook = terse.torch.ddp_hook(model, codec=codec, timeout=TIMEOUT, **knobs)
     model.register_comm_hook(state, hook)
     return model, state
 
@@ -171,4 +171,24 @@ def test_auto_passes_through_to_the_engine(one_rank_group):
     # The engine decides; without its planner, "auto" reduces raw fp32.
     plan = planned(state)["0.weight"]
     assert (plan.codec, plan.strategy) == ("none", "raw")
+    state.close()
+
+
+def test_auto_codecs_choose_what_auto_may_use(one_rank_group):
+    # Canonical specs reach the engine's planner; PowerSGD (multi-round) is allowed.
+    options = terse.EngineOptions(auto_codecs=["powersgd", "fp16"])
+    assert options.auto_codecs == [terse.canonical_spec("powersgd"), terse.canonical_spec("fp16")]
+    assert terse.EngineOptions().auto_codecs == []
+    with pytest.raises(terse.SpecError, match="nosuch"):
+        terse.EngineOptions(auto_codecs=["nosuch"])
+    with pytest.raises(terse.InvalidArgument, match="auto_codecs is for codec='auto'"):
+        terse.torch.ddp_hook(codec="fp16", auto_codecs=["fp16"])
+    model, state = hooked("auto", auto_codecs=["powersgd"])
+    backward(model)
+    saved = state.state_dict()
+    assert saved["auto_codecs"] == [terse.canonical_spec("powersgd")]
+    state.load_state_dict(saved)
+    # A checkpoint of a hook that may choose other codecs is not this hook's.
+    with pytest.raises(terse.MismatchError, match="auto_codecs"):
+        state.load_state_dict(dict(saved, auto_codecs=[]))
     state.close()
