@@ -141,9 +141,10 @@ struct CalibrationOptions {
   // Codec specs to measure (canonicalized); "none" is implied.
   std::vector<std::string> codecs;
   // Largest tensor used for codec fits, in elements, and the time budget of a link exchange
-  // size: link sizes grow until one exchange takes this long (or link_max_bytes).
+  // size: link sizes grow until one exchange takes this long (or link_max_bytes), long enough
+  // that a shaped link's burst is behind the two largest, whose slope gives beta.
   std::size_t codec_max_elements = std::size_t{1} << 22;
-  double link_target_seconds = 0.02;
+  double link_target_seconds = 0.03;
   std::size_t link_max_bytes = std::size_t{16} << 20;
   bool measure_links = true;  // false: keep the links of an earlier calibration unmeasured
   bool quiet = true;          // false: progress lines on stderr (rank 0)
