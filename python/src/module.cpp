@@ -632,12 +632,16 @@ void bind(py::module_& m) {
           "plan",
           [](PyEngine& e, std::size_t elements, std::string codec, const std::string& strategy,
              int partitions, bool average) {
-            return e.get()->plan(elements,
-                                 make_options(std::move(codec), strategy, partitions, average));
+            auto engine = e.get();
+            const AllreduceOptions options =
+                make_options(std::move(codec), strategy, partitions, average);
+            py::gil_scoped_release release;  // codec "auto": the first call calibrates
+            return engine->plan(elements, options);
           },
           py::arg("elements"), py::arg("codec") = "none", py::arg("strategy") = "auto",
           py::arg("partitions") = 0, py::arg("average") = true,
-          "What the engine will do with a tensor of that many elements (validates the options).")
+          "What the engine will do with a tensor of that many elements (validates the options). "
+          "With codec 'auto' the first call is a collective: the planner calibrates.")
       .def(
           "synchronize",
           [](PyEngine& e) {

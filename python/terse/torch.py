@@ -94,7 +94,8 @@ class TerseHookState:
         ``"qsgd:levels=16"``; ``terse.codec_names()`` lists them and
         ``terse.canonical_spec(spec)`` shows every parameter. ``"none"`` reduces raw fp32
         (terse's ring; equal to DDP's own allreduce up to summation order). ``"auto"`` leaves
-        the choice to the engine's planner (until it has one, ``"auto"`` means ``"none"``).
+        the choice to the engine's planner, which calibrates when the hook is created (a
+        collective of a few seconds, skipped when every rank holds the same cached calibration).
     auto_codecs
         With ``codec="auto"``: the codecs the planner may choose from for each parameter (lossy
         codecs change what training computes, so this is yours to decide), e.g.
@@ -188,6 +189,11 @@ class TerseHookState:
                                 partition_bytes=partition_bytes,
                                 keep_input_on_error=keep_input_on_error,
                                 auto_codecs=self.auto_codecs))
+        if codec == "auto":
+            # Calibrate now (a collective, a few seconds, or the agreed cache), while the cores
+            # are quiet: on first use it would run inside the first backward pass, whose compute
+            # on the same cores inflates the measured message latency (by 10x on 2 cores).
+            self.engine.plan(1 << 20, codec="auto")
 
     # ---- what each parameter gets ------------------------------------------------------------
 

@@ -54,8 +54,9 @@ def launch(n: int, args: List[str], out: pathlib.Path, timeout: float = 120,
     result."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [TERSE_CLI, "run", "-n", str(n), "--", PYTHON, str(worker), *args, "--out", str(out)]
+    # codec "auto" calibrates and caches under XDG_CACHE_HOME: keep it out of the user's cache.
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=dict(os.environ, XDG_CACHE_HOME=str(out / "cache")))
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}"
     results = read_results(out, n)
     assert all(results), f"a rank wrote no result:\n{proc.stdout}"

@@ -13,8 +13,9 @@ from conftest import launch, read_results, start_ranks
 import ddp_worker
 
 # Codecs every DDP test trains with. Top-k keeps 10%: at 1% it needs more than these 10 steps
-# to move the loss (error feedback releases what it withheld over many steps).
-CODECS = ["none", "fp16", "onebit:ef=1", "powersgd", "qsgd", "topk:ratio=0.1,ef=1"]
+# to move the loss (error feedback releases what it withheld over many steps). "auto": the
+# planner calibrates when the hook is created and chooses per parameter.
+CODECS = ["none", "fp16", "onebit:ef=1", "powersgd", "qsgd", "topk:ratio=0.1,ef=1", "auto"]
 STEPS = 10
 PARAMETERS = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
 

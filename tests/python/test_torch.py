@@ -168,7 +168,7 @@ def test_hook_state_checks_what_it_loads(one_rank_group):
 def test_auto_passes_through_to_the_engine(one_rank_group):
     model, state = hooked("auto")
     backward(model)
-    # The engine decides; without its planner, "auto" reduces raw fp32.
+    # The engine's planner decides; on one rank nothing crosses a link, so it reduces raw.
     plan = planned(state)["0.weight"]
     assert (plan.codec, plan.strategy) == ("none", "raw")
     state.close()
