@@ -190,9 +190,9 @@ class TerseHookState:
                                 keep_input_on_error=keep_input_on_error,
                                 auto_codecs=self.auto_codecs))
         if codec == "auto":
-            # Calibrate now (a collective, a few seconds, or the agreed cache), while the cores
-            # are quiet: on first use it would run inside the first backward pass, whose compute
-            # on the same cores inflates the measured message latency (by 10x on 2 cores).
+            # Calibrate now (a collective, a few seconds, or the agreed cache), at start-up as
+            # the planner is meant to: on first use it would run inside the first backward
+            # pass, timed with the compute of the other gradients on the same cores.
             self.engine.plan(1 << 20, codec="auto")
 
     # ---- what each parameter gets ------------------------------------------------------------
