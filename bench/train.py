@@ -160,6 +160,8 @@ def load(results: str) -> Dict[Tuple[str, str], Dict[str, Dict]]:
         with open(path) as f:
             r = json.load(f)
         link, model = path.split(os.sep)[-3:-1]
+        if r.get("config") and not r["config"].get("label"):
+            r["label"] = method_label(RunConfig(**r["config"]))  # today's naming, for old runs too
         table.setdefault((link, model), {})[r.get("name") or os.path.basename(path)[:-5]] = r
     return table
 

@@ -208,7 +208,13 @@ def method_label(config: RunConfig) -> str:
         return "compute only (no communication)"
     extra = [] if config.strategy == "auto" else [config.strategy]
     extra += [] if config.partitions == 0 else [f"K={config.partitions}"]
-    return f"terse {config.codec}" + (f" ({', '.join(extra)})" if extra else "")
+    codec = config.codec
+    name, _, params = codec.partition(":")
+    if name == "powersgd":  # named as PyTorch's hook is: "PowerSGD r4"
+        keys = dict(kv.split("=", 1) for kv in params.split(",") if "=" in kv)
+        rest = [f"{k}={v}" for k, v in keys.items() if k != "rank"]
+        codec = f"PowerSGD r{keys.get('rank', 4)}" + (f" {','.join(rest)}" if rest else "")
+    return f"terse {codec}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 # ---- data -----------------------------------------------------------------------------------

@@ -46,9 +46,9 @@ def test_driver_runs_a_tiny_configuration_and_reports(tmp_path):
                     "outro\n")
     out = driver("report", "--results", str(results), "--update", str(page), "--plots",
                  str(tmp_path / "plots"))
-    assert "terse powersgd" in out and "DDP fp32" in out
+    assert "terse PowerSGD r4" in out and "DDP fp32" in out
     text = page.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
-    assert "| terse powersgd | " in text
+    assert "| terse PowerSGD r4 | " in text
     assert (tmp_path / "plots" / "training-throughput.png").stat().st_size > 0
     assert (tmp_path / "plots" / "training-accuracy-mlp.png").stat().st_size > 0
