@@ -381,7 +381,8 @@ def targets(table) -> List[str]:
                     row("time to accuracy: best terse sooner than DDP fp32, fp16 hook, "
                         "PowerSGD hook", where,
                         f"{runs[best]['label']} {_tta_text(table, link, model, best)} s; "
-                        + ", ".join(f"{runs[n]['label']} {_tta_text(table, link, model, n)} s"
+                        + ", ".join(f"{runs[n]['label']} {_tta_text(table, link, model, n)}"
+                                    + (" s" if others[n][0] is not None else "")
                                     for n in names), ok)
                 else:
                     row("time to accuracy", where, "no terse configuration reached the target"
@@ -449,6 +450,17 @@ def markdown(table) -> str:
     return "\n".join(lines)
 
 
+def _legend(axes) -> None:
+    """One legend, right of the last panel, for the methods of every panel (a panel shows only
+    the methods run on it)."""
+    handles = {}
+    for ax in axes:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(l, h)
+    axes[-1].legend(handles.values(), handles.keys(), fontsize=7, loc="center left",
+                    bbox_to_anchor=(1.0, 0.5))
+
+
 def plots(table, directory: str) -> List[str]:
     """Throughput vs link rate (one panel a model) and accuracy vs training time (one figure a
     Fashion-MNIST model, one panel a link rate); returns the files written."""
@@ -487,7 +499,7 @@ def plots(table, directory: str) -> List[str]:
         ax.set_xlabel("link rate")
         ax.set_ylabel("samples/s (median step, 4 ranks)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    _legend(axes[0])
     fig.tight_layout()
     path = os.path.join(directory, "training-throughput.png")
     fig.savefig(path, dpi=110)
@@ -516,13 +528,7 @@ def plots(table, directory: str) -> List[str]:
             ax.set_xlabel("training time, s (evaluation excluded; log scale)")
             ax.set_ylabel("test accuracy")
             ax.grid(True, which="both", alpha=0.3)
-        # One legend for every method of any panel.
-        handles = {}
-        for ax in axes[0]:
-            for h, l in zip(*ax.get_legend_handles_labels()):
-                handles.setdefault(l, h)
-        axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7, loc="center left",
-                           bbox_to_anchor=(1.0, 0.5))
+        _legend(axes[0])
         fig.tight_layout()
         path = os.path.join(directory, f"training-accuracy-{model}.png")
         fig.savefig(path, dpi=110)
