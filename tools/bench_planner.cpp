@@ -288,7 +288,8 @@ void add_bench_planner_command(CLI::App& bench) {
   cmd->add_option("--codecs", opt->codecs,
                   "Allowed codecs (default: TERSE_PLAN_CODECS, else fp16 onebit:ef=1)");
   cmd->add_option("--partitions", opt->partitions, "Partition counts the planner tries");
-  cmd->add_option("--reps", opt->reps, "Timed runs per configuration (median); fast ones get up to 5x as many")
+  cmd->add_option("--reps", opt->reps,
+                  "Timed runs per configuration (median); fast ones get up to 5x as many")
       ->capture_default_str();
   cmd->add_option("--threads", opt->threads, "Engine worker threads (0: default)");
   cmd->add_option("--max-seconds", opt->max_seconds,

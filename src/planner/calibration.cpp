@@ -777,10 +777,10 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
 
   log_line(options.quiet, rank, fmt::format("  series measured at {:.2f} s", seconds_since(start)));
   // CPU contention: encode+decode with 1, 2, 4 threads per rank at once.
-  const Codec* probe = nullptr;
-  for (const auto& codec : codecs) {
-    if (probe == nullptr && !codec->traits().multi_round) probe = codec.get();
-  }
+  // A codec with a payload: multi-round codecs have no encode+decode pass to run.
+  auto first = std::find_if(codecs.begin(), codecs.end(),
+                            [](const auto& codec) { return !codec->traits().multi_round; });
+  const Codec* probe = first == codecs.end() ? nullptr : first->get();
   std::unique_ptr<Codec> fallback;
   if (probe == nullptr) {
     fallback = make_codec("fp16");
