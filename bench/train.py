@@ -50,6 +50,8 @@ METHODS: List[Tuple[str, Dict]] = [
     ("terse-powersgd-r1", dict(method="terse", codec="powersgd:rank=1")),
     ("terse-powersgd-r4", dict(method="terse", codec="powersgd")),
     ("terse-powersgd-r8", dict(method="terse", codec="powersgd:rank=8")),
+    # The factors' sums in fp16: half the bytes of r8, N message steps a round instead of 2(N-1).
+    ("terse-powersgd-r8-fp16", dict(method="terse", codec="powersgd:rank=8,wire=fp16")),
     ("terse-fp16", dict(method="terse", codec="fp16")),
     ("terse-onebit", dict(method="terse", codec="onebit:ef=1")),
     ("terse-topk", dict(method="terse", codec="topk:ratio=0.01,ef=1")),

@@ -181,6 +181,15 @@ class RoundCodec {
                             EncodeContext& ctx) const = 0;
   virtual void absorb_round(int r, std::span<const float> sum, EncodeContext& ctx) const = 0;
   virtual void finish(std::span<float> y, EncodeContext& ctx) const = 0;
+  // The summable codec (fp16, bf16) that carries round r's sums for a tensor of n elements on
+  // the wire, or null (the default) for exact fp32 sums on the raw ring. A wire codec halves
+  // the round's bytes and its message steps run like the summable strategy's (N instead of
+  // 2(N-1)); its rounding is part of the sum every rank absorbs, identical on all of them.
+  virtual const Codec* round_wire(int r, std::size_t n) const {
+    (void)r;
+    (void)n;
+    return nullptr;
+  }
 };
 
 // ---- Registry ---------------------------------------------------------------------------

@@ -76,7 +76,8 @@ LinearFit fit_cost(std::span<const double> x, std::span<const double> y);
 // One codec's costs on this machine: seconds for n elements, and encoded bytes for n elements
 // (measured on gradient-like data).
 // A multi-round codec (PowerSGD, a RoundCodec) has no payload to decode or merge: `encode` is
-// the CPU time of all its rounds and finish() on one rank (its sums cost what the raw ring's do),
+// the CPU time of all its rounds and finish() on one rank (its sums cost what the raw ring's do,
+// or the summable ring's on the codec's wire codec, RoundCodec::round_wire),
 // decode and accumulate stay zero, and `bytes` is what its round contributions hold.
 struct CodecCosts {
   std::string spec;  // canonical

@@ -17,6 +17,10 @@
 //   finish:  y = P_hat Q_sum^T, the SUM over ranks of the approximations P_hat P_hat^T M_w;
 //            residual = M - P_hat Q_w^T (this rank's own share); Q <- orthonormalize(Q_sum)
 //            for the next step's warm start.
+// wire=fp16 or bf16 makes the round sums travel in 16 bits (round_wire): half the bytes and
+// N message steps instead of 2(N-1), at the cost of rounding P's sum (absorbed by the
+// orthonormalization and the residual, which uses P_hat) and Q's sum (not compensated: a
+// relative error of 2^-11 or 2^-8 of the approximation sent). Tensors sent raw stay fp32.
 // Every matrix is stored transposed (r x rows, r x cols, row-major) so that each column of P
 // and Q is contiguous for the orthonormalization; contributions use the same layout.
 #include <fmt/format.h>
@@ -26,6 +30,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 
 #include "codecs/wire.h"
@@ -150,6 +155,7 @@ struct Params {
   std::size_t rank = 4;
   std::size_t rows = 0;
   bool warm = true;
+  std::string wire = "fp32";  // how the round sums travel: fp32 (exact), fp16 or bf16
   std::string canonical;
 
   static Params read(SpecReader& r) {
@@ -158,6 +164,7 @@ struct Params {
     p.rows = static_cast<std::size_t>(r.integer("rows", 0, 0, INT_MAX));
     p.warm = r.flag("warm", true);
     r.choice("orth", "gram-schmidt", {"gram-schmidt"});
+    p.wire = r.choice("wire", "fp32", {"fp32", "fp16", "bf16"});
     p.canonical = r.canonical();
     return p;
   }
@@ -166,7 +173,8 @@ struct Params {
 class PowerSgdCodec final : public Codec, public RoundCodec {
  public:
   explicit PowerSgdCodec(const Params& p)
-      : Codec("powersgd", kId, p.canonical), rank_(p.rank), rows_(p.rows), warm_(p.warm) {}
+      : Codec("powersgd", kId, p.canonical), rank_(p.rank), rows_(p.rows), warm_(p.warm),
+        wire_(p.wire == "fp32" ? nullptr : make_codec(p.wire)) {}
 
   CodecTraits traits() const override {
     CodecTraits t;
@@ -188,6 +196,12 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
     if (r == 0) return l.raw() ? l.n : l.p_len();
     if (r == 1) return l.raw() ? 0 : l.q_len();
     throw InvalidArgument(fmt::format("terse: {} has rounds 0 and 1, not {}", spec(), r));
+  }
+
+  // The factors' sums in 16 bits (wire=fp16/bf16); a tensor sent raw stays exact fp32.
+  const Codec* round_wire(int r, std::size_t n) const override {
+    (void)r;
+    return wire_ && !checked_layout(n).raw() ? wire_.get() : nullptr;
   }
 
   void encode_round(int r, std::span<const float> x, std::span<float> contribution,
@@ -501,6 +515,7 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
   std::size_t rank_;
   std::size_t rows_;
   bool warm_;
+  std::unique_ptr<Codec> wire_;
 };
 
 const bool registered = register_codec(

@@ -8,7 +8,9 @@
 // compressed partition.
 //
 // Multi-round codecs (PowerSGD) run here too: each round's contribution is a plain fp32 array
-// summed with the raw ring (bit-identical on every rank), then absorbed; finish() writes the sum.
+// summed with the raw ring (bit-identical on every rank), or, when the codec names a wire codec
+// for the round (RoundCodec::round_wire), with this strategy's ring on that codec's encoding;
+// then absorbed. finish() writes the sum.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -21,6 +23,51 @@
 namespace terse::collectives {
 
 namespace {
+
+// The ring on ctx.codec's encodings of input (state slot c for chunk c), from message index
+// first_index (N of them); every rank writes the decoded sum to output (not divided).
+void summable_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
+                   std::uint32_t first_index) {
+  const int n = ctx.size(), r = ctx.rank();
+  const Split split(input.size(), n);
+  auto mod = [n](int v) { return ((v % n) + n) % n; };
+  const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
+  // Areas: 0-1 incoming partial payloads (alternating: the one received at step s is sent on at
+  // step s+1), 2 our own encoding of the current chunk.
+  engine::Buffer areas = ctx.pool->acquire(cap * 3);
+  auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  FinalExchange finals(ctx, cap, first_index + static_cast<std::uint32_t>(n - 1));
+  std::span<const std::byte> outgoing =
+      encode_or_fail(ctx, split.piece(input, r), split.begin(r), r, r, area(2));
+  for (int s = 0; s < n - 1; ++s) {
+    const int c = mod(r - s - 1);
+    std::span<std::byte> in_area = area(s % 2);
+    Request rx = post_recv(ctx, prev, first_index + s, in_area);
+    Request tx = post_send(ctx, next, first_index + s, outgoing);
+    wait(ctx, rx, false, prev, cap);
+    wait(ctx, tx, true, next, outgoing.size());  // frees area 2 (step 0) or the other area
+    std::span<const std::byte> partial = received_message(ctx, in_area, prev);
+    const bool ok = accept_message(ctx, partial, prev);
+    std::span<const std::byte> own =
+        encode_or_fail(ctx, split.piece(input, c), split.begin(c), c, c, area(2));
+    if (ok && !ctx.failure.any()) {
+      Stage m(ctx, "merge", prev, split.size(c) * 4);
+      try {
+        // partial is the received bytes in our own area: combine in place.
+        ctx.codec->combine(own, in_area.first(partial.size()));
+      } catch (const Error& e) {
+        Failure f{Failure::kBadPayload, r, ctx.offset + split.begin(c), {}};
+        f.detail = fmt::format("rank {}: {}: payload from peer {} cannot be combined: {}", r,
+                               ctx.label(), prev, e.what());
+        ctx.failure.merge(f);
+      }
+    }
+    outgoing = ctx.failure.any() ? failure_message(ctx, in_area) : partial;
+  }
+  // outgoing now holds the complete payload of our chunk r+1 (or our own chunk when n == 1).
+  finals.finish(outgoing, [&](int j) { return split.piece(output, mod(j + 1)); });
+}
 
 void rounds_allreduce(PartitionContext& ctx) {
   const RoundCodec& codec = *ctx.rounds;
@@ -44,7 +91,17 @@ void rounds_allreduce(PartitionContext& ctx) {
                   std::numeric_limits<float>::quiet_NaN());
       }
     }
-    raw_ring(ctx, contribution, contribution, round * stride, 1);
+    if (const Codec* wire = codec.round_wire(round, n); wire != nullptr) {
+      // The ring on the wire codec's encodings; its state slots are never used (summable wire
+      // codecs are stateless), and the failure payloads it forwards are the partition's.
+      const Codec* own = ctx.codec;
+      ctx.codec = wire;
+      summable_ring(ctx, contribution, contribution, round * stride);
+      ctx.codec = own;
+      if (ctx.failure.any()) return;  // every rank learnt it in the ring
+    } else {
+      raw_ring(ctx, contribution, contribution, round * stride, 1);
+    }
     const std::size_t bad = kit::find_non_finite(contribution);
     if (bad != m) {  // identical on every rank: all stop here
       ctx.failure.merge({Failure::kSumNotFinite, -1, ctx.offset, {}});
@@ -67,45 +124,7 @@ void summable_allreduce(PartitionContext& ctx) {
     rounds_allreduce(ctx);
     return;
   }
-  const int n = ctx.size(), r = ctx.rank();
-  const Split split(ctx.input.size(), n);
-  auto mod = [n](int v) { return ((v % n) + n) % n; };
-  const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
-  // Areas: 0-1 incoming partial payloads (alternating: the one received at step s is sent on at
-  // step s+1), 2 our own encoding of the current chunk.
-  engine::Buffer areas = ctx.pool->acquire(cap * 3);
-  auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
-  const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  FinalExchange finals(ctx, cap, static_cast<std::uint32_t>(n - 1));
-  std::span<const std::byte> outgoing =
-      encode_or_fail(ctx, split.piece(ctx.input, r), split.begin(r), r, r, area(2));
-  for (int s = 0; s < n - 1; ++s) {
-    const int c = mod(r - s - 1);
-    std::span<std::byte> in_area = area(s % 2);
-    Request rx = post_recv(ctx, prev, s, in_area);
-    Request tx = post_send(ctx, next, s, outgoing);
-    wait(ctx, rx, false, prev, cap);
-    wait(ctx, tx, true, next, outgoing.size());  // frees area 2 (step 0) or the other area
-    std::span<const std::byte> partial = received_message(ctx, in_area, prev);
-    const bool ok = accept_message(ctx, partial, prev);
-    std::span<const std::byte> own =
-        encode_or_fail(ctx, split.piece(ctx.input, c), split.begin(c), c, c, area(2));
-    if (ok && !ctx.failure.any()) {
-      Stage m(ctx, "merge", prev, split.size(c) * 4);
-      try {
-        // partial is the received bytes in our own area: combine in place.
-        ctx.codec->combine(own, in_area.first(partial.size()));
-      } catch (const Error& e) {
-        Failure f{Failure::kBadPayload, r, ctx.offset + split.begin(c), {}};
-        f.detail = fmt::format("rank {}: {}: payload from peer {} cannot be combined: {}", r,
-                               ctx.label(), prev, e.what());
-        ctx.failure.merge(f);
-      }
-    }
-    outgoing = ctx.failure.any() ? failure_message(ctx, in_area) : partial;
-  }
-  // outgoing now holds the complete payload of our chunk r+1 (or our own chunk when n == 1).
-  finals.finish(outgoing, [&](int j) { return split.piece(ctx.output, mod(j + 1)); });
+  summable_ring(ctx, ctx.input, ctx.output, 0);
   if (!ctx.failure.any()) apply_divisor(ctx, ctx.output);
 }
 

@@ -735,8 +735,14 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
       };
       warm = all_rounds;
       meter.series([&](std::size_t n) { all_rounds(n, next_state(n)); }, times);
-      for (std::size_t n : sizes) {
-        encoded_bytes[c].push_back(static_cast<double>(contribution_elements(n) * sizeof(float)));
+      for (std::size_t n : sizes) {  // what one rank's contributions take on the wire
+        double bytes = 0;
+        for (int r = 0; r < rounds->rounds(); ++r) {
+          const std::size_t m = rounds->round_elements(r, n);
+          const Codec* wire = rounds->round_wire(r, n);
+          bytes += static_cast<double>(wire != nullptr ? wire->max_encoded_bytes(m) : m * 4);
+        }
+        encoded_bytes[c].push_back(bytes);
       }
       continue;
     }

@@ -127,6 +127,18 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
         p.cpu = enc(m) + c.divide(m);
         for (int r = 0; r < rounds->rounds() && ranks > 1; ++r) {
           const double chunk = largest_piece(static_cast<double>(rounds->round_elements(r, n)), N);
+          if (const Codec* wire = rounds->round_wire(r, n); wire != nullptr) {
+            // The summable ring on the wire codec: N - 1 steps and the final exchange. Its CPU
+            // is the wire codec's calibrated cost, or the raw ring's adds where it has none.
+            p.rounds += N;
+            p.bytes += 2 * (N - 1) *
+                       static_cast<double>(wire->max_encoded_bytes(static_cast<std::size_t>(chunk)));
+            const CodecCosts* w = c.find(wire->spec());
+            p.cpu += w != nullptr ? N * w->encode(chunk) + (N - 1) * w->combine(chunk) +
+                                        N * w->decode(chunk)
+                                  : (N - 1) * c.add(chunk);
+            continue;
+          }
           p.rounds += 2 * (N - 1);
           p.bytes += 2 * (N - 1) * 4 * chunk;
           p.cpu += (N - 1) * c.add(chunk);

@@ -444,12 +444,32 @@ TEST(PowerSgd, Parameters) {
   EXPECT_THROW(make_codec("powersgd:orth=qr"), SpecError);
   EXPECT_THROW(make_codec("powersgd:ef=1"), SpecError);
   EXPECT_THROW(make_codec("powersgd:ratio=0.1"), SpecError);
-  EXPECT_EQ(make_codec("powersgd")->spec(), "powersgd:orth=gram-schmidt,rank=4,rows=0,warm=1");
+  EXPECT_THROW(make_codec("powersgd:wire=int8"), SpecError);
+  EXPECT_EQ(make_codec("powersgd")->spec(),
+            "powersgd:orth=gram-schmidt,rank=4,rows=0,warm=1,wire=fp32");
   EXPECT_NO_THROW(make_codec("powersgd:rank=64,rows=7,warm=0"));
   // Rank 64 on a 256 x 256 matrix reconstructs a rank-64 matrix.
   auto codec = make_codec("powersgd:rank=64");
   auto x = low_rank(256, 256, 64, 1);
   EXPECT_LT(rel_error(testing::round_trip(*codec, x), x), 1e-4);
+}
+
+TEST(PowerSgd, WireNamesTheCodecOfTheRoundSums) {
+  auto exact = make_codec("powersgd");
+  auto half = make_codec("powersgd:wire=fp16");
+  const auto& exact_rounds = dynamic_cast<const RoundCodec&>(*exact);
+  const auto& half_rounds = dynamic_cast<const RoundCodec&>(*half);
+  EXPECT_EQ(exact_rounds.round_wire(0, 1 << 16), nullptr);
+  ASSERT_NE(half_rounds.round_wire(0, 1 << 16), nullptr);
+  EXPECT_EQ(half_rounds.round_wire(0, 1 << 16)->name(), "fp16");
+  EXPECT_EQ(half_rounds.round_wire(1, 1 << 16)->name(), "fp16");
+  EXPECT_TRUE(half_rounds.round_wire(1, 1 << 16)->traits().summable);
+  EXPECT_EQ(dynamic_cast<const RoundCodec&>(*make_codec("powersgd:wire=bf16"))
+                .round_wire(0, 1 << 16)->name(), "bf16");
+  // A tensor too small to compress travels raw: exactly, in fp32.
+  EXPECT_EQ(half_rounds.round_wire(0, 8), nullptr);
+  // The digest covers the wire: ranks with different wires cannot exchange payloads.
+  EXPECT_NE(exact->spec(), half->spec());
 }
 
 }  // namespace

@@ -147,7 +147,7 @@ class Simulator {
   }
 
   void summable(const Piece& p, const std::vector<std::span<const float>>& in,
-                std::span<float> out) {
+                std::span<float> out, bool average = true) {
     const collectives::Split chunks(out.size(), ranks_);
     for (int c = 0; c < ranks_; ++c) {
       auto partial = encode(p, chunks.piece(in[c], c), c, c, c);
@@ -156,7 +156,7 @@ class Simulator {
         p.codec->combine(encode(p, chunks.piece(in[k], c), k, c, c), partial);
       }
       p.codec->decode(partial, chunks.piece(out, c));
-      divide(chunks.piece(out, c));
+      if (average) divide(chunks.piece(out, c));
     }
   }
 
@@ -172,7 +172,12 @@ class Simulator {
       for (int i = 0; i < ranks_; ++i) rc.encode_round(round, in[i], contribution[i], ctx[i]);
       std::vector<std::span<const float>> views(contribution.begin(), contribution.end());
       std::vector<float> sum(m);
-      raw(views, sum, /*average=*/false);  // round sums are plain sums
+      // Round sums are plain sums: the raw ring's, or the summable ring's on the wire codec.
+      if (const Codec* wire = rc.round_wire(round, n); wire != nullptr) {
+        summable(Piece{p.name, p.partition, p.step, wire}, views, sum, /*average=*/false);
+      } else {
+        raw(views, sum, /*average=*/false);
+      }
       for (int i = 0; i < ranks_; ++i) rc.absorb_round(round, sum, ctx[i]);
     }
     std::vector<float> other(n);

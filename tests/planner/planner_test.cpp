@@ -248,6 +248,36 @@ TEST(CostModel, MultiRoundCodecSumsEachRoundOnTheRawRing) {
   EXPECT_THROW(model.predict(n, codec->spec(), Strategy::kSharded, 1, 4, 4), InvalidArgument);
 }
 
+TEST(CostModel, MultiRoundCodecWithAWireCodecSumsOnTheSummableRing) {
+  Calibration c = synthetic(12.5e6, 100e-6);
+  testing::add_powersgd(c, "powersgd:wire=fp16");
+  const CostModel model(c);
+  auto codec = make_codec("powersgd:wire=fp16");
+  const auto& rounds = dynamic_cast<const RoundCodec&>(*codec);
+  const std::size_t n = std::size_t{1} << 20;
+  const double N = 4;
+  double want = c.job_overhead + c.codecs.back().encode(n) + c.divide(n);
+  double bytes = 0;
+  const CodecCosts& fp16 = *c.find(make_codec("fp16")->spec());  // synthetic() calibrates it
+  for (int r = 0; r < rounds.rounds(); ++r) {
+    const double chunk = std::ceil(rounds.round_elements(r, n) / N / 64) * 64;
+    const double message = 24 + 2 * chunk;  // header and 16-bit values
+    want += N * c.alpha + 2 * (N - 1) * message * c.beta + N * fp16.encode(chunk) +
+            (N - 1) * fp16.combine(chunk) + N * fp16.decode(chunk);
+    bytes += 2 * (N - 1) * message;
+  }
+  const Prediction p = model.predict(n, codec->spec(), Strategy::kSummable, 1, 4, 4);
+  EXPECT_NEAR(p.seconds, want, want * 1e-12);
+  EXPECT_NEAR(p.bytes_sent, bytes, 1);
+  // Half the bytes of the fp32 round sums, and fewer message steps.
+  testing::add_powersgd(c);
+  const CostModel both(c);
+  const Prediction exact = both.predict(n, make_codec("powersgd")->spec(), Strategy::kSummable, 1,
+                                        4, 4);
+  EXPECT_LT(p.bytes_sent, 0.51 * exact.bytes_sent);
+  EXPECT_LT(p.seconds, exact.seconds);
+}
+
 TEST(Planner, ChoosesPowerSgdWhereItsRoundsPay) {
   Calibration c = synthetic(12.5e6, 100e-6);  // 100 Mbit/s
   testing::add_powersgd(c);

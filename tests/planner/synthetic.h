@@ -50,9 +50,9 @@ inline Calibration synthetic(double bytes_per_second, double alpha, int ranks = 
 
 // Adds PowerSGD (rank 4) to a calibration: a multi-round codec whose rounds and finish() cost
 // 50 us + 2 ns per element on one rank.
-inline void add_powersgd(Calibration& c) {
+inline void add_powersgd(Calibration& c, const std::string& spec = "powersgd") {
   CodecCosts k;
-  k.spec = make_codec("powersgd")->spec();
+  k.spec = make_codec(spec)->spec();
   k.multi_round = true;
   k.encode = line(50e-6, 2e-9);
   k.bytes = line(0, 0.01);  // reports only: the model counts the round contributions
