@@ -52,6 +52,11 @@ METHODS: List[Tuple[str, Dict]] = [
     ("terse-powersgd-r8", dict(method="terse", codec="powersgd:rank=8")),
     # The factors' sums in fp16: half the bytes of r8, N message steps a round instead of 2(N-1).
     ("terse-powersgd-r8-fp16", dict(method="terse", codec="powersgd:rank=8,wire=fp16")),
+    # The rounds' sums gathered: one message step a round (for latency-bound links).
+    ("terse-powersgd-r8-ag", dict(method="terse", codec="powersgd:rank=8",
+                                  strategy="allgather")),
+    ("terse-powersgd-r8-fp16-ag", dict(method="terse", codec="powersgd:rank=8,wire=fp16",
+                                       strategy="allgather")),
     ("terse-fp16", dict(method="terse", codec="fp16")),
     ("terse-onebit", dict(method="terse", codec="onebit:ef=1")),
     ("terse-topk", dict(method="terse", codec="topk:ratio=0.01,ef=1")),

@@ -50,9 +50,11 @@ enum class Strategy {
   kAuto,       // raw for codec "none", else the engine's default for the codec's traits
   kRaw,        // fp32 ring allreduce (reduce-scatter + allgather); the uncompressed baseline
   kAllgather,  // each rank encodes once; all payloads are gathered, decoded and summed
+               // (RoundCodecs: each round's contributions gathered, one message step a round)
   kSharded,    // co-located parameter server: owners sum their shard, re-encode once, allgather
   kRing,       // compressed ring: decode-merge-re-encode at every hop, then allgather
   kSummable,   // ring on compressed data (codecs whose encodings add); RoundCodecs' rounds
+               // on rings
 };
 // "auto", "raw", "allgather", "sharded", "ring", "summable".
 std::string_view to_string(Strategy s);

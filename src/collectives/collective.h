@@ -233,6 +233,17 @@ void raw_allreduce(PartitionContext& ctx);
 void raw_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
               std::uint32_t first_index, int divisor);
 void allgather_allreduce(PartitionContext& ctx);
+// The sums these strategies are built on, of ctx.codec's encodings of `input` into `output`
+// (which may alias it; not divided), with message indices from `first_index`:
+// every rank's whole encoding sent to every other rank, summed in rank order (one step) ...
+void gather_sum(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
+                std::uint32_t first_index);
+// ... or the summable ring (N - 1 steps and the final exchange: N indices).
+void summable_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
+                   std::uint32_t first_index);
+// A multi-round codec (ctx.rounds): each round's sum on a ring (summable) or gathered
+// (allgather); see rounds.cpp.
+void rounds_allreduce(PartitionContext& ctx, bool gather);
 void sharded_allreduce(PartitionContext& ctx);
 void ring_allreduce(PartitionContext& ctx);
 void summable_allreduce(PartitionContext& ctx);

@@ -7,10 +7,7 @@
 // compressed sum cannot be scaled without decoding). Each rank sends 2(N-1)/N of the
 // compressed partition.
 //
-// Multi-round codecs (PowerSGD) run here too: each round's contribution is a plain fp32 array
-// summed with the raw ring (bit-identical on every rank), or, when the codec names a wire codec
-// for the round (RoundCodec::round_wire), with this strategy's ring on that codec's encoding;
-// then absorbed. finish() writes the sum.
+// Multi-round codecs (PowerSGD) run their rounds' sums on rings (rounds.cpp).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -22,10 +19,6 @@
 
 namespace terse::collectives {
 
-namespace {
-
-// The ring on ctx.codec's encodings of input (state slot c for chunk c), from message index
-// first_index (N of them); every rank writes the decoded sum to output (not divided).
 void summable_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
                    std::uint32_t first_index) {
   const int n = ctx.size(), r = ctx.rank();
@@ -69,59 +62,9 @@ void summable_ring(PartitionContext& ctx, std::span<const float> input, std::spa
   finals.finish(outgoing, [&](int j) { return split.piece(output, mod(j + 1)); });
 }
 
-void rounds_allreduce(PartitionContext& ctx) {
-  const RoundCodec& codec = *ctx.rounds;
-  const std::size_t n = ctx.input.size();
-  EncodeContext ec = piece_context(ctx, 0, 0, n);
-  const auto stride = static_cast<std::uint32_t>(2 * ctx.size());
-  for (int round = 0; round < codec.rounds(); ++round) {
-    const std::size_t m = codec.round_elements(round, n);
-    engine::Buffer buffer = ctx.pool->acquire(std::max<std::size_t>(m, 1) * sizeof(float));
-    std::span<float> contribution = buffer.as<float>(m);
-    {
-      Stage s(ctx, "encode", -1, n * 4);
-      try {
-        codec.encode_round(round, ctx.input, contribution, ec);
-      } catch (const InvalidArgument&) {
-        const std::size_t bad = kit::find_non_finite(ctx.input);
-        if (bad == n) throw;
-        // Poison the sum so that every rank sees the failure, then finish the round with them.
-        ctx.failure.merge({Failure::kInputNotFinite, ctx.rank(), ctx.offset + bad, {}});
-        std::fill(contribution.begin(), contribution.end(),
-                  std::numeric_limits<float>::quiet_NaN());
-      }
-    }
-    if (const Codec* wire = codec.round_wire(round, n); wire != nullptr) {
-      // The ring on the wire codec's encodings; its state slots are never used (summable wire
-      // codecs are stateless), and the failure payloads it forwards are the partition's.
-      const Codec* own = ctx.codec;
-      ctx.codec = wire;
-      summable_ring(ctx, contribution, contribution, round * stride);
-      ctx.codec = own;
-      if (ctx.failure.any()) return;  // every rank learnt it in the ring
-    } else {
-      raw_ring(ctx, contribution, contribution, round * stride, 1);
-    }
-    const std::size_t bad = kit::find_non_finite(contribution);
-    if (bad != m) {  // identical on every rank: all stop here
-      ctx.failure.merge({Failure::kSumNotFinite, -1, ctx.offset, {}});
-      return;
-    }
-    Stage s(ctx, "merge", -1, m * 4);
-    codec.absorb_round(round, contribution, ec);
-  }
-  {
-    Stage s(ctx, "decode", -1, n * 4);
-    codec.finish(ctx.output, ec);
-  }
-  apply_divisor(ctx, ctx.output);
-}
-
-}  // namespace
-
 void summable_allreduce(PartitionContext& ctx) {
   if (ctx.rounds != nullptr) {
-    rounds_allreduce(ctx);
+    rounds_allreduce(ctx, /*gather=*/false);
     return;
   }
   summable_ring(ctx, ctx.input, ctx.output, 0);

@@ -256,9 +256,10 @@ struct Engine::Impl {
                                         "(fp16, bf16, randomk, powersgd); {} is not summable",
                                         p.codec));
     }
-    if (t.multi_round && p.strategy != Strategy::kSummable) {
+    if (t.multi_round && p.strategy != Strategy::kSummable &&
+        p.strategy != Strategy::kAllgather) {
       throw InvalidArgument(fmt::format("codec {} needs sums across ranks between its rounds: "
-                                        "use strategy summable (or auto)",
+                                        "use strategy summable (rings) or allgather (or auto)",
                                         p.codec));
     }
     if (o.partitions < 0 || o.partitions > kMaxPartitions) {

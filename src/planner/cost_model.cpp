@@ -81,9 +81,11 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   if (k != nullptr && k->multi_round) {
     auto it = rounds_.find(codec_spec);
     rounds = it == rounds_.end() ? nullptr : dynamic_cast<const RoundCodec*>(it->second.get());
-    if (rounds == nullptr || strategy != Strategy::kSummable || partitions > 1) {
+    if (rounds == nullptr ||
+        (strategy != Strategy::kSummable && strategy != Strategy::kAllgather) || partitions > 1) {
       throw InvalidArgument(fmt::format(
-          "cost model: {} runs rounds of sums: strategy summable, one partition", codec_spec));
+          "cost model: {} runs rounds of sums: strategy summable or allgather, one partition",
+          codec_spec));
     }
   }
   // The engine's clamp: no empty partitions (64-element boundaries), at most 256.
@@ -108,6 +110,23 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       }
       break;
     case Strategy::kAllgather:
+      if (rounds != nullptr) {
+        // Each round's whole contribution to every other rank, as the wire codec's payload or
+        // exact fp32 (4 bytes an element and a header); every rank decodes and adds N of them.
+        p.cpu = enc(m) + c.divide(m);
+        for (int r = 0; r < rounds->rounds() && ranks > 1; ++r) {
+          const std::size_t cr = rounds->round_elements(r, n);
+          const Codec* wire = rounds->round_wire(r, n);
+          const CodecCosts* w = wire != nullptr ? c.find(wire->spec()) : nullptr;
+          p.rounds += 1;
+          static const std::unique_ptr<Codec> exact = make_codec("none");
+          p.bytes += (N - 1) * static_cast<double>((wire != nullptr ? wire : exact.get())
+                                                       ->max_encoded_bytes(cr));
+          p.cpu += w != nullptr ? w->encode(cr) + w->decode(cr) + (N - 1) * w->accumulate(cr)
+                                : (N - 1) * c.add(static_cast<double>(cr));
+        }
+        break;
+      }
       p.rounds = ranks > 1 ? 1 : 0;
       p.bytes = (N - 1) * e(m);
       p.cpu = enc(m) + dec(m) + (N - 1) * acc(m) + c.divide(m);

@@ -212,8 +212,9 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   consider("none", Strategy::kRaw, false);
   for (const auto& spec : allowed_) {
     const CodecCosts& k = *model_->calibration().find(spec);
-    if (k.multi_round) {  // PowerSGD: its rounds ride the raw ring, on the whole matrix
+    if (k.multi_round) {  // PowerSGD, on the whole matrix: its rounds' sums on rings or gathered
       consider(spec, Strategy::kSummable, true);
+      consider(spec, Strategy::kAllgather, true);
       continue;
     }
     for (Strategy s : {Strategy::kAllgather, Strategy::kSharded, Strategy::kRing}) {

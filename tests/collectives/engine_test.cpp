@@ -50,6 +50,9 @@ TEST_F(SingleRank, PlansFollowTheCodecsTraits) {
   o.codec = "powersgd";
   EXPECT_EQ(engine.plan(1 << 20, o).strategy, Strategy::kSummable);
   EXPECT_EQ(engine.plan(1 << 20, o).partitions, 1);
+  o.strategy = Strategy::kAllgather;  // its rounds' sums gathered instead of on rings
+  EXPECT_EQ(engine.plan(1 << 20, o).strategy, Strategy::kAllgather);
+  o.strategy = Strategy::kAuto;
   // Partitions: from the size by default, clamped so that none is empty.
   o.codec = "none";
   EXPECT_EQ(engine.plan(std::size_t{64} << 20, o).partitions, 32);  // 256 MB / 8 MB

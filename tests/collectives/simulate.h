@@ -41,7 +41,13 @@ class Simulator {
       std::span<float> out = parts.piece(std::span<float>(y), p);
       switch (strategy) {
         case Strategy::kRaw: raw(in, out); break;
-        case Strategy::kAllgather: allgather(piece, in, out); break;
+        case Strategy::kAllgather:
+          if (codec->traits().multi_round) {
+            rounds(piece, in, out, /*gather=*/true);
+          } else {
+            allgather(piece, in, out);
+          }
+          break;
         case Strategy::kSharded: sharded(piece, in, out); break;
         case Strategy::kRing: ring(piece, in, out); break;
         case Strategy::kSummable:
@@ -105,12 +111,12 @@ class Simulator {
   }
 
   void allgather(const Piece& p, const std::vector<std::span<const float>>& in,
-                 std::span<float> out) {
+                 std::span<float> out, bool average = true) {
     for (int i = 0; i < ranks_; ++i) {
       p.codec->decode(encode(p, in[i], i, 0, 0), out,
                       i == 0 ? DecodeMode::kOverwrite : DecodeMode::kAccumulate);
     }
-    divide(out);
+    if (average) divide(out);
   }
 
   void sharded(const Piece& p, const std::vector<std::span<const float>>& in,
@@ -161,7 +167,7 @@ class Simulator {
   }
 
   void rounds(const Piece& p, const std::vector<std::span<const float>>& in,
-              std::span<float> out) {
+              std::span<float> out, bool gather = false) {
     const auto& rc = dynamic_cast<const RoundCodec&>(*p.codec);
     const std::size_t n = out.size();
     std::vector<EncodeContext> ctx;
@@ -172,8 +178,13 @@ class Simulator {
       for (int i = 0; i < ranks_; ++i) rc.encode_round(round, in[i], contribution[i], ctx[i]);
       std::vector<std::span<const float>> views(contribution.begin(), contribution.end());
       std::vector<float> sum(m);
-      // Round sums are plain sums: the raw ring's, or the summable ring's on the wire codec.
-      if (const Codec* wire = rc.round_wire(round, n); wire != nullptr) {
+      // Round sums are plain sums: the raw ring's, or the summable ring's on the wire codec,
+      // or gathered payloads of the wire codec (else exact fp32 ones) summed in rank order.
+      const Codec* wire = rc.round_wire(round, n);
+      if (gather) {
+        allgather(Piece{p.name, p.partition, p.step, wire != nullptr ? wire : none_.get()}, views,
+                  sum, /*average=*/false);
+      } else if (wire != nullptr) {
         summable(Piece{p.name, p.partition, p.step, wire}, views, sum, /*average=*/false);
       } else {
         raw(views, sum, /*average=*/false);
@@ -187,6 +198,7 @@ class Simulator {
 
   int ranks_;
   std::uint64_t seed_;
+  std::unique_ptr<Codec> none_ = make_codec("none");
   int divisor_ = 1;
   std::map<std::tuple<std::string, int, int, int>, std::pair<std::size_t, std::unique_ptr<CodecState>>>
       states_;

@@ -247,7 +247,6 @@ TEST(CostModel, MultiRoundCodecSumsEachRoundOnTheRawRing) {
   EXPECT_THROW(model.predict(n, codec->spec(), Strategy::kSummable, 4, 4, 4), InvalidArgument);
   EXPECT_THROW(model.predict(n, codec->spec(), Strategy::kSharded, 1, 4, 4), InvalidArgument);
 }
-
 TEST(CostModel, MultiRoundCodecWithAWireCodecSumsOnTheSummableRing) {
   Calibration c = synthetic(12.5e6, 100e-6);
   testing::add_powersgd(c, "powersgd:wire=fp16");
@@ -305,6 +304,32 @@ TEST(Planner, ChoosesPowerSgdWhereItsRoundsPay) {
   testing::add_powersgd(fast);
   Planner quick(o, fast);
   EXPECT_NE(quick.decide(std::size_t{1} << 16, 4, 4).chosen.plan.codec, powersgd);
+}
+
+TEST(Planner, GathersPowerSgdRoundsWhereLatencyDominates) {
+  // 1 Gbit/s with the 2 ms message latency measured inside training jobs on this machine.
+  Calibration c = synthetic(125e6, 2e-3);
+  testing::add_powersgd(c);
+  const CostModel model(c);
+  const std::string powersgd = make_codec("powersgd")->spec();
+  const auto& rounds = dynamic_cast<const RoundCodec&>(*make_codec("powersgd"));
+  const std::size_t n = 128 * 3136;  // a CNN's fully connected layer
+  const Prediction gathered = model.predict(n, powersgd, Strategy::kAllgather, 1, 4, 4);
+  const Prediction ring = model.predict(n, powersgd, Strategy::kSummable, 1, 4, 4);
+  double bytes = 0;  // every contribution, exact fp32 with a header, to each of 3 peers
+  for (int r = 0; r < rounds.rounds(); ++r) bytes += 3 * (24 + 4.0 * rounds.round_elements(r, n));
+  EXPECT_NEAR(gathered.bytes_sent, bytes, 1e-6);
+  EXPECT_GT(gathered.bytes_sent, ring.bytes_sent);  // more bytes ...
+  EXPECT_LT(gathered.seconds, ring.seconds);        // ... but 2 message steps, not 12
+  PlannerOptions o = options();
+  o.allowed = {"powersgd"};
+  const PlanDecision d = Planner(o, c).decide(n, 4, 4);
+  EXPECT_EQ(d.chosen.plan.codec, powersgd);
+  EXPECT_EQ(d.chosen.plan.strategy, Strategy::kAllgather);
+  // At 100 Mbit/s and 100 us the bytes decide: rings.
+  Calibration slow = synthetic(12.5e6, 100e-6);
+  testing::add_powersgd(slow);
+  EXPECT_EQ(Planner(o, slow).decide(n, 4, 4).chosen.plan.strategy, Strategy::kSummable);
 }
 
 TEST(Calibration, MeasuresMultiRoundCodecs) {

@@ -230,6 +230,8 @@ std::vector<GroupTensor> bucket() {
           {"norm.weight", 1, "none", Strategy::kAuto},
           {"conv.weight", 4608, "powersgd:rank=2,rows=64", Strategy::kAuto},
           {"proj.weight", 8192, "powersgd:rank=3,wire=bf16", Strategy::kAuto},
+          {"gate.weight", 6144, "powersgd:rank=2,wire=fp16", Strategy::kAllgather},
+          {"up.weight", 6144, "powersgd:rank=2", Strategy::kAllgather},
           {"empty", 0, "none", Strategy::kAuto},
           {"head.weight", 20000, "terngrad", Strategy::kRing}};
 }
@@ -315,8 +317,14 @@ bool contains(const std::string& s, const std::string& what) {
 int nonfinite(Communicator& comm, Engine& engine, bool keep) {
   const int r = comm.rank(), bad_rank = comm.size() - 1;
   int cases = 0;
-  for (const char* spec : {"none", "onebit", "fp16", "topk", "powersgd:rank=2",
-                           "powersgd:rank=2,wire=fp16", "terngrad"}) {
+  // codec spec[@strategy]
+  for (const std::string entry : {"none", "onebit", "fp16", "topk", "powersgd:rank=2",
+                                  "powersgd:rank=2,wire=fp16", "powersgd:rank=2@allgather",
+                                  "terngrad"}) {
+    const std::string spec = entry.substr(0, entry.find('@'));
+    const Strategy strategy = entry.find('@') == std::string::npos
+                                  ? Strategy::kAuto
+                                  : parse_strategy(entry.substr(entry.find('@') + 1));
     bool known = true;
     try {
       make_codec(spec);
@@ -325,14 +333,15 @@ int nonfinite(Communicator& comm, Engine& engine, bool keep) {
     }
     if (!known) continue;
     for (float bad : {NAN, INFINITY}) {
-      const std::string name = fmt::format("nonfinite/{}/{}", spec, bad);
+      const std::string name = fmt::format("nonfinite/{}/{}", entry, bad);
       const std::size_t n = 50000, at = 31337;
       std::vector<float> x = make_input(r, name, 0, n);
       if (r == bad_rank) x[at] = bad;
       const std::vector<float> before = x;
       AllreduceOptions o;
       o.codec = spec;
-      o.partitions = std::string(spec).rfind("powersgd", 0) == 0 ? 1 : 2;
+      o.strategy = strategy;
+      o.partitions = spec.rfind("powersgd", 0) == 0 ? 1 : 2;
       std::string error;
       try {
         engine.allreduce(name, x, o).wait();
@@ -344,7 +353,7 @@ int nonfinite(Communicator& comm, Engine& engine, bool keep) {
             name + ": error does not say what happened to the tensor: " + error);
       // Failures travel in-band, naming the rank and element everywhere, except in PowerSGD's
       // fp32 round sums, where the bad rank's NaN reaches the others as a non-finite sum.
-      const bool in_band = std::string(spec) != "none" && std::string(spec) != "powersgd:rank=2";
+      const bool in_band = spec != "none" && entry != "powersgd:rank=2";
       if (in_band) {
         check(contains(error, fmt::format("rank {}'s input holds NaN or Inf at element {}",
                                           bad_rank, at)),
