@@ -104,6 +104,8 @@ class TerseHookState:
         How compressed tensors are reduced: ``"auto"`` (the engine's choice for the codec:
         summable codecs such as fp16 and PowerSGD ride a ring on compressed data, others
         use ``"sharded"``), ``"allgather"``, ``"sharded"``, ``"ring"`` or ``"summable"``.
+        PowerSGD takes ``"summable"`` (its rounds' sums on rings) or ``"allgather"`` (gathered:
+        one message step a round, for latency-bound links).
     partitions
         Pieces each compressed tensor is split into so that encoding one overlaps sending
         another; 0 lets the engine choose from the size (about 8 MiB per piece).

@@ -232,6 +232,15 @@ void raw_allreduce(PartitionContext& ctx);
 // divides by `divisor` like the strategies do.
 void raw_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
               std::uint32_t first_index, int divisor);
+// Whether the engine gathers a raw partition of `elements` floats on `ranks` ranks
+// (EngineOptions::gather_bytes): when the (ranks - 1) copies it sends fit in gather_bytes.
+inline bool gathers(std::size_t elements, int ranks, std::size_t gather_bytes) {
+  return ranks > 1 && static_cast<std::size_t>(ranks - 1) * elements * sizeof(float) <= gather_bytes;
+}
+// The same sum gathered: one message step (index), every rank's whole input to every other rank,
+// summed in rank order; for small messages (see raw.cpp).
+void raw_gather(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
+                std::uint32_t index, int divisor);
 void allgather_allreduce(PartitionContext& ctx);
 // The sums these strategies are built on, of ctx.codec's encodings of `input` into `output`
 // (which may alias it; not divided), with message indices from `first_index`:

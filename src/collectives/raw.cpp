@@ -6,7 +6,15 @@
 // ending complete at rank c-1, its owner, which divides it when averaging. Allgather: N-1 more
 // steps pass the owners' results on unchanged. Each rank sends and receives 2(N-1)/N of the partition; results are bit-identical
 // because every chunk's sum is computed once.
+//
+// Small messages, where a ring's 2(N-1) message steps cost more than its bytes, are gathered
+// instead (raw_gather; the engine decides, EngineOptions::gather_bytes): every rank sends its
+// whole fp32 partition to every other rank and every rank sums the N of them in rank order,
+// ((x_0 + x_1) + x_2) + ..., then divides: one message step, the same operations on the same
+// values everywhere, (N-1) partitions sent per rank.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "collectives/collective.h"
 #include "kit/basic.h"
@@ -55,6 +63,43 @@ void raw_ring(PartitionContext& ctx, std::span<const float> input, std::span<flo
                            std::as_bytes(std::span<const float>(chunk(output, send_c))));
     wait(ctx, rx, false, prev, in.size_bytes());
     wait(ctx, tx, true, next, split.size(send_c) * sizeof(float));
+  }
+}
+
+void raw_gather(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
+                std::uint32_t index, int divisor) {
+  const int n = ctx.size(), r = ctx.rank();
+  const std::size_t bytes = input.size_bytes();
+  engine::Buffer all = ctx.pool->acquire(std::max<std::size_t>(bytes * n, 1));
+  auto area = [&](int i) { return all.bytes().subspan(bytes * i, bytes); };
+  std::vector<Request> rx(n), tx(n);
+  for (int i = 0; i < n; ++i) {
+    if (i != r) rx[i] = post_recv(ctx, i, index, area(i));
+  }
+  // Our own input is kept: output may alias it.
+  if (bytes > 0) std::memcpy(area(r).data(), input.data(), bytes);
+  for (int k = 1; k < n; ++k) {  // start with the next rank, so senders spread over receivers
+    const int i = (r + k) % n;
+    tx[i] = post_send(ctx, i, index, area(r));
+  }
+  auto values = [&](int i) { return all.as<float>(input.size() * n).subspan(input.size() * i,
+                                                                            input.size()); };
+  for (int i = 0; i < n; ++i) {
+    if (i != r) wait(ctx, rx[i], false, i, bytes);
+    if (i == 0) {
+      std::span<const float> first = values(0);
+      std::copy(first.begin(), first.end(), output.begin());
+    } else {
+      Stage m(ctx, "merge", i, bytes);
+      kit::add_to(values(i), output, output);
+    }
+  }
+  if (divisor > 1) {
+    Stage m(ctx, "merge", -1, bytes);
+    kit::divide_to(output, static_cast<float>(divisor), output);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (i != r) wait(ctx, tx[i], true, i, bytes);
   }
 }
 

@@ -606,7 +606,7 @@ struct Engine::Impl {
         ctx.encode.tensor = kit::combine_keys(fnv1a64(it.ref.name), task.partition);
         ctx.encode.rank = static_cast<std::uint64_t>(comm->rank());
         switch (it.plan.strategy) {
-          case Strategy::kRaw: collectives::raw_allreduce(ctx); break;
+          case Strategy::kRaw: raw_sum(ctx); break;
           case Strategy::kAllgather: collectives::allgather_allreduce(ctx); break;
           case Strategy::kSharded: collectives::sharded_allreduce(ctx); break;
           case Strategy::kRing: collectives::ring_allreduce(ctx); break;
@@ -662,7 +662,16 @@ struct Engine::Impl {
     ctx.input = split.piece(std::span<const float>(out), task.partition);
     ctx.output = split.piece(out, task.partition);
     ctx.divisor = comm->size();  // only averaging tensors are fused
-    collectives::raw_allreduce(ctx);
+    raw_sum(ctx);
+  }
+
+  // fp32 partitions: small ones gathered (one message step), others on the ring.
+  void raw_sum(PartitionContext& ctx) {
+    if (collectives::gathers(ctx.input.size(), comm->size(), options.gather_bytes)) {
+      collectives::raw_gather(ctx, ctx.input, ctx.output, 0, ctx.divisor);
+    } else {
+      collectives::raw_allreduce(ctx);
+    }
   }
 
   void record_error(Job& job, std::exception_ptr e) {

@@ -29,7 +29,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "collectives/collective.h"
 #include "terse/codec.h"
+#include "terse/engine.h"
 #include "terse/error.h"
 #include "terse/planner.h"
 
@@ -103,7 +105,12 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   auto e = [&](double x) { return k->bytes(x); };
   switch (strategy) {
     case Strategy::kRaw:
-      if (ranks > 1) {
+      if (collectives::gathers(static_cast<std::size_t>(m), ranks, EngineOptions{}.gather_bytes)) {
+        // Small: gathered (one message step, every rank's whole partition to every other).
+        p.rounds = 1;
+        p.bytes = (N - 1) * 4 * m;
+        p.cpu = (N - 1) * c.add(m) + c.divide(m);
+      } else if (ranks > 1) {
         p.rounds = 2 * (N - 1);
         p.bytes = 2 * (N - 1) * 4 * s;
         p.cpu = (N - 1) * c.add(s) + c.divide(s);

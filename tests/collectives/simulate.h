@@ -40,7 +40,13 @@ class Simulator {
       Piece piece{name, p, step, codec};
       std::span<float> out = parts.piece(std::span<float>(y), p);
       switch (strategy) {
-        case Strategy::kRaw: raw(in, out); break;
+        case Strategy::kRaw:
+          if (collectives::gathers(out.size(), ranks_, EngineOptions{}.gather_bytes)) {
+            gathered(in, out);  // small: every input to every rank, summed in rank order
+          } else {
+            raw(in, out);
+          }
+          break;
         case Strategy::kAllgather:
           if (codec->traits().multi_round) {
             rounds(piece, in, out, /*gather=*/true);
@@ -108,6 +114,12 @@ class Simulator {
       for (int h = 1; h < ranks_; ++h) kit::add_to(chunks.piece(in[mod(c + h)], c), acc, acc);
       if (average) divide(acc);
     }
+  }
+
+  void gathered(const std::vector<std::span<const float>>& in, std::span<float> out) {
+    std::copy(in[0].begin(), in[0].end(), out.begin());
+    for (int i = 1; i < ranks_; ++i) kit::add_to(in[i], out, out);
+    divide(out);
   }
 
   void allgather(const Piece& p, const std::vector<std::span<const float>>& in,

@@ -103,6 +103,20 @@ TEST(CostModel, RawRingFollowsItsFormula) {
   EXPECT_EQ(model.predict(n, "none", Strategy::kRaw, 1, 1, 4).bytes_sent, 0);
 }
 
+TEST(CostModel, SmallRawMessagesAreGathered) {
+  const Calibration c = synthetic(125e6, 1e-3);
+  const CostModel model(c);
+  const std::size_t n = 1000;  // 3 peers x 4,000 bytes <= EngineOptions::gather_bytes
+  const Prediction p = model.predict(n, "none", Strategy::kRaw, 1, 4, 4);
+  EXPECT_NEAR(p.bytes_sent, 3 * 4.0 * n, 1e-9);
+  const double want = c.job_overhead + c.alpha + 3 * 4.0 * n * c.beta + 3 * c.add(n) + c.divide(n);
+  EXPECT_NEAR(p.seconds, want, want * 1e-12);
+  // Past the bound: the ring's 2(N-1) steps again.
+  const std::size_t big = EngineOptions{}.gather_bytes;
+  EXPECT_NEAR(model.predict(big, "none", Strategy::kRaw, 1, 4, 4).bytes_sent,
+              2 * 3 * 4.0 * std::ceil(big / 4.0 / 64) * 64, 1e-6);
+}
+
 TEST(CostModel, PartitionsPipelineTheSlowestResource) {
   const Calibration c = synthetic(125e6, 50e-6);
   const CostModel model(c);
