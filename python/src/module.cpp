@@ -600,6 +600,9 @@ void bind(py::module_& m) {
                      "Raw tensors of a group up to this size travel in one fused message.")
       .def_readwrite("partition_bytes", &EngineOptions::partition_bytes,
                      "Target partition size when a tensor's partitions is 0.")
+      .def_readwrite("gather_bytes", &EngineOptions::gather_bytes,
+                     "Raw messages whose (ranks - 1) copies fit in this many bytes are gathered "
+                     "(one message step) instead of ringed; 0 always rings.")
       .def_readwrite("keep_input_on_error", &EngineOptions::keep_input_on_error,
                      "Stage results so a failed submission leaves the tensors unchanged.");
 
