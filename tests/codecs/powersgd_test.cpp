@@ -464,8 +464,8 @@ TEST(PowerSgd, WireNamesTheCodecOfTheRoundSums) {
   EXPECT_EQ(half_rounds.round_wire(0, 1 << 16)->name(), "fp16");
   EXPECT_EQ(half_rounds.round_wire(1, 1 << 16)->name(), "fp16");
   EXPECT_TRUE(half_rounds.round_wire(1, 1 << 16)->traits().summable);
-  EXPECT_EQ(dynamic_cast<const RoundCodec&>(*make_codec("powersgd:wire=bf16"))
-                .round_wire(0, 1 << 16)->name(), "bf16");
+  auto brain = make_codec("powersgd:wire=bf16");
+  EXPECT_EQ(dynamic_cast<const RoundCodec&>(*brain).round_wire(0, 1 << 16)->name(), "bf16");
   // A tensor too small to compress travels raw: exactly, in fp32.
   EXPECT_EQ(half_rounds.round_wire(0, 8), nullptr);
   // The digest covers the wire: ranks with different wires cannot exchange payloads.

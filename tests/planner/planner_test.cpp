@@ -326,7 +326,8 @@ TEST(Planner, GathersPowerSgdRoundsWhereLatencyDominates) {
   testing::add_powersgd(c);
   const CostModel model(c);
   const std::string powersgd = make_codec("powersgd")->spec();
-  const auto& rounds = dynamic_cast<const RoundCodec&>(*make_codec("powersgd"));
+  const auto codec = make_codec("powersgd");
+  const auto& rounds = dynamic_cast<const RoundCodec&>(*codec);
   const std::size_t n = 128 * 3136;  // a CNN's fully connected layer
   const Prediction gathered = model.predict(n, powersgd, Strategy::kAllgather, 1, 4, 4);
   const Prediction ring = model.predict(n, powersgd, Strategy::kSummable, 1, 4, 4);
