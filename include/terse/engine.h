@@ -92,6 +92,7 @@ class Handle {
   // Runs f(error) once the submission completed (null error on success): immediately if it
   // already has, else on the engine's completion thread (one per engine, so callbacks run one
   // at a time, in completion order). f may submit more work; it must not wait for it.
+  // wait() may return before callbacks registered earlier have run.
   void on_complete(std::function<void(std::exception_ptr)> f) const;
 
   struct State;

@@ -124,6 +124,11 @@ def test_errors_reach_wait_and_on_complete_with_their_type(tmp_path):
             handle.wait()
         assert "tensor 'bad'" in str(e.value) and "element 17" in str(e.value)
         assert handle.ready()
+        # wait() returns once the handle is done; its callbacks run after that, on the engine's
+        # completion thread (which needs the GIL): give it a bounded time.
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert len(seen) == 1 and type(seen[0]) is terse.InvalidArgument
         assert str(seen[0]) == str(e.value)
         # Success reports None, and a callback added after completion runs at once.
