@@ -102,9 +102,14 @@ for ((i = 0; i < n; i++)); do
   fi
 done
 
-# Each host's exit status lands in a file; the loop below polls them, so that the first
-# failure can stop the others without relying on job-control corner cases of `wait -n`.
+# Each host's exit status lands in a file, and a line on a FIFO wakes the loop below, so that
+# the first failure can stop the others without relying on job-control corner cases of
+# `wait -n`. The loop waits with bash's own `read -t` (a second at most, in case a wake-up is
+# lost): no process is started while the hosts run, where polling with sleep(1) ten times a
+# second took about 5% of a 2-core machine away from the training being measured.
 statusdir=$(mktemp -d)
+mkfifo "$statusdir/wake"
+exec {wake}<>"$statusdir/wake"
 for ((i = 0; i < n; i++)); do
   (
     set +e
@@ -112,6 +117,7 @@ for ((i = 0; i < n; i++)); do
       MASTER_ADDR=10.77.0.1 MASTER_PORT="$port" TERSE_IFNAME=eth0 "$@" \
       > >(sed -u "s/^/[host $i] /") 2> >(sed -u "s/^/[host $i] /" >&2)
     echo $? > "$statusdir/$i"
+    echo "$i" > "$statusdir/wake"
   ) &
   pids+=($!)
 done
@@ -122,7 +128,7 @@ while true; do
   for ((i = 0; i < n; i++)); do
     [ -s "$statusdir/$i" ] || continue
     finished=$((finished + 1))
-    status=$(cat "$statusdir/$i")
+    read -r status < "$statusdir/$i"
     if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
       failed=$status
       echo "cluster.sh: host $i failed (status $status); stopping the others" >&2
@@ -132,9 +138,10 @@ while true; do
     fi
   done
   [ "$finished" -eq "$n" ] && break
-  sleep 0.1
+  read -r -t 1 -u "$wake" _ || true
 done
 wait
+exec {wake}<&-
 rm -rf "$statusdir"
 sleep 0.1  # let the output filters flush
 exit "$failed"
