@@ -212,8 +212,11 @@ struct Engine::Impl {
   std::string env_trace_dir;
   std::int64_t env_trace_offset = 0;  // to rank 0's clock, for `terse trace merge`
 
+  // Workers wait on queue_cv, the completion thread on completion_cv, synchronize() on idle_cv:
+  // a wake-up reaches only threads that can act on it (on cores shared by several ranks, every
+  // needless wake-up is a context switch taken from the training).
   std::mutex queue_mu;
-  std::condition_variable queue_cv, idle_cv;
+  std::condition_variable queue_cv, completion_cv, idle_cv;
   std::deque<Task> queue;
   std::deque<std::pair<std::shared_ptr<Handle::State>, std::exception_ptr>> completions;
   int outstanding_jobs = 0;
@@ -541,12 +544,17 @@ struct Engine::Impl {
       for (int p = 0; p < it.plan.partitions; ++p) add_task(i, p, it.plan.partitions, what);
     }
     job->remaining = static_cast<int>(tasks.size());
+    const std::size_t new_tasks = tasks.size();
     {
       std::lock_guard lock(queue_mu);
       ++outstanding_jobs;
       for (auto& t : tasks) queue.push_back(std::move(t));
     }
-    queue_cv.notify_all();
+    if (new_tasks >= static_cast<std::size_t>(threads)) {
+      queue_cv.notify_all();
+    } else {
+      for (std::size_t i = 0; i < new_tasks; ++i) queue_cv.notify_one();
+    }
     return Handle(job->handle);
   }
 
@@ -715,7 +723,7 @@ struct Engine::Impl {
       std::lock_guard lock(queue_mu);
       completions.emplace_back(job.handle, error);
     }
-    queue_cv.notify_all();
+    completion_cv.notify_one();
   }
 
   void completer() {
@@ -723,8 +731,9 @@ struct Engine::Impl {
       std::pair<std::shared_ptr<Handle::State>, std::exception_ptr> done;
       {
         std::unique_lock lock(queue_mu);
-        queue_cv.wait(lock, [&] { return !completions.empty() || (stopping && queue.empty() &&
-                                                                   outstanding_jobs == 0); });
+        completion_cv.wait(lock, [&] {
+          return !completions.empty() || (stopping && queue.empty() && outstanding_jobs == 0);
+        });
         if (completions.empty()) return;
         done = std::move(completions.front());
         completions.pop_front();
@@ -735,7 +744,6 @@ struct Engine::Impl {
         --outstanding_jobs;
       }
       idle_cv.notify_all();
-      queue_cv.notify_all();
     }
   }
 
@@ -854,7 +862,7 @@ Engine::~Engine() {
   }
   impl_->queue_cv.notify_all();
   for (auto& t : impl_->workers) t.join();
-  impl_->queue_cv.notify_all();
+  impl_->completion_cv.notify_all();
   impl_->completion_thread.join();
   if (impl_->env_trace) {
     try {
