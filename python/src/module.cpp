@@ -565,13 +565,14 @@ void bind(py::module_& m) {
   py::class_<EngineOptions>(m, "EngineOptions",
                             "Engine-wide settings (see include/terse/engine.h).")
       .def(py::init([](std::uint64_t seed, int threads, std::size_t fuse_bytes,
-                       std::size_t partition_bytes, bool keep_input_on_error,
-                       std::vector<std::string> auto_codecs) {
+                       std::size_t partition_bytes, std::size_t gather_bytes,
+                       bool keep_input_on_error, std::vector<std::string> auto_codecs) {
              EngineOptions o;
              o.seed = seed;
              o.threads = threads;
              o.fuse_bytes = fuse_bytes;
              o.partition_bytes = partition_bytes;
+             o.gather_bytes = gather_bytes;
              o.keep_input_on_error = keep_input_on_error;
              if (!auto_codecs.empty()) {  // validates the specs (SpecError)
                PlannerOptions po;
@@ -583,6 +584,7 @@ void bind(py::module_& m) {
            py::arg("seed") = 0, py::arg("threads") = 0,
            py::arg("fuse_bytes") = EngineOptions{}.fuse_bytes,
            py::arg("partition_bytes") = EngineOptions{}.partition_bytes,
+           py::arg("gather_bytes") = EngineOptions{}.gather_bytes,
            py::arg("keep_input_on_error") = false,
            py::arg("auto_codecs") = std::vector<std::string>{},
            "auto_codecs: the codecs codec='auto' may choose from (empty: TERSE_PLAN_CODECS, else "

@@ -125,6 +125,10 @@ class TerseHookState:
     fuse_bytes, partition_bytes
         Raw tensors of a bucket up to ``fuse_bytes`` share one message; ``partition_bytes`` is
         the target piece size when ``partitions`` is 0.
+    gather_bytes
+        A raw message whose copies for the other ranks, ``(ranks - 1) * 4 * elements`` bytes,
+        fit in ``gather_bytes`` is sent whole to every rank (one message step) instead of
+        around the ring (``2 (ranks - 1)`` steps): more bytes, fewer latencies.
     keep_input_on_error
         Stage results so that a failed allreduce leaves the gradients unchanged (one more copy).
     timeout
@@ -154,6 +158,7 @@ class TerseHookState:
         threads: int = 0,
         fuse_bytes: int = 1 << 20,
         partition_bytes: int = 8 << 20,
+        gather_bytes: int = 16 << 10,
         keep_input_on_error: bool = False,
         timeout: Optional[float] = None,
         process_group: Optional[Any] = None,
@@ -188,7 +193,7 @@ class TerseHookState:
         self.engine = terse.Engine(
             comm,
             terse.EngineOptions(seed=seed, threads=threads, fuse_bytes=fuse_bytes,
-                                partition_bytes=partition_bytes,
+                                partition_bytes=partition_bytes, gather_bytes=gather_bytes,
                                 keep_input_on_error=keep_input_on_error,
                                 auto_codecs=self.auto_codecs))
         if codec == "auto":

@@ -129,6 +129,7 @@ class RunConfig:
     strategy: str = "auto"
     partitions: int = 0
     min_bytes: int = 64 << 10
+    gather_bytes: int = 16 << 10  # the hook's gather_bytes: raw messages gathered up to this
     powersgd_rank: int = 4
     auto_codecs: Tuple[str, ...] = ()  # codec "auto": what the planner may choose (): default
     threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
@@ -189,7 +190,8 @@ def _communication(model: Any, config: RunConfig) -> Optional[Any]:
 
         state, hook = terse.torch.ddp_hook(
             model, codec=config.codec, strategy=config.strategy, partitions=config.partitions,
-            min_bytes=config.min_bytes, threads=config.threads, timeout=config.timeout,
+            min_bytes=config.min_bytes, gather_bytes=config.gather_bytes,
+            threads=config.threads, timeout=config.timeout,
             auto_codecs=list(config.auto_codecs) if config.codec == "auto" else None)
         model.register_comm_hook(state, hook)
         return state

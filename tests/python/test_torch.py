@@ -192,3 +192,14 @@ def test_auto_codecs_choose_what_auto_may_use(one_rank_group):
     with pytest.raises(terse.MismatchError, match="auto_codecs"):
         state.load_state_dict(dict(saved, auto_codecs=[]))
     state.close()
+
+
+def test_gather_bytes_reaches_the_engine_options(one_rank_group):
+    assert terse.EngineOptions().gather_bytes == 16 << 10
+    assert terse.EngineOptions(gather_bytes=0).gather_bytes == 0
+    assert terse.EngineOptions(gather_bytes=1 << 20).gather_bytes == 1 << 20
+    # The hook builds its engine with it (0: every raw message rings); training still works.
+    model, state = hooked("none", gather_bytes=0)
+    backward(model)
+    assert state.error is None
+    state.close()
