@@ -544,16 +544,15 @@ struct Engine::Impl {
       for (int p = 0; p < it.plan.partitions; ++p) add_task(i, p, it.plan.partitions, what);
     }
     job->remaining = static_cast<int>(tasks.size());
-    const std::size_t new_tasks = tasks.size();
     {
       std::lock_guard lock(queue_mu);
       ++outstanding_jobs;
       for (auto& t : tasks) queue.push_back(std::move(t));
     }
-    if (new_tasks >= static_cast<std::size_t>(threads)) {
+    if (tasks.size() >= static_cast<std::size_t>(threads)) {
       queue_cv.notify_all();
     } else {
-      for (std::size_t i = 0; i < new_tasks; ++i) queue_cv.notify_one();
+      for (std::size_t i = 0; i < tasks.size(); ++i) queue_cv.notify_one();
     }
     return Handle(job->handle);
   }
