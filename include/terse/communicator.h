@@ -94,8 +94,9 @@ class Request {
   // Blocks until the operation completes. A send completes when its bytes are handed to the
   // network (the peer may not have them yet); a recv when its bytes are in the buffer.
   // Throws TimeoutError after the communicator's timeout or TransportError if the peer or the
-  // communicator failed; either way the communicator is failed afterwards. Waiting twice is a
-  // no-op; waiting on a default-constructed request is a no-op.
+  // communicator failed; either way the communicator is failed afterwards. A peer whose
+  // connection closed (it died) ends the wait within about 0.25 s, even with the transfer under
+  // way. Waiting twice is a no-op; waiting on a default-constructed request is a no-op.
   void wait();
   // As above with an explicit bound. A timeout is fatal to the communicator (Gloo closes every
   // connection), so this is not a polling primitive.

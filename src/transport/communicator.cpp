@@ -14,11 +14,15 @@
 #include <netinet/in.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <thread>
+#include <unordered_set>
 
 #include "terse/error.h"
 
@@ -29,11 +33,16 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Slot layout: the top byte separates terse's users, its own collectives and the abort probe
-// from Gloo's algorithms (prefixes 0x01..0x08), the low 56 bits carry the tag.
+// Slot layout: the top byte separates terse's users, its own collectives, the abort probe and
+// the watchdog's sentinels from Gloo's algorithms (prefixes 0x01..0x08), the low 56 bits carry
+// the tag. Nobody sends to the abort or watch slots.
 constexpr std::uint64_t kUserSlot = std::uint64_t{0x40} << 56;
 constexpr std::uint64_t kCollectiveSlot = std::uint64_t{0x41} << 56;
 constexpr std::uint64_t kAbortSlot = std::uint64_t{0x42} << 56;
+constexpr std::uint64_t kWatchSlot = std::uint64_t{0x43} << 56;
+
+// A wait that must not time out (a Gloo wait that times out closes every connection).
+constexpr milliseconds kForever = std::chrono::hours(24 * 365);
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -113,6 +122,33 @@ struct Communicator::Impl {
   std::uint32_t collective_seq = 0;
   char abort_byte = 0;
 
+  // Requests posted and not yet waited for. Gloo tells a pair's error to the operations still
+  // queued on the pair, but not to an unbound-buffer send or recv whose bytes are already
+  // moving: that wait would sit out the whole timeout after the peer died. So the communicator
+  // keeps its own list and ends those waits itself: every one when it fails (fail), and those
+  // on a pair that failed (the watchdog). Guarded by live_mutex, which also orders a request's
+  // abort before its destruction.
+  std::mutex live_mutex;
+  std::unordered_set<Request::State*> live;
+
+  // The watchdog learns of a failed pair without polling: a zero-byte recv that nobody sends
+  // to is posted to every peer on one buffer (all_sentinel), and Gloo signals it when any pair
+  // fails. One such recv per peer (peer_sentinel) tells which pair it was. Gloo cannot say
+  // whether an operation completed before its pair closed without waiting for it, so the
+  // watchdog ends a wait on a closed pair only once it has lasted kCloseGrace past the close:
+  // a completed operation's wait returns at once.
+  static constexpr milliseconds kClosePoll{50};
+  static constexpr milliseconds kCloseGrace{200};
+  std::thread watchdog;
+  std::condition_variable watch_cv;  // wakes the watchdog's polls to stop
+  bool stopping = false;                                         // under live_mutex
+  std::unique_ptr<gloo::transport::UnboundBuffer> all_sentinel;  // under live_mutex
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> peer_sentinel;
+  std::vector<Clock::time_point> closed_at;  // per peer, when the watchdog saw its pair fail
+  std::vector<std::string> closed_error;     // and Gloo's error; both under live_mutex
+
+  ~Impl() { stop_watchdog(); }
+
   std::string failure() {
     std::lock_guard lock(fail_mutex);
     return first_error;
@@ -139,7 +175,22 @@ struct Communicator::Impl {
         if (contains(e.what(), "Timed out")) break;  // every pair is now closed
       }
     }
+    // Every pair is closed, so Gloo touches no buffer any more: end every wait now.
+    abort_waits();
   }
+
+  // Ends the wait of every live request (Request::wait then throws TransportError).
+  void abort_waits();
+
+  void start_watchdog();
+  void stop_watchdog();
+  void watch();
+  // Records the pairs found failed since the last call (peer sentinels polled without
+  // blocking). Returns true if a pair is still open.
+  bool find_closed_pairs();
+  // Ends the waits that have lasted kCloseGrace on a closed pair. Returns true while a request
+  // on a closed pair is left (not waited for yet, or within the grace). Under live_mutex.
+  bool end_stuck_waits();
 
   // Posts one unbound-buffer operation; on failure fails the communicator and throws.
   Request post(bool is_send, int peer, std::uint64_t slot, std::uint64_t tag, void* ptr,
@@ -171,6 +222,12 @@ struct Request::State {
   std::uint64_t tag = 0;
   const char* operation = "";  // "send", "recv", "allgatherv", ...
   std::string label;
+  // Under the communicator's live_mutex: when wait() began waiting (epoch while not waiting),
+  // and whether abort_waits ended the wait, with Gloo's error for this request's pair (empty
+  // when the whole communicator failed).
+  Clock::time_point waiting_since{};
+  bool aborted = false;
+  std::string abort_error;
 
   std::string describe() const {
     return fmt::format("rank {}: {} {} peer {} of '{}' (tag {}, {} bytes)", comm->rank,
@@ -219,19 +276,32 @@ void Request::wait(milliseconds timeout) {
   const bool failed_before = s.comm->failed.load();
   std::string gloo_message;
   bool ok = false;
+  {
+    std::lock_guard lock(s.comm->live_mutex);
+    s.waiting_since = Clock::now();
+  }
   try {
     ok = s.is_send ? s.buffer->waitSend(nullptr, timeout) : s.buffer->waitRecv(nullptr, timeout);
   } catch (const std::exception& e) {
     gloo_message = e.what();
   }
+  bool aborted = false;
+  {
+    std::lock_guard lock(s.comm->live_mutex);
+    s.comm->live.erase(&s);
+    aborted = s.aborted;
+    if (!ok && gloo_message.empty() && aborted) gloo_message = s.abort_error;
+  }
   if (ok) return;
-  if (gloo_message.empty()) gloo_message = "wait aborted";
-  // Tell apart: this communicator failed earlier (our abort closed the pairs), a timeout here,
-  // and a peer that closed its connection.
-  if (failed_before || (s.comm->failed.load() && contains(gloo_message, "Application timeout"))) {
+  // Tell apart: this communicator failed earlier or meanwhile (our abort closed the pairs and
+  // ended this wait), a timeout here, and a peer that closed its connection (Gloo's error, or
+  // the watchdog's for a transfer Gloo did not wake).
+  if (failed_before || (aborted && gloo_message.empty()) ||
+      (s.comm->failed.load() && contains(gloo_message, "Application timeout"))) {
     throw TransportError(fmt::format("{} failed because the communicator had failed: {}",
                                      s.describe(), s.comm->failure()));
   }
+  if (gloo_message.empty()) gloo_message = "wait aborted";
   std::string msg;
   if (contains(gloo_message, "Timed out")) {
     msg = fmt::format(
@@ -254,6 +324,150 @@ void Request::wait(milliseconds timeout) {
 
 // ---------------------------------------------------------------------------------------------
 
+void Communicator::Impl::abort_waits() {
+  std::lock_guard lock(live_mutex);
+  for (Request::State* s : live) {
+    if (s->aborted) continue;
+    s->aborted = true;
+    if (s->is_send) {
+      s->buffer->abortWaitSend();
+    } else {
+      s->buffer->abortWaitRecv();
+    }
+  }
+}
+
+void Communicator::Impl::start_watchdog() {
+  if (size == 1) return;
+  closed_at.assign(size, Clock::time_point{});
+  closed_error.assign(size, std::string());
+  peer_sentinel.resize(size);
+  all_sentinel = context->createUnboundBuffer(nullptr, 0);
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    peer_sentinel[p] = context->createUnboundBuffer(nullptr, 0);
+    peer_sentinel[p]->recv(p, kWatchSlot, 0, 0);
+    all_sentinel->recv(p, kWatchSlot, 0, 0);
+  }
+  watchdog = std::thread([this] { watch(); });
+}
+
+void Communicator::Impl::stop_watchdog() {
+  if (!watchdog.joinable()) return;
+  {
+    std::lock_guard lock(live_mutex);
+    stopping = true;
+    // Sticky: also ends a wait that has not begun yet.
+    if (all_sentinel) all_sentinel->abortWaitRecv();
+  }
+  watch_cv.notify_all();
+  watchdog.join();
+}
+
+bool Communicator::Impl::find_closed_pairs() {
+  std::vector<std::pair<int, std::string>> found;
+  bool open = false;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    {
+      std::lock_guard lock(live_mutex);
+      if (closed_at[p] != Clock::time_point{}) continue;
+    }
+    // With an abort pending, a wait returns false at once, or throws the pair's error.
+    peer_sentinel[p]->abortWaitRecv();
+    try {
+      peer_sentinel[p]->waitRecv(nullptr, milliseconds(0));
+      open = true;
+    } catch (const std::exception& e) {
+      found.emplace_back(p, e.what());
+    }
+  }
+  std::lock_guard lock(live_mutex);
+  for (auto& [p, error] : found) {
+    closed_at[p] = Clock::now();
+    closed_error[p] = std::move(error);
+  }
+  return open;
+}
+
+bool Communicator::Impl::end_stuck_waits() {
+  const auto now = Clock::now();
+  bool left = false;
+  for (Request::State* s : live) {
+    const Clock::time_point closed = closed_at[s->peer];
+    if (s->aborted || closed == Clock::time_point{}) continue;
+    // A timeout of our own closes every pair and fails the communicator, which ends every
+    // wait with the real cause; do not race it with Gloo's echo of it.
+    if (contains(closed_error[s->peer], "Application timeout")) continue;
+    if (s->waiting_since == Clock::time_point{} ||
+        now - std::max(s->waiting_since, closed) < kCloseGrace) {
+      left = true;
+      continue;
+    }
+    s->aborted = true;
+    s->abort_error = closed_error[s->peer];
+    if (s->is_send) {
+      s->buffer->abortWaitSend();
+    } else {
+      s->buffer->abortWaitRecv();
+    }
+  }
+  return left;
+}
+
+void Communicator::Impl::watch() {
+  try {
+    bool pairs_failed = false;
+    for (;;) {
+      if (!pairs_failed) {
+        gloo::transport::UnboundBuffer* sentinel = nullptr;
+        {
+          std::lock_guard lock(live_mutex);
+          if (stopping) return;
+          sentinel = all_sentinel.get();
+        }
+        try {
+          if (!sentinel->waitRecv(nullptr, kForever)) continue;  // aborted: stopping
+        } catch (const std::exception&) {
+          // Some pair failed.
+        }
+      }
+      // Until no request on a closed pair is left: poll for more closed pairs, end the waits
+      // that are stuck.
+      bool open = true;
+      for (;;) {
+        open = find_closed_pairs();
+        std::unique_lock lock(live_mutex);
+        if (stopping) return;
+        if (failed.load() || !end_stuck_waits()) break;
+        watch_cv.wait_for(lock, kClosePoll);
+      }
+      std::unique_lock lock(live_mutex);
+      if (!open || failed.load()) {
+        // Nothing left to watch: every pair is closed, or fail() closed them and ended every
+        // wait (and will end any later one).
+        all_sentinel.reset();
+        watch_cv.wait(lock, [this] { return stopping; });
+        return;
+      }
+      // The old sentinel keeps its error: watch the pairs still open with a fresh one. A post
+      // that throws means that pair failed meanwhile: go round again without blocking.
+      all_sentinel = context->createUnboundBuffer(nullptr, 0);
+      pairs_failed = false;
+      for (int p = 0; p < size; ++p) {
+        if (p == rank || closed_at[p] != Clock::time_point{}) continue;
+        try {
+          all_sentinel->recv(p, kWatchSlot, 0, 0);
+        } catch (const std::exception&) {
+          pairs_failed = true;
+        }
+      }
+    }
+  } catch (const std::exception&) {
+    // The watchdog only shortens waits; without it a wait still ends at its timeout.
+  }
+}
+
 Request Communicator::Impl::post(bool is_send, int peer, std::uint64_t slot, std::uint64_t tag,
                                  void* ptr, std::size_t bytes, std::string_view label,
                                  const char* operation) {
@@ -267,12 +481,22 @@ Request Communicator::Impl::post(bool is_send, int peer, std::uint64_t slot, std
   state->label = label;
   try {
     state->buffer = c.context->createUnboundBuffer(ptr, bytes);
+    {
+      // Listed before it is posted, so that an abort_waits from here on ends its wait; one
+      // that ran before finds the communicator failed, or the pair closed (the post throws).
+      std::lock_guard lock(c.live_mutex);
+      c.live.insert(state.get());
+    }
     if (is_send) {
       state->buffer->send(peer, slot, 0, bytes);
     } else {
       state->buffer->recv(peer, slot, 0, bytes);
     }
   } catch (const std::exception& e) {
+    {
+      std::lock_guard lock(c.live_mutex);
+      c.live.erase(state.get());
+    }
     state->done = true;
     std::string msg =
         c.failed.load()
@@ -469,6 +693,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int size, std::shar
     if (contains(e.what(), "imeout")) throw TimeoutError(fmt::format("{}: {}", prefix(), e.what()));
     throw TransportError(fmt::format("{}: {}", prefix(), e.what()));
   }
+  impl->start_watchdog();
   std::unique_ptr<Communicator> comm(new Communicator(std::move(impl)));
   comm->barrier("bootstrap");
   return comm;

@@ -227,9 +227,13 @@ TEST_P(Ranks, BasicOverFileStore) {
   std::filesystem::remove_all(dir);
 }
 
-// Each survivor must fail on its own (the launcher's grace is long), within twice the 3 s
-// timeout, naming the tensor; the victim's ring neighbour must name the victim.
-void expect_survivors_fail(const Result& r, int n, int victim, bool stalled) {
+enum class Death { kKilled, kStalled, kKilledMidTransfer };
+
+// Each survivor must fail on its own (the launcher's grace is long), within 6 s, naming the
+// tensor; the victim's ring neighbour must name the victim. A stalled victim is noticed by a
+// timeout; a killed one by its closed connections, which a transfer cut off mid-way must see too
+// (not sit out the timeout).
+void expect_survivors_fail(const Result& r, int n, int victim, Death death) {
   EXPECT_NE(r.code, 0) << r.output;
   int survivors = 0;
   bool victim_named = false, timeout_seen = false;
@@ -252,10 +256,13 @@ void expect_survivors_fail(const Result& r, int n, int victim, bool stalled) {
     EXPECT_NE(message.find("rank " + std::to_string(rank)), std::string::npos) << message;
     victim_named |= message.find("peer " + std::to_string(victim)) != std::string::npos;
     timeout_seen |= std::string(type) == "TimeoutError";
+    if (death == Death::kKilledMidTransfer) {
+      EXPECT_EQ(std::string(type), "TransportError") << message;
+    }
   }
   EXPECT_EQ(survivors, n - 1) << r.output;
   EXPECT_TRUE(victim_named) << r.output;
-  if (stalled) {
+  if (death == Death::kStalled) {
     EXPECT_TRUE(timeout_seen) << r.output;
   }
   EXPECT_EQ(r.output.find("UNEXPECTED-SUCCESS"), std::string::npos) << r.output;
@@ -266,7 +273,19 @@ TEST_P(Ranks, KilledPeerFailsEveryoneWithinTimeout) {
   const int victim = n - 1;
   auto r = shell(kCli + " run -n " + std::to_string(n) + " --timeout 3 --grace 30 -- " + kWorker +
                  " die " + std::to_string(victim) + " kill");
-  expect_survivors_fail(r, n, victim, false);
+  expect_survivors_fail(r, n, victim, Death::kKilled);
+  EXPECT_LT(r.seconds, 20) << r.output;
+}
+
+// The victim dies with 64 MB blocks moving to and from it. Gloo closes the pairs but does not
+// wake a send or recv whose bytes are already moving; the communicator must (the timeout is
+// 10 s here, so sitting it out fails the test).
+TEST_P(Ranks, PeerKilledMidTransferFailsEveryoneWithoutWaitingForTheTimeout) {
+  const int n = GetParam();
+  const int victim = n - 1;
+  auto r = shell(kCli + " run -n " + std::to_string(n) + " --timeout 10 --grace 30 -- " +
+                 kWorker + " die " + std::to_string(victim) + " midway");
+  expect_survivors_fail(r, n, victim, Death::kKilledMidTransfer);
   EXPECT_LT(r.seconds, 20) << r.output;
 }
 
@@ -275,7 +294,7 @@ TEST_P(Ranks, StalledPeerFailsEveryoneWithinTimeout) {
   const int victim = n > 2 ? 1 : 0;
   auto r = shell(kCli + " run -n " + std::to_string(n) + " --timeout 3 --grace 2 -- " + kWorker +
                  " die " + std::to_string(victim) + " stop");
-  expect_survivors_fail(r, n, victim, true);
+  expect_survivors_fail(r, n, victim, Death::kStalled);
   EXPECT_LT(r.seconds, 20) << r.output;
 }
 

@@ -4,6 +4,9 @@
 //                           barrier; prints "OK rank R" on success
 //   die VICTIM kill|stop    VICTIM kills (SIGKILL) or stops (SIGSTOP) itself mid-exchange; the
 //                           others must fail: they print "EXPECTED-FAILURE ..." and exit 3
+//   die VICTIM midway       every rank joins an allgatherv of large blocks and VICTIM kills
+//                           itself once the first megabyte of a block has reached it, so that
+//                           its neighbours' send and recv are cut off with their bytes moving
 //   bandwidth BYTES REPS    rank 0 sends BYTES to rank 1 REPS times; prints seconds per transfer
 #include <signal.h>
 #include <unistd.h>
@@ -14,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "terse/communicator.h"
@@ -147,14 +151,24 @@ int die(Communicator& comm, int victim, const std::string& how) {
   // remains the launcher's backstop).
   signal(SIGTERM, SIG_IGN);
   comm.barrier();
-  if (r == victim) {
+  const bool midway = how == "midway";
+  if (r == victim && !midway) {
     raise(how == "stop" ? SIGSTOP : SIGKILL);
     pause();
     return 5;
   }
-  // The survivors start an allgatherv the victim never joins.
-  std::vector<std::size_t> counts(n, std::size_t{4} << 20);
+  // The survivors start an allgatherv the victim never joins, or (midway) one it dies in.
+  std::vector<std::size_t> counts(n, (midway ? std::size_t{64} : std::size_t{4}) << 20);
   std::vector<std::byte> mine(counts[r], std::byte{1}), out(counts[r] * n);
+  if (midway && r == victim) {
+    // The first block the ring brings here is the previous rank's; die once a megabyte of it
+    // has arrived (a zero byte becomes 1), while the rest is still on the wire both ways.
+    const volatile std::byte* watched = out.data() + counts[0] * ((r + n - 1) % n) + (1 << 20);
+    std::thread([watched] {
+      while (*watched == std::byte{0}) std::this_thread::yield();
+      raise(SIGKILL);
+    }).detach();
+  }
   const auto start = Clock::now();
   try {
     for (int k = 0; k < 3; ++k) comm.allgatherv(mine, out, counts, "layer.weight");
