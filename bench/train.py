@@ -67,12 +67,17 @@ METHODS: List[Tuple[str, Dict]] = [
     ("terse-auto", dict(method="terse", codec="auto",
                         auto_codecs=("fp16", "onebit:ef=1", "powersgd"))),
     ("compute-only", dict(method="local")),
+    # Ranks in step bucket by bucket, next to no bytes: what any allreduce costs beyond its
+    # bytes on this machine (waiting for the slowest rank, scheduling 4 ranks on the cores).
+    ("sync-only", dict(method="sync")),
 ]
+# Floors, not training methods: replicas diverge, accuracy is not measured.
+FLOORS = ("compute-only", "sync-only")
 BASELINES = ("ddp", "ddp-fp16", "ddp-powersgd-r1", "ddp-powersgd-r4", "ddp-powersgd-r8")
 
 # What each model trains for. Fashion-MNIST models: whole epochs with test accuracy every
 # quarter epoch (time to accuracy); the synthetic model: a fixed number of steps (throughput).
-# The compute-only floor needs no accuracy: a few dozen steps give its median.
+# The floors need no accuracy: a few dozen steps give their median.
 BUDGETS: Dict[str, Dict] = {
     "mlp": dict(epochs=2, evals_per_epoch=4),
     "cnn": dict(epochs=2, evals_per_epoch=4),
@@ -92,7 +97,7 @@ def configs(models: Iterable[str], methods: Iterable[str],
     for model in models:
         for name in methods:
             fields = dict(BUDGETS[model], **table[name])
-            if name == "compute-only":
+            if name in FLOORS:
                 fields.pop("epochs", None)
                 fields.update(steps=min(COMPUTE_ONLY_STEPS, fields.get("steps", 10 ** 9)),
                               evals_per_epoch=0)
@@ -306,7 +311,7 @@ def model_table(table, link: str, model: str) -> List[str]:
             "median_forward_seconds", "median_backward_seconds", "median_optimizer_seconds"))
         comm = f"{1000 * (step - floor):.0f}" if floor and name != "compute-only" else "-"
         accuracy = r["test_accuracy"]
-        local = name == "compute-only"
+        local = name in FLOORS
         acc = "-" if accuracy is None or local else f"{100 * accuracy:.2f}"
         final = final_accuracy(table, link, model, name)
         if _cut_short(r) and not local:
@@ -317,7 +322,7 @@ def model_table(table, link: str, model: str) -> List[str]:
         delta = ("-" if final is None or reference is None or local
                  else f"{100 * (final - reference):+.2f}")
         tta = "-" if target is None or local else _tta_text(table, link, model, name)
-        replicas = "n/a (no comm)" if local else ("identical" if r["replicas_identical"]
+        replicas = "n/a (floor)" if local else ("identical" if r["replicas_identical"]
                                                   else "**DIFFER**")
         machine = r.get("machine", {})
         others = (f"{100 * machine['cpu_seconds_others'] / machine['cpu_seconds_available']:.0f} %"
@@ -352,7 +357,7 @@ def summary_tables(table) -> List[str]:
                     cells.append("-")
                     continue
                 cell = f"{r['samples_per_second']:,.0f}"
-                if spec.target_accuracy and name != "compute-only":
+                if spec.target_accuracy and name not in FLOORS:
                     cell += f" ({_tta_text(table, link, model, name)})"
                 cells.append(cell)
             label = next(r["label"] for l in links
@@ -422,8 +427,8 @@ def targets(table) -> List[str]:
             row("codec=auto at most 5% slower than DDP fp32 (unshaped)", f"{model}, unshaped",
                 f"{ratio:.3f}x DDP fp32", ratio >= 0.95)
     identical = [(l, m, n) for (l, m), runs in table.items() for n, r in runs.items()
-                 if n != "compute-only" and not r["replicas_identical"]]
-    total = sum(1 for runs in table.values() for n in runs if n != "compute-only")
+                 if n not in FLOORS and not r["replicas_identical"]]
+    total = sum(1 for runs in table.values() for n in runs if n not in FLOORS)
     row("parameters bit-identical across ranks after every run", "all",
         f"{total - len(identical)} of {total} runs"
         + (": differ in " + ", ".join("/".join(x) for x in identical) if identical else ""),
@@ -481,7 +486,7 @@ def plots(table, directory: str) -> List[str]:
     links = [l for l in _links(table) if l != "loopback"] or _links(table)
     models = [m for m in MODELS if any((l, m) in table for l in links)]
     names = _order({n for runs in table.values() for n in runs})
-    styles = {n: ("--" if n in BASELINES else (":" if n == "compute-only" else "-"))
+    styles = {n: ("--" if n in BASELINES else (":" if n in FLOORS else "-"))
               for n in names}
     colors = {n: plt.cm.tab20(i % 20) for i, n in enumerate(names)}
 
@@ -522,7 +527,7 @@ def plots(table, directory: str) -> List[str]:
         for ax, link in zip(axes[0], panels):
             for name in names:
                 r = table[(link, model)].get(name)
-                if not r or name == "compute-only" or not r["curve"]:
+                if not r or name in FLOORS or not r["curve"]:
                     continue
                 ax.plot([0] + [c["train_seconds"] for c in r["curve"]],
                         [0.1] + [c["accuracy"] for c in r["curve"]], styles[name],

@@ -107,7 +107,7 @@ def build_model(name: str):
 
 # ---- how gradients travel -------------------------------------------------------------------
 
-METHODS = ("ddp", "ddp-fp16", "ddp-powersgd", "terse", "local")
+METHODS = ("ddp", "ddp-fp16", "ddp-powersgd", "terse", "local", "sync")
 
 
 @dataclasses.dataclass
@@ -118,9 +118,11 @@ class RunConfig:
     (PyTorch's fp16_compress_hook), ``ddp-powersgd`` (PyTorch's powerSGD_hook of rank
     ``powersgd_rank`` with error feedback and warm start), ``terse`` (terse's hook with
     ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto``,
-    ``auto_codecs``), or ``local`` (a hook that returns
+    ``auto_codecs``), ``local`` (a hook that returns
     each rank's own gradient without communicating: the compute-only floor of a step; replicas
-    diverge by design).
+    diverge by design), or ``sync`` (as ``local``, after an allreduce of one float per bucket
+    through the default process group: the floor of a step whose ranks keep in step bucket by
+    bucket but send next to nothing; replicas diverge).
     """
 
     model: str = "mlp"
@@ -165,6 +167,21 @@ def _local_hook():
     return local
 
 
+def _sync_hook():
+    """A hook that allreduces one float per bucket through the default process group and then
+    returns the bucket unchanged: the ranks wait for each other as with any allreduce, but no
+    gradient bytes move (the synchronization floor)."""
+    import torch
+    import torch.distributed as dist
+
+    def sync(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        token = torch.zeros(1, dtype=bucket.buffer().dtype)
+        future = dist.all_reduce(token, async_op=True).get_future()
+        return future.then(lambda _: bucket.buffer())
+
+    return sync
+
+
 def _communication(model: Any, config: RunConfig) -> Optional[Any]:
     """Registers the communication hook of ``config.method`` on the DDP ``model``; returns the
     terse hook state for method ``terse`` (else None)."""
@@ -185,6 +202,8 @@ def _communication(model: Any, config: RunConfig) -> Optional[Any]:
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     elif config.method == "local":
         model.register_comm_hook(None, _local_hook())
+    elif config.method == "sync":
+        model.register_comm_hook(None, _sync_hook())
     elif config.method == "terse":
         import terse.torch
 
@@ -208,6 +227,8 @@ def method_label(config: RunConfig) -> str:
         return f"DDP PowerSGD r{config.powersgd_rank}"
     if config.method == "local":
         return "compute only (no communication)"
+    if config.method == "sync":
+        return "sync only (1 float per bucket)"
     extra = [] if config.strategy == "auto" else [config.strategy]
     extra += [] if config.partitions == 0 else [f"K={config.partitions}"]
     codec = config.codec

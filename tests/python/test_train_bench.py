@@ -25,6 +25,14 @@ def test_driver_runs_a_tiny_configuration_and_reports(tmp_path):
            ",".join(METHODS), "--steps", "6", "--warmup", "2", "--samples", "2048",
            "--evals-per-epoch", "2", "--results", str(results)]
     driver(*run)
+    # The synchronization floor: ranks in step, gradients their own (replicas differ).
+    floor = ["run", "--link", "loopback", "--ranks", "2", "--models", "mlp", "--methods",
+             "sync-only", "--steps", "6", "--warmup", "2", "--samples", "2048",
+             "--results", str(results)]
+    driver(*floor)
+    r = json.loads((results / "loopback" / "mlp" / "sync-only.json").read_text())
+    assert r["steps"] == 6 and r["samples_per_second"] > 0
+    assert not r["replicas_identical"]  # each rank stepped with its own gradient
     for name in METHODS:
         r = json.loads((results / "loopback" / "mlp" / f"{name}.json").read_text())
         assert r["name"] == name and r["ranks"] == 2 and r["steps"] == 6
@@ -50,5 +58,6 @@ def test_driver_runs_a_tiny_configuration_and_reports(tmp_path):
     text = page.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
     assert "| terse PowerSGD r4 | " in text
+    assert "| sync only (1 float per bucket) | " in text and "n/a (floor)" in text
     assert (tmp_path / "plots" / "training-throughput.png").stat().st_size > 0
     assert (tmp_path / "plots" / "training-accuracy-mlp.png").stat().st_size > 0
