@@ -188,8 +188,13 @@ class CostModel {
 
   const Calibration& calibration() const { return calibration_; }
 
+  // The EngineOptions::gather_bytes of the engine predicted for (default: the default):
+  // raw partitions that small take one gathered message step instead of 2(N-1) ring steps.
+  void set_gather_bytes(std::size_t bytes) { gather_bytes_ = bytes; }
+
  private:
   Calibration calibration_;
+  std::size_t gather_bytes_ = EngineOptions{}.gather_bytes;
   // The multi-round codecs of the calibration: their contributions' sizes per round.
   std::map<std::string, std::shared_ptr<const Codec>, std::less<>> rounds_;
 };

@@ -851,7 +851,10 @@ constexpr double kImplausibleAlpha = 4;
 // What a message round and the engine's own hand-offs cost inside the engine, which no formula
 // knows: the engine runs three tiny allreduces, alternating rep by rep so that they share the
 // machine's load: raw on 1 partition (2(N-1) message rounds), allgather of fp32 ("none", one
-// round) and raw on 8 partitions. Links and the CPU cost next to nothing at this size, so
+// round) and raw on 8 partitions. The probe engine does not gather small raw messages
+// (gather_bytes 0; the default would send these raw probes in one gathered step, which made
+// raw1 - allgather, and so alpha, about 0). Links and the CPU cost next to nothing at this
+// size, so
 //   raw1 - allgather = (2N - 3) * alpha    (the latency of a round: wake-ups, the transport)
 //   allgather        = job_overhead + alpha
 //   raw8 - raw1      = the model's extra time for 7 more partitions + 7 * task_overhead.
@@ -859,6 +862,7 @@ constexpr double kImplausibleAlpha = 4;
 void measure_engine(Communicator& comm, Calibration& c) {
   EngineOptions eo;
   eo.tracer = std::make_shared<TraceRecorder>();  // not TERSE_TRACE's: this engine is a probe
+  eo.gather_bytes = 0;                            // raw probes on the ring (see above)
   Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
   const int threads = engine_threads();
   constexpr std::size_t kPiece = 1024;
@@ -898,8 +902,9 @@ void measure_engine(Communicator& comm, Calibration& c) {
   if (n > 1) c.alpha = std::max(0.0, (m[0] - m[1]) / (2 * n - 3));
   c.job_overhead = std::max(0.0, m[1] - c.alpha - (n - 1) * (kPiece * 4.0 + 24) * c.beta);
   auto predict = [&](std::size_t elements, int partitions) {
-    return CostModel(c)
-        .predict(elements, "none", Strategy::kRaw, partitions, comm.size(), threads)
+    CostModel model(c);
+    model.set_gather_bytes(eo.gather_bytes);
+    return model.predict(elements, "none", Strategy::kRaw, partitions, comm.size(), threads)
         .seconds;
   };
   c.task_overhead = std::max(

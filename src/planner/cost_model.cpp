@@ -105,7 +105,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   auto e = [&](double x) { return k->bytes(x); };
   switch (strategy) {
     case Strategy::kRaw:
-      if (collectives::gathers(static_cast<std::size_t>(m), ranks, EngineOptions{}.gather_bytes)) {
+      if (collectives::gathers(static_cast<std::size_t>(m), ranks, gather_bytes_)) {
         // Small: gathered (one message step, every rank's whole partition to every other).
         p.rounds = 1;
         p.bytes = (N - 1) * 4 * m;

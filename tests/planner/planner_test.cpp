@@ -115,6 +115,13 @@ TEST(CostModel, SmallRawMessagesAreGathered) {
   const std::size_t big = EngineOptions{}.gather_bytes;
   EXPECT_NEAR(model.predict(big, "none", Strategy::kRaw, 1, 4, 4).bytes_sent,
               2 * 3 * 4.0 * std::ceil(big / 4.0 / 64) * 64, 1e-6);
+  // An engine that does not gather (gather_bytes 0, as calibration's probe engine): the ring,
+  // 2(N-1) message steps, even for the small tensor.
+  CostModel ring(c);
+  ring.set_gather_bytes(0);
+  const Prediction r = ring.predict(n, "none", Strategy::kRaw, 1, 4, 4);
+  EXPECT_NEAR(r.bytes_sent, 2 * 3 * 4.0 * std::ceil(n / 4.0 / 64) * 64, 1e-6);
+  EXPECT_GT(r.seconds, p.seconds + 4 * c.alpha);  // 6 steps instead of 1
 }
 
 TEST(CostModel, PartitionsPipelineTheSlowestResource) {
