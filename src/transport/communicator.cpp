@@ -181,8 +181,14 @@ struct Communicator::Impl {
 
   // Ends the wait of every live request (Request::wait then throws TransportError).
   void abort_waits();
+  // Ends s's wait, recording Gloo's error for its pair (empty: the communicator failed).
+  // Under live_mutex.
+  static void abort_wait(Request::State& s, const std::string& gloo_error);
 
   void start_watchdog();
+  // Posts a fresh all_sentinel to every peer whose pair is not known closed. Returns false if
+  // a post threw (that pair failed meanwhile). Under live_mutex once the watchdog runs.
+  bool post_all_sentinel();
   void stop_watchdog();
   void watch();
   // Records the pairs found failed since the last call (peer sentinels polled without
@@ -324,17 +330,35 @@ void Request::wait(milliseconds timeout) {
 
 // ---------------------------------------------------------------------------------------------
 
+void Communicator::Impl::abort_wait(Request::State& s, const std::string& gloo_error) {
+  s.aborted = true;
+  s.abort_error = gloo_error;
+  if (s.is_send) {
+    s.buffer->abortWaitSend();
+  } else {
+    s.buffer->abortWaitRecv();
+  }
+}
+
 void Communicator::Impl::abort_waits() {
   std::lock_guard lock(live_mutex);
   for (Request::State* s : live) {
-    if (s->aborted) continue;
-    s->aborted = true;
-    if (s->is_send) {
-      s->buffer->abortWaitSend();
-    } else {
-      s->buffer->abortWaitRecv();
+    if (!s->aborted) abort_wait(*s, {});
+  }
+}
+
+bool Communicator::Impl::post_all_sentinel() {
+  all_sentinel = context->createUnboundBuffer(nullptr, 0);
+  bool posted = true;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank || closed_at[p] != Clock::time_point{}) continue;
+    try {
+      all_sentinel->recv(p, kWatchSlot, 0, 0);
+    } catch (const std::exception&) {
+      posted = false;
     }
   }
+  return posted;
 }
 
 void Communicator::Impl::start_watchdog() {
@@ -342,13 +366,12 @@ void Communicator::Impl::start_watchdog() {
   closed_at.assign(size, Clock::time_point{});
   closed_error.assign(size, std::string());
   peer_sentinel.resize(size);
-  all_sentinel = context->createUnboundBuffer(nullptr, 0);
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     peer_sentinel[p] = context->createUnboundBuffer(nullptr, 0);
     peer_sentinel[p]->recv(p, kWatchSlot, 0, 0);
-    all_sentinel->recv(p, kWatchSlot, 0, 0);
   }
+  post_all_sentinel();  // a pair failed already would have made a peer sentinel's post throw
   watchdog = std::thread([this] { watch(); });
 }
 
@@ -404,13 +427,7 @@ bool Communicator::Impl::end_stuck_waits() {
       left = true;
       continue;
     }
-    s->aborted = true;
-    s->abort_error = closed_error[s->peer];
-    if (s->is_send) {
-      s->buffer->abortWaitSend();
-    } else {
-      s->buffer->abortWaitRecv();
-    }
+    abort_wait(*s, closed_error[s->peer]);
   }
   return left;
 }
@@ -452,16 +469,7 @@ void Communicator::Impl::watch() {
       }
       // The old sentinel keeps its error: watch the pairs still open with a fresh one. A post
       // that throws means that pair failed meanwhile: go round again without blocking.
-      all_sentinel = context->createUnboundBuffer(nullptr, 0);
-      pairs_failed = false;
-      for (int p = 0; p < size; ++p) {
-        if (p == rank || closed_at[p] != Clock::time_point{}) continue;
-        try {
-          all_sentinel->recv(p, kWatchSlot, 0, 0);
-        } catch (const std::exception&) {
-          pairs_failed = true;
-        }
-      }
+      pairs_failed = !post_all_sentinel();
     }
   } catch (const std::exception&) {
     // The watchdog only shortens waits; without it a wait still ends at its timeout.
