@@ -28,6 +28,7 @@
 #include "launch.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/error.h"
 #include "terse/planner.h"
 #include "units.h"
 
@@ -46,6 +47,7 @@ struct Options {
   std::string link;
   std::string json;
   std::string cache = "-";
+  std::string replay;
 };
 
 struct Measured {
@@ -275,6 +277,52 @@ void run_rank(const Options& opt) {
   comm->barrier("end");
 }
 
+// --replay: the predictions of the current cost model for the configurations a recorded run
+// measured, from that run's own calibration, so that a change to the model can be judged on
+// recorded grids (bench/planner_accuracy.sh) before a new one is run. Writes the record with
+// predicted_s replaced (--json, for bench/planner_summary.py) and prints the median error.
+void replay(const Options& opt) {
+  std::ifstream f(opt.replay);
+  if (!f) throw InvalidArgument(fmt::format("--replay: cannot read {}", opt.replay));
+  nlohmann::json report;
+  try {
+    report = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("--replay {}: not JSON: {}", opt.replay, e.what()));
+  }
+  if (!report.contains("calibration") || !report.contains("sizes") || !report.contains("ranks")) {
+    throw InvalidArgument(
+        fmt::format("--replay {}: not a record of `terse bench planner --json`", opt.replay));
+  }
+  const CostModel model(Calibration::from_json(report["calibration"].dump()));
+  const int ranks = report["ranks"].get<int>();
+  const int threads = report.value("threads", 4);
+  std::vector<double> before, after;
+  for (auto& size : report["sizes"]) {
+    const auto n = size["elements"].get<std::size_t>();
+    for (auto& c : size["configs"]) {
+      const double measured = c["median_s"].get<double>();
+      const double predicted =
+          model
+              .predict(n, c["codec"].get<std::string>(),
+                       parse_strategy(c["strategy"].get<std::string>()),
+                       c["partitions"].get<int>(), ranks, threads)
+              .seconds;
+      if (measured > 0) {
+        before.push_back(std::abs(c["predicted_s"].get<double>() / measured - 1));
+        after.push_back(std::abs(predicted / measured - 1));
+      }
+      c["predicted_s"] = predicted;
+    }
+  }
+  fmt::print("{}: {} configurations, median |error| {:.1f}% as recorded, {:.1f}% now\n",
+             opt.replay, after.size(), 100 * median(before), 100 * median(after));
+  if (!opt.json.empty()) {
+    std::ofstream(opt.json) << report.dump(1) << "\n";
+    fmt::print("wrote {}\n", opt.json);
+  }
+}
+
 }  // namespace
 
 void add_bench_planner_command(CLI::App& bench) {
@@ -303,7 +351,14 @@ void add_bench_planner_command(CLI::App& bench) {
   cmd->add_option("--cache", opt->cache,
                   "Calibration cache file ('-': calibrate in this run, the default)")
       ->capture_default_str();
+  cmd->add_option("--replay", opt->replay,
+                  "Predict a recorded run's configurations again with this build's cost model "
+                  "and that run's calibration (no ranks, no measuring)");
   cmd->callback([opt] {
+    if (!opt->replay.empty()) {
+      replay(*opt);
+      return;
+    }
     if (!relaunch_unless_launched(opt->ranks, "bench planner")) run_rank(*opt);
   });
 }
