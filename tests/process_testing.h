@@ -6,9 +6,12 @@
 #include <unistd.h>
 #include <sys/wait.h>
 
+#include <sched.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 
 namespace terse::testing {
@@ -43,6 +46,18 @@ inline std::string temp_dir() {
 // True if this process may create network namespaces (root, iproute2 present).
 inline bool can_emulate_cluster() {
   return ::geteuid() == 0 && shell("ip netns list").code == 0;
+}
+
+// The scheduling policy (SCHED_OTHER, SCHED_BATCH, ...) of every thread of this process, by
+// thread id.
+inline std::map<pid_t, int> thread_policies() {
+  std::map<pid_t, int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    const pid_t tid = static_cast<pid_t>(std::stol(e.path().filename().string()));
+    const int policy = ::sched_getscheduler(tid);
+    if (policy >= 0) out[tid] = policy;  // a thread that ended meanwhile is left out
+  }
+  return out;
 }
 
 }  // namespace terse::testing

@@ -24,6 +24,7 @@
 #include "engine/buffer_pool.h"
 #include "engine/handle_access.h"
 #include "kit/hash.h"
+#include "transport/scheduling.h"
 
 namespace terse {
 
@@ -144,7 +145,12 @@ Channel::Channel(std::shared_ptr<Communicator> comm, ChannelOptions options)
   if (!comm) throw InvalidArgument("channel: no communicator");
   impl_->comm = std::move(comm);
   impl_->options = options;
-  for (int i = 0; i < 2; ++i) impl_->threads.emplace_back([this] { impl_->loop(); });
+  for (int i = 0; i < 2; ++i) {
+    impl_->threads.emplace_back([this] {
+      transport::enter_batch_scheduling();
+      impl_->loop();
+    });
+  }
 }
 
 Channel::~Channel() {

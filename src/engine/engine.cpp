@@ -31,6 +31,7 @@
 #include "terse/codec.h"
 #include "terse/planner.h"
 #include "terse/trace.h"
+#include "transport/scheduling.h"
 
 namespace terse {
 
@@ -849,9 +850,15 @@ Engine::Engine(std::shared_ptr<Communicator> comm, EngineOptions options)
   const int threads = impl_->options.threads > 0 ? impl_->options.threads : env_threads();
   impl_->threads = threads;
   for (int i = 0; i < threads; ++i) {
-    impl_->workers.emplace_back([this, i] { impl_->worker(static_cast<std::uint32_t>(i)); });
+    impl_->workers.emplace_back([this, i] {
+      transport::enter_batch_scheduling();
+      impl_->worker(static_cast<std::uint32_t>(i));
+    });
   }
-  impl_->completion_thread = std::thread([this] { impl_->completer(); });
+  impl_->completion_thread = std::thread([this] {
+    transport::enter_batch_scheduling();
+    impl_->completer();
+  });
 }
 
 Engine::~Engine() {

@@ -25,6 +25,7 @@
 #include <unordered_set>
 
 #include "terse/error.h"
+#include "transport/scheduling.h"
 
 namespace terse {
 
@@ -372,7 +373,10 @@ void Communicator::Impl::start_watchdog() {
     peer_sentinel[p]->recv(p, kWatchSlot, 0, 0);
   }
   post_all_sentinel();  // a pair failed already would have made a peer sentinel's post throw
-  watchdog = std::thread([this] { watch(); });
+  watchdog = std::thread([this] {
+    transport::enter_batch_scheduling();
+    watch();
+  });
 }
 
 void Communicator::Impl::stop_watchdog() {
@@ -679,6 +683,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int size, std::shar
   }
   impl->address = address_of(attr);
   try {
+    transport::BatchScope batch;  // the device's event loop thread inherits SCHED_BATCH
     impl->device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     throw TransportError(

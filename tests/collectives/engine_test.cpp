@@ -5,11 +5,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "process_testing.h"
 #include "simulate.h"
@@ -189,6 +191,32 @@ TEST_F(SingleRank, StateSavesRestoresAndRejectsGarbage) {
   engine.load_state(saved);
   engine.allreduce("w", c, o).wait();
   EXPECT_EQ(a, c);
+}
+
+// The engine's worker and completion threads run under SCHED_BATCH (src/transport/scheduling.h).
+TEST_F(SingleRank, WorkerThreadsRunUnderBatchScheduling) {
+  const char* mode = std::getenv("TERSE_SCHED");
+  if (mode != nullptr && std::string(mode) == "normal") GTEST_SKIP() << "TERSE_SCHED=normal";
+  const auto before = testing::thread_policies();
+  EngineOptions options;
+  options.threads = 3;
+  Engine engine(comm_, options);
+  std::vector<float> x(1000, 1.0f);
+  engine.allreduce("x", x).wait();
+  // A thread sets its policy first thing, but may not have run yet.
+  std::map<pid_t, int> started;
+  for (int i = 0; i < 200; ++i) {
+    started.clear();
+    for (const auto& [tid, policy] : testing::thread_policies()) {
+      if (before.count(tid) == 0) started[tid] = policy;
+    }
+    const auto batch = std::count_if(started.begin(), started.end(),
+                                     [](const auto& t) { return t.second == SCHED_BATCH; });
+    if (batch == options.threads + 1) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(started.size(), static_cast<std::size_t>(options.threads + 1));
+  for (const auto& [tid, policy] : started) EXPECT_EQ(policy, SCHED_BATCH) << "thread " << tid;
 }
 
 TEST_F(SingleRank, TracesEveryStage) {

@@ -3,6 +3,7 @@
 // through scripts/cluster.sh over a shaped link (root only).
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -145,6 +146,29 @@ TEST(Communicator, SingleRank) {
   const std::size_t wrong[] = {9};
   EXPECT_THROW(comm->allgatherv(in, out, wrong), InvalidArgument);
   EXPECT_THROW(Communicator::create(1, 1, make_file_store(dir), options), InvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+// terse's threads run under SCHED_BATCH (src/transport/scheduling.h): here Gloo's event loop,
+// started by the communicator's device. The thread that created the communicator keeps its own
+// policy.
+TEST(Communicator, ItsThreadsRunUnderBatchSchedulingAndTheCallerKeepsItsPolicy) {
+  const char* mode = std::getenv("TERSE_SCHED");
+  if (mode != nullptr && std::string(mode) == "normal") GTEST_SKIP() << "TERSE_SCHED=normal";
+  ASSERT_EQ(::sched_getscheduler(0), SCHED_OTHER);
+  const std::string dir = temp_dir();
+  const auto before = testing::thread_policies();
+  {
+    auto comm = Communicator::create(0, 1, make_file_store(dir), {});
+    EXPECT_EQ(::sched_getscheduler(0), SCHED_OTHER);
+    int started = 0;
+    for (const auto& [tid, policy] : testing::thread_policies()) {
+      if (before.count(tid) != 0) continue;
+      ++started;
+      EXPECT_EQ(policy, SCHED_BATCH) << "thread " << tid;
+    }
+    EXPECT_GE(started, 1);  // Gloo's event loop
+  }
   std::filesystem::remove_all(dir);
 }
 
