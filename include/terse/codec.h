@@ -79,7 +79,10 @@ class Workspace {
  private:
   std::byte* raw(std::size_t slot, std::size_t bytes, std::size_t align);
   struct Block {
-    std::unique_ptr<std::byte[]> data;
+    struct Free {  // blocks come from kit::allocate_bytes (huge pages when large)
+      void operator()(std::byte* p) const noexcept;
+    };
+    std::unique_ptr<std::byte[], Free> data;
     std::size_t size = 0;
   };
   std::vector<Block> blocks_;

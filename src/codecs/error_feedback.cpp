@@ -7,6 +7,7 @@
 
 #include "codecs/wire.h"
 #include "kit/basic.h"
+#include "kit/memory.h"
 #include "terse/codec.h"
 
 namespace terse {
@@ -18,7 +19,7 @@ constexpr std::uint32_t kStateMagic = 0x46455354;  // "TSEF"
 class ErrorFeedbackState final : public CodecState {
  public:
   ErrorFeedbackState(std::size_t n, std::unique_ptr<CodecState> inner)
-      : residual(n, 0.0f), inner(std::move(inner)) {}
+      : residual(n), inner(std::move(inner)) {}
 
   void save(std::vector<std::byte>& out) const override {
     std::vector<std::byte> inner_bytes;
@@ -57,7 +58,7 @@ class ErrorFeedbackState final : public CodecState {
     std::memcpy(residual.data(), res.data(), n * 4);
   }
 
-  std::vector<float> residual;
+  kit::PageArray<float> residual;  // zeroed; huge pages when large (first touch, kit/memory.h)
   std::unique_ptr<CodecState> inner;
 };
 

@@ -1,9 +1,6 @@
 #include "engine/buffer_pool.h"
 
-#include <sys/mman.h>
-
 #include <bit>
-#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -53,13 +50,12 @@ Buffer BufferPool::acquire(std::size_t bytes) {
       return b;
     }
   }
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, cap));
-  if (p == nullptr) throw std::bad_alloc();
-  if (cap >= (std::size_t{2} << 20)) madvise(p, cap, MADV_HUGEPAGE);
+  kit::Bytes block = kit::allocate_bytes(cap);  // huge pages when large (kit/memory.h)
+  std::byte* p = block.get();
   // Touch every page now, once, so that no later use pays for first-touch faults.
   std::memset(p, 0, cap);
   std::lock_guard lock(mu_);
-  owned_.emplace_back(p, [](std::byte* q) { std::free(q); });
+  owned_.push_back(std::move(block));
   held_ += cap;
   b.data_ = p;
   return b;

@@ -10,6 +10,8 @@
 #include <span>
 #include <vector>
 
+#include "kit/memory.h"
+
 namespace terse::engine {
 
 class BufferPool;
@@ -60,7 +62,7 @@ class BufferPool {
 
   mutable std::mutex mu_;
   std::multimap<std::size_t, std::byte*> free_;  // capacity -> block
-  std::vector<std::unique_ptr<std::byte, void (*)(std::byte*)>> owned_;
+  std::vector<kit::Bytes> owned_;
   std::size_t held_ = 0;
 };
 

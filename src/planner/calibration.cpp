@@ -6,7 +6,6 @@
 // its slowest rank under that load. Measuring one rank alone would predict an idle machine.
 #include <fmt/format.h>
 #include <sched.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +28,7 @@
 #include "engine/tags.h"
 #include "kit/basic.h"
 #include "kit/hash.h"
+#include "kit/memory.h"
 #include "planner/exchange.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
@@ -556,27 +556,9 @@ int engine_threads() {
   return t >= 1 && t <= 256 ? t : 4;
 }
 
-// Memory the size of several of the largest tensors measured, as huge pages where the kernel
-// offers them (first touches of 4 KiB pages would dominate otherwise; shared/CLUSTER.md).
-class Arena {
- public:
-  explicit Arena(std::size_t n) : n_(n) {
-    const std::size_t bytes = (n * sizeof(float) + kHuge - 1) / kHuge * kHuge;
-    data_.reset(static_cast<float*>(std::aligned_alloc(kHuge, bytes)));
-    if (!data_) throw std::bad_alloc();
-    ::madvise(data_.get(), bytes, MADV_HUGEPAGE);
-    std::memset(data_.get(), 0, bytes);
-  }
-  std::span<float> all() const { return {data_.get(), n_}; }
-
- private:
-  static constexpr std::size_t kHuge = std::size_t{2} << 20;
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::size_t n_;
-  std::unique_ptr<float[], Free> data_;
-};
+// Memory the size of several of the largest tensors measured, zeroed, as huge pages where the
+// kernel offers them (first touches of 4 KiB pages would dominate otherwise; kit/memory.h).
+using Arena = kit::PageArray<float>;
 
 // Runs the CPU measurements in lockstep with the other ranks (a barrier before each series),
 // so that every series is measured under the load of all ranks of the host. Each call reads

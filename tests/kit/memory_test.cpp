@@ -1,0 +1,78 @@
+#include "kit/memory.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace terse::kit {
+namespace {
+
+std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+// The kernel's THP mode: "always", "madvise" or "never" (empty when it has no THP).
+std::string thp_mode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  std::getline(in, line);
+  const auto open = line.find('['), close = line.find(']');
+  return open == std::string::npos || close == std::string::npos
+             ? ""
+             : line.substr(open + 1, close - open - 1);
+}
+
+// /proc/self/smaps' THPeligible for the mapping that holds p (-1 when not found).
+int thp_eligible(const void* p) {
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    std::uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = lo <= address(p) && address(p) < hi;
+      continue;
+    }
+    if (inside && line.rfind("THPeligible:", 0) == 0) return std::stoi(line.substr(12));
+  }
+  return -1;
+}
+
+TEST(Memory, SmallBlocksAreCacheLineAligned) {
+  for (std::size_t bytes : {0, 1, 63, 64, 100, 4096, 1 << 20}) {
+    Bytes b = allocate_bytes(bytes);
+    ASSERT_NE(b.get(), nullptr) << bytes;
+    EXPECT_EQ(address(b.get()) % 64, 0u) << bytes;
+  }
+}
+
+TEST(Memory, LargeBlocksAreHugePageAlignedAndAdvised) {
+  Bytes b = allocate_bytes(kHugePage * 2 + 123);
+  ASSERT_NE(b.get(), nullptr);
+  EXPECT_EQ(address(b.get()) % kHugePage, 0u);
+  const std::string mode = thp_mode();
+  if (mode != "always" && mode != "madvise") GTEST_SKIP() << "no transparent huge pages";
+  // Under "madvise", only MADV_HUGEPAGE makes a mapping eligible; under "always" every large
+  // enough, aligned one is.
+  EXPECT_EQ(thp_eligible(b.get()), 1);
+}
+
+TEST(Memory, PageArraysAreZeroedUnlessAskedNotTo) {
+  PageArray<float> a(kHugePage / sizeof(float) + 5);
+  EXPECT_EQ(a.size(), kHugePage / sizeof(float) + 5);
+  double sum = 0;
+  for (float v : a.all()) sum += v != 0.0f;
+  EXPECT_EQ(sum, 0);
+  a[a.size() - 1] = 2.5f;
+  std::span<const float> view = a;
+  EXPECT_EQ(view.back(), 2.5f);
+  PageArray<std::uint8_t> raw(10, PageArray<std::uint8_t>::Init::kNone);
+  EXPECT_EQ(raw.size(), 10u);
+  EXPECT_EQ(PageArray<float>().size(), 0u);
+}
+
+}  // namespace
+}  // namespace terse::kit
