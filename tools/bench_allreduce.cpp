@@ -148,18 +148,13 @@ void run_rank(const Options& opt) {
                               cfg.options.codec.substr(0, 14), plan.partitions,
                               cfg.options.partitions == 0 ? " (auto)" : "");
       const std::string name = fmt::format("gradient{}", tensor++);
-      // Warm-up: the first use (the cross-rank check, buffers), then enough runs that every
-      // worker thread has met the configuration: a thread's scratch memory is touched on its
-      // first task of a size (about 10 us a page here; error feedback's scratch is a copy of
-      // the partition), and which thread takes a partition is up to the queue. Configurations
-      // that take over 0.5 s a run are warmed up once.
+      // Warm-up: the first use, then extra_warm_ups() more, judged by the first run's time.
       std::copy(input.begin(), input.end(), data.begin());
       const auto warm = std::chrono::steady_clock::now();
       engine.allreduce(name, data, cfg.options).wait();
-      const bool slow = max_of(gather(*comm, std::chrono::duration<double>(
-                                                 std::chrono::steady_clock::now() - warm)
-                                                 .count())) > 0.5;
-      for (int w = slow ? 0 : std::clamp(8 / std::max(plan.partitions, 1), 1, 8); w > 0; --w) {
+      const double first = max_of(gather(
+          *comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - warm).count()));
+      for (int w = extra_warm_ups(plan.partitions, first); w > 0; --w) {
         std::copy(input.begin(), input.end(), data.begin());
         engine.allreduce(name, data, cfg.options).wait();
       }

@@ -178,13 +178,9 @@ void run_rank(const Options& opt) {
     };
     int max_reps = 0;
     for (const auto& m : runs) max_reps = std::max(max_reps, reps_of(m));
-    // Warm-up: the first use (the cross-rank check, buffers), and enough runs that every worker
-    // thread has met the configuration: each thread's scratch memory is touched for the first
-    // time on its first task of a size (about 10 us per page here), and which thread takes a
-    // partition is up to the queue. About 8 tasks per configuration, fewer for slow ones.
+    // Warm-up: the first use, then extra_warm_ups() more, judged by the predicted time.
     auto warm_up = [&](std::size_t i) {
-      const int tasks = std::max(1, runs[i].plan.partitions);
-      const int rounds = runs[i].predicted > 0.5 ? 1 : 1 + std::clamp(8 / tasks, 1, 8);
+      const int rounds = 1 + extra_warm_ups(runs[i].plan.partitions, runs[i].predicted);
       for (int w = 0; w < rounds; ++w) {
         std::copy(input.begin(), input.end(), data.begin());
         engine.allreduce(name(i), data, options[i]).wait();

@@ -66,6 +66,15 @@ inline double cpu_seconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
+// Warm-up runs to make after an allreduce's first use (the cross-rank check, buffers), so that
+// every worker thread has met the configuration before it is timed: a thread's scratch memory
+// is touched on its first task of a size (about 10 us a page here; error feedback's scratch is
+// a copy of the partition), and which thread takes a partition is up to the queue. About 8
+// tasks; none for configurations that take over 0.5 s a run.
+inline int extra_warm_ups(int partitions, double seconds_per_run) {
+  return seconds_per_run > 0.5 ? 0 : std::clamp(8 / std::max(partitions, 1), 1, 8);
+}
+
 // `reps` timed allreduces of `data` through the engine, each starting from `input` after a
 // barrier; each figure is the slowest rank's time in seconds. Warm up before calling. With
 // `cpu`, this process's CPU seconds (all threads) during the allreduces are added to it.
