@@ -111,10 +111,27 @@ void run_rank(const Options& opt) {
     }
     const PlanDecision d = planner->decide(n, n_ranks, threads);
     const double fastest = d.ranked.front().predicted.seconds;
+    // Codec "auto" first explores what the model cannot tell apart (PlannerOptions::explore_*)
+    // and settles on the fastest measured: the plan it settles on is its choice. (All ranks
+    // leave the loop together: exploration's state is the same on every rank.)
+    AllreduceOptions auto_options;
+    auto_options.codec = "auto";
+    const std::string explore_name = fmt::format("gradient-{}-explore", n);
+    int explored = 0;
+    do {
+      std::copy(input.begin(), input.end(), data.begin());
+      engine.allreduce(explore_name, data, auto_options).wait();
+      ++explored;
+    } while (planner->exploring(n, threads) && explored < 200);
+    const TensorPlan settled = engine.plan(n, auto_options);
+    const PlanCandidate* settled_candidate = &d.chosen;
+    for (const auto& c : d.ranked) {
+      if (plan_key(c.plan) == plan_key(settled)) settled_candidate = &c;
+    }
     std::vector<Measured> runs;
     std::vector<std::string> skipped;
     for (const auto& c : d.ranked) {
-      const bool chosen = plan_key(c.plan) == plan_key(d.chosen.plan);
+      const bool chosen = plan_key(c.plan) == plan_key(settled);
       if (!chosen &&
           (c.predicted.seconds > opt.within * fastest || c.predicted.seconds > opt.max_seconds)) {
         skipped.push_back(label_of(c.plan));
@@ -125,9 +142,9 @@ void run_rank(const Options& opt) {
     // The runtime's own choice, through codec "auto", and raw as the engine does it by default.
     AllreduceOptions raw_default;
     const TensorPlan raw_plan = engine.plan(n, raw_default);
-    runs.push_back({"codec auto: " + label_of(d.chosen.plan),
-                    d.chosen.plan,
-                    d.chosen.predicted.seconds,
+    runs.push_back({"codec auto: " + label_of(settled),
+                    settled,
+                    settled_candidate->predicted.seconds,
                     {},
                     0,
                     false});
@@ -216,7 +233,7 @@ void run_rank(const Options& opt) {
     for (auto& m : runs) {
       if (m.label.rfind("codec auto", 0) == 0) auto_run = &m;
       if (m.label.rfind("raw default", 0) == 0) raw_run = &m;
-      if (m.candidate && plan_key(m.plan) == plan_key(d.chosen.plan)) chosen_run = &m;
+      if (m.candidate && plan_key(m.plan) == plan_key(settled)) chosen_run = &m;
     }
     // The choice was timed twice: as a candidate and through codec "auto" (the same
     // configuration, as the runtime plans it). Its figure is the median of both samples, so
@@ -237,16 +254,22 @@ void run_rank(const Options& opt) {
     }
     if (r == 0) {
       fmt::print(
-          "choice {}: {:.3f} ms; best measured {}: {:.3f} ms (choice/best {:.3f}); raw "
-          "default {:.3f} ms (auto/raw {:.3f})\n",
-          label_of(d.chosen.plan), choice * 1e3, best->label, best_median * 1e3,
-          choice / best_median, raw_run->median * 1e3, choice / raw_run->median);
+          "choice {} (the model's: {}; {} contenders explored in {} runs): {:.3f} ms; best "
+          "measured {}: {:.3f} ms (choice/best {:.3f}); raw default {:.3f} ms (auto/raw "
+          "{:.3f})\n",
+          label_of(settled), label_of(d.chosen.plan), d.contenders.size(), explored,
+          choice * 1e3, best->label, best_median * 1e3, choice / best_median,
+          raw_run->median * 1e3, choice / raw_run->median);
       std::fflush(stdout);
     }
     nlohmann::json js;
     js["size"] = size_text;
     js["elements"] = n;
-    js["chosen"] = label_of(d.chosen.plan);
+    js["chosen"] = label_of(settled);
+    js["predicted_choice"] = label_of(d.chosen.plan);
+    js["explore_runs"] = explored;
+    js["contenders"] = nlohmann::json::array();
+    for (const auto& c : d.contenders) js["contenders"].push_back(label_of(c.plan));
     js["best"] = best->label;
     js["auto_median_s"] = choice;
     js["best_median_s"] = best_median;

@@ -225,6 +225,17 @@ struct PlannerOptions {
   // size whose measured time is off by more than the threshold (relative). 0 disables.
   int recheck_interval = 200;
   double recheck_threshold = 0.25;
+  // Exploration: the model's error (docs/planner.md#accuracy) is larger than the gaps between
+  // the best few candidates of a size, so a new decision first runs each candidate expected
+  // within `explore_within` times the choice (at most `explore_candidates`, the choice first)
+  // for `explore_runs` planned allreduces of that size, then keeps the fastest measured (a
+  // compressed plan still has to beat the raw ones measured by min_gain). The measured times
+  // are exchanged as in a re-check: a collective at the same submission on every rank. It costs
+  // each size a few slower allreduces once, and each switch of configuration resets the
+  // tensor's codec state (error-feedback residuals). explore_candidates <= 1 disables it.
+  int explore_candidates = 4;
+  double explore_within = 1.25;
+  int explore_runs = 5;
   // Calibration cache: "" for default_calibration_path(); "-" for none.
   std::string cache_path;
   CalibrationOptions calibration;
@@ -248,6 +259,11 @@ struct PlanDecision {
   PlanCandidate chosen;
   double raw_seconds = 0;             // the best raw plan's expected seconds
   std::vector<PlanCandidate> ranked;  // every candidate, fastest expected first
+  // What exploration runs before settling (PlannerOptions::explore_*): the choice, then the
+  // other candidates expected within explore_within of it, fastest expected first (raw ones
+  // only where the choice is raw for a small tensor). Just the choice when there is nothing
+  // to explore.
+  std::vector<PlanCandidate> contenders;
 
   // Measured time where known, else the (corrected) prediction.
   static double expected(const PlanCandidate& c) {
@@ -280,11 +296,24 @@ class Planner {
   void observe(std::size_t n, const TensorPlan& plan, double seconds);
 
   // Called by the engine before each submission that has planned tensors (at the same points
-  // on every rank). Every recheck_interval-th call exchanges the observations, agrees on
-  // measured times (median per rank, then the largest over ranks), and drops the decisions
-  // whose prediction was off by more than the threshold, so that the next plan() re-decides
-  // with the measured times. Returns the number of sizes re-planned.
-  int before_submission(Communicator& comm);
+  // on every rank), with the plan() arguments of the submission's planned tensors. Every
+  // recheck_interval-th call, and any call at which a size being explored has run its current
+  // candidate explore_runs times, exchanges the observations and agrees on measured times
+  // (median per rank, then the largest over ranks). Then explored sizes move on to their next
+  // candidate or settle on the fastest measured, and the other decisions whose expected time
+  // was off by more than the threshold are dropped, so that the next plan() re-decides with
+  // the measured times. Returns the number of sizes whose plan changed.
+  struct Use {
+    std::size_t n = 0;
+    int threads = 0;
+    Strategy strategy = Strategy::kAuto;
+    int partitions = 0;
+  };
+  int before_submission(Communicator& comm, std::span<const Use> uses = {});
+
+  // Whether a size's plan is still being explored (local, cheap; the same on every rank).
+  bool exploring(std::size_t n, int threads, Strategy strategy = Strategy::kAuto,
+                 int partitions = 0) const;
 
   // Calibrates now, if not yet done (collective). Later calls return the same calibration.
   const Calibration& calibration(Communicator& comm);
@@ -302,14 +331,25 @@ class Planner {
     int partitions;
     auto operator<=>(const Key&) const = default;
   };
+  // A size being explored: its contenders, the one running now, and how many submissions
+  // have used it.
+  struct Exploration {
+    std::vector<PlanCandidate> contenders;
+    std::size_t current = 0;
+    int uses = 0;
+    int unmeasured = 0;  // exchanges after explore_runs uses that brought no time for it
+  };
   void ensure_calibrated(Communicator& comm);
   void log_decision(const PlanDecision& d, int rank, const char* why) const;
+  // After an exchange: moves explored sizes on (mu_ held). Returns how many changed plan.
+  int advance_explorations(int rank);
 
   PlannerOptions options_;
   std::vector<std::string> allowed_;
   mutable std::mutex mu_;
   std::unique_ptr<CostModel> model_;
   std::map<Key, PlanDecision> decisions_;
+  std::map<Key, Exploration> exploring_;
   // Observations since the last re-check, and agreed measured times, by (n, config).
   std::map<std::pair<std::size_t, std::string>, std::vector<double>> observed_;
   std::map<std::pair<std::size_t, std::string>, double> measured_;

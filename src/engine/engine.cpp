@@ -321,12 +321,13 @@ struct Engine::Impl {
   // Before planning a submission: lets the planner re-check (a collective at the same point on
   // every rank, since ranks submit the same sequence).
   void before_auto_submission(const std::vector<TensorRef>& tensors) {
+    std::vector<Planner::Use> uses;
     for (const auto& t : tensors) {
       if (t.options.codec == "auto") {
-        auto_planner().before_submission(*comm);
-        return;
+        uses.push_back({t.data.size(), threads, t.options.strategy, t.options.partitions});
       }
     }
+    if (!uses.empty()) auto_planner().before_submission(*comm, uses);
   }
 
   void note_span(Job& job, int item, std::int64_t begin) {
@@ -338,11 +339,16 @@ struct Engine::Impl {
     span.second = std::max(span.second, end);
   }
 
-  // Reports the measured time of every planned, unfused item of a successful job.
+  // Reports the measured time of every planned, unfused item of a successful job, except the
+  // first run of a tensor's configuration: it pays once for what later runs reuse (the
+  // cross-rank check, buffers, fresh codec state), which is no part of its steady cost.
   void report_spans(const Job& job) {
     for (std::size_t i = 0; i < job.spans.size(); ++i) {
       const Item& it = job.items[i];
-      if (!planned(it) || it.plan.fused || job.spans[i].second < job.spans[i].first) continue;
+      if (!planned(it) || it.plan.fused || it.step == 0 ||
+          job.spans[i].second < job.spans[i].first) {
+        continue;
+      }
       planner->observe(it.ref.data.size(), it.plan,
                        static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9);
     }

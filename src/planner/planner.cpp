@@ -256,15 +256,26 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
       break;
     }
   }
+  bool small_raw = false;
   if (raw != nullptr) {
     d.raw_seconds = PlanDecision::expected(*raw);
     const double best = PlanDecision::expected(d.chosen);
     const bool small =
         n * sizeof(float) <= options_.raw_below_bytes && ranks <= options_.small_tensor_max_ranks;
-    if (best > (1 - options_.min_gain) * d.raw_seconds ||  // would not clearly pay
-        (small && raw->predicted.network - best <= options_.small_tensor_slack)) {
-      d.chosen = *raw;
+    small_raw = small && raw->predicted.network - best <= options_.small_tensor_slack;
+    if (best > (1 - options_.min_gain) * d.raw_seconds || small_raw) d.chosen = *raw;
+  }
+  // What exploration would run: the choice, then what the model cannot tell from it. A small
+  // tensor kept raw for its precision has nothing to explore (its K barely matter, and in a
+  // group it travels fused, where no time of its own is measured).
+  d.contenders.push_back(d.chosen);
+  const double limit = options_.explore_within * PlanDecision::expected(d.chosen);
+  for (const auto& c : d.ranked) {
+    if (small_raw || static_cast<int>(d.contenders.size()) >= options_.explore_candidates) break;
+    if (plan_key(c.plan) == plan_key(d.chosen.plan) || PlanDecision::expected(c) > limit) {
+      continue;
     }
+    d.contenders.push_back(c);
   }
   return d;
 }
@@ -294,7 +305,82 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
   PlanDecision d = decide(n, comm.size(), threads, strategy, partitions);
   log_decision(d, comm.rank(), "plan");
   std::lock_guard lock(mu_);
-  return decisions_.emplace(key, std::move(d)).first->second.chosen.plan;
+  if (d.contenders.size() > 1 && options_.explore_candidates > 1 && options_.explore_runs > 0) {
+    // This submission is the first use of the first contender, which is the choice.
+    exploring_[key] = Exploration{d.contenders, 0, 1, 0};
+    if (options_.log && comm.rank() == 0) {
+      std::string list;
+      for (const auto& c : d.contenders) list += " " + plan_key(c.plan);
+      std::fprintf(stderr, "terse plan: exploring %zu floats, %d runs each:%s\n", n,
+                   options_.explore_runs, list.c_str());
+    }
+  }
+  return decisions_.insert_or_assign(key, std::move(d)).first->second.chosen.plan;
+}
+
+bool Planner::exploring(std::size_t n, int threads, Strategy strategy, int partitions) const {
+  std::lock_guard lock(mu_);
+  return exploring_.count(Key{n, threads, strategy, partitions}) > 0;
+}
+
+int Planner::advance_explorations(int rank) {
+  int changed = 0;
+  for (auto it = exploring_.begin(); it != exploring_.end();) {
+    Exploration& e = it->second;
+    if (e.uses < options_.explore_runs) {
+      ++it;
+      continue;
+    }
+    const std::size_t n = it->first.n;
+    auto measured = [&](const PlanCandidate& c) -> std::optional<double> {
+      auto m = measured_.find({n, plan_key(c.plan)});
+      return m == measured_.end() ? std::nullopt : std::optional<double>(m->second);
+    };
+    // A contender that ran its runs without a time reaching the exchange (it travelled fused,
+    // say) is not waited for: the next one runs.
+    if (!measured(e.contenders[e.current]) && ++e.unmeasured < 2) {
+      ++it;
+      continue;
+    }
+    e.current += 1;
+    e.uses = 0;
+    e.unmeasured = 0;
+    PlanDecision& d = decisions_.at(it->first);
+    if (e.current < e.contenders.size()) {
+      d.chosen = e.contenders[e.current];
+      ++changed;
+      ++it;
+      continue;
+    }
+    // Settle: the fastest measured. The model's choice stands unless measured times overturn
+    // it, and a compressed plan must beat the raw ones measured by min_gain, as predicted
+    // ones must.
+    const PlanCandidate* best = &e.contenders.front();
+    if (auto first = measured(*best)) {
+      double best_time = *first;
+      const PlanCandidate* raw = nullptr;
+      double raw_time = 0;
+      for (const auto& c : e.contenders) {
+        const auto t = measured(c);
+        if (!t) continue;
+        if (*t < best_time) best = &c, best_time = *t;
+        if (c.plan.strategy == Strategy::kRaw && (raw == nullptr || *t < raw_time)) {
+          raw = &c, raw_time = *t;
+        }
+      }
+      if (raw != nullptr && best->plan.strategy != Strategy::kRaw &&
+          best_time > (1 - options_.min_gain) * raw_time) {
+        best = raw;
+      }
+    }
+    const std::string before = plan_key(d.chosen.plan);
+    d.chosen = *best;
+    d.chosen.measured = measured(*best);
+    changed += plan_key(d.chosen.plan) != before;
+    log_decision(d, rank, "explored");
+    it = exploring_.erase(it);
+  }
+  return changed;
 }
 
 void Planner::observe(std::size_t n, const TensorPlan& plan, double seconds) {
@@ -303,13 +389,26 @@ void Planner::observe(std::size_t n, const TensorPlan& plan, double seconds) {
   if (v.size() < kMaxObservations) v.push_back(seconds);
 }
 
-int Planner::before_submission(Communicator& comm) {
+int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
   std::string mine;
+  bool recheck = false;
+  // This submission's uses of explored sizes count once the exchange (if any) has moved them on.
+  auto count_uses = [&] {
+    for (const auto& u : uses) {
+      auto it = exploring_.find(Key{u.n, u.threads, u.strategy, u.partitions});
+      if (it != exploring_.end()) ++it->second.uses;
+    }
+  };
   {
     std::lock_guard lock(mu_);
     ++submissions_;
-    if (options_.recheck_interval <= 0 || !model_ ||
-        submissions_ % static_cast<std::uint64_t>(options_.recheck_interval) != 0) {
+    recheck = options_.recheck_interval > 0 &&
+                         submissions_ % static_cast<std::uint64_t>(options_.recheck_interval) == 0;
+    const bool explore = std::any_of(exploring_.begin(), exploring_.end(), [&](const auto& e) {
+      return e.second.uses >= options_.explore_runs;
+    });
+    if (!model_ || !(recheck || explore)) {
+      count_uses();
       return 0;
     }
     for (const auto& [key, samples] : observed_) {
@@ -331,10 +430,17 @@ int Planner::before_submission(Communicator& comm) {
     }
   }
   std::vector<PlanDecision> replanned;
+  int explored = 0;
   {
     std::lock_guard lock(mu_);
     for (const auto& [key, seconds] : agreed) measured_[key] = seconds;
+    explored = advance_explorations(comm.rank());
+    // Re-checks at their own interval only: an exchange for exploration holds a few runs.
     for (auto it = decisions_.begin(); it != decisions_.end();) {
+      if (!recheck || exploring_.count(it->first) > 0) {
+        ++it;
+        continue;
+      }
       const PlanCandidate& c = it->second.chosen;
       auto m = agreed.find({it->first.n, plan_key(c.plan)});
       const double expected = PlanDecision::expected(c);
@@ -346,6 +452,7 @@ int Planner::before_submission(Communicator& comm) {
         ++it;
       }
     }
+    count_uses();
   }
   for (const auto& d : replanned) {
     if (options_.log && comm.rank() == 0) {
@@ -357,7 +464,7 @@ int Planner::before_submission(Communicator& comm) {
                    PlanDecision::expected(d.chosen) * 1e3);
     }
   }
-  return static_cast<int>(replanned.size());
+  return explored + static_cast<int>(replanned.size());
 }
 
 }  // namespace terse

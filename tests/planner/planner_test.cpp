@@ -397,6 +397,7 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
   PlannerOptions o = options();
   o.recheck_interval = 2;
   o.recheck_threshold = 0.25;
+  o.explore_candidates = 1;  // re-checks alone
   // One rank: raw costs nothing but a task hand-off, so it is the first choice.
   Planner planner(o, synthetic(12.5e6, 100e-6, 1));
   const std::size_t n = std::size_t{1} << 22;
@@ -428,6 +429,113 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
   EXPECT_NE(planner.plan(*comm, n, 4).codec, "none");
   comm.reset();
   std::filesystem::remove_all(dir);
+}
+
+// ---- exploration (one rank: the exchange is local) --------------------------------------------
+
+// A one-rank planner whose contenders for n are the best `count` candidates.
+struct Explorer {
+  explicit Explorer(int count, int runs = 2) {
+    dir = testing::temp_dir();
+    CommunicatorOptions co;
+    co.timeout = 5s;
+    comm = Communicator::create(0, 1, make_file_store(dir), co);
+    PlannerOptions o = options();
+    o.recheck_interval = 0;
+    o.explore_candidates = count;
+    o.explore_within = 1e9;  // every candidate is a contender
+    o.explore_runs = runs;
+    planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
+  }
+  ~Explorer() {
+    planner.reset();
+    comm.reset();
+    std::filesystem::remove_all(dir);
+  }
+  // One submission of n: before_submission, then plan; returns the plan it ran.
+  TensorPlan submit(std::size_t n, int* changed = nullptr) {
+    const Planner::Use use{n, 4, Strategy::kAuto, 0};
+    const int c = planner->before_submission(*comm, std::span(&use, 1));
+    if (changed != nullptr) *changed += c;
+    return planner->plan(*comm, n, 4);
+  }
+  std::string dir;
+  std::shared_ptr<Communicator> comm;
+  std::unique_ptr<Planner> planner;
+};
+
+TEST(Planner, ExplorationRunsEachContenderThenKeepsTheFastestMeasured) {
+  Explorer e(3, 2);
+  const std::size_t n = std::size_t{1} << 22;
+  const PlanDecision d = e.planner->decide(n, 1, 4);
+  ASSERT_EQ(d.contenders.size(), 3u);
+  EXPECT_EQ(plan_key(d.contenders[0].plan), plan_key(d.chosen.plan));
+  // Each contender runs explore_runs submissions, in order; the last one measures fastest.
+  const std::vector<double> times = {3e-3, 2e-3, 1e-3};
+  int changed = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (int run = 0; run < 2; ++run) {
+      const TensorPlan p = e.submit(n, &changed);
+      ASSERT_EQ(plan_key(p), plan_key(d.contenders[i].plan)) << "contender " << i << " run " << run;
+      EXPECT_TRUE(e.planner->exploring(n, 4));
+      e.planner->observe(n, p, times[i]);
+    }
+  }
+  const TensorPlan settled = e.submit(n, &changed);
+  EXPECT_EQ(plan_key(settled), plan_key(d.contenders[2].plan));
+  EXPECT_FALSE(e.planner->exploring(n, 4));
+  EXPECT_EQ(changed, 2);  // to the second, to the third; settling on the third changes nothing
+  // Settled for good: the plan stays.
+  for (int run = 0; run < 5; ++run) EXPECT_EQ(plan_key(e.submit(n)), plan_key(settled));
+}
+
+TEST(Planner, ExplorationKeepsRawUnlessCompressionClearlyWins) {
+  // One rank: raw (a hand-off) is the choice; compressed contenders measured 2% faster than it
+  // do not clear min_gain (5%), 10% faster do.
+  for (double gain : {0.02, 0.10}) {
+    Explorer e(40, 1);
+    const std::size_t n = std::size_t{1} << 20;
+    const PlanDecision d = e.planner->decide(n, 1, 4);
+    ASSERT_EQ(d.chosen.plan.strategy, Strategy::kRaw);
+    TensorPlan p = e.submit(n);
+    std::size_t seen = 0;
+    while (e.planner->exploring(n, 4) && seen < d.contenders.size() + 2) {
+      e.planner->observe(n, p, p.strategy == Strategy::kRaw ? 1e-3 : 1e-3 * (1 - gain));
+      p = e.submit(n);
+      ++seen;
+    }
+    ASSERT_FALSE(e.planner->exploring(n, 4));
+    EXPECT_EQ(p.strategy == Strategy::kRaw, gain < 0.05) << gain << ": " << plan_key(p);
+  }
+}
+
+TEST(Planner, ExplorationSkipsAContenderThatIsNeverMeasured) {
+  Explorer e(2, 1);
+  const std::size_t n = std::size_t{1} << 22;
+  const PlanDecision d = e.planner->decide(n, 1, 4);
+  ASSERT_EQ(d.contenders.size(), 2u);
+  e.planner->observe(n, e.submit(n), 1e-3);  // the first is measured
+  EXPECT_EQ(plan_key(e.submit(n)), plan_key(d.contenders[1].plan));
+  // The second never reports a time (a fused tensor, say): two exchanges later it is given up
+  // and the measured first contender stands.
+  e.submit(n);
+  const TensorPlan settled = e.submit(n);
+  EXPECT_FALSE(e.planner->exploring(n, 4));
+  EXPECT_EQ(plan_key(settled), plan_key(d.contenders[0].plan));
+}
+
+TEST(Planner, SmallRawTensorsAndOneCandidateAreNotExplored) {
+  Planner p(options(), synthetic(1.25e9, 50e-6));  // 10 Gbit/s: small tensors stay raw
+  const PlanDecision small = p.decide(1000, 4, 4);
+  ASSERT_EQ(small.chosen.plan.strategy, Strategy::kRaw);
+  EXPECT_EQ(small.contenders.size(), 1u);
+  PlannerOptions none = options();
+  none.explore_within = 1.0;  // only exact ties
+  Planner q(none, synthetic(12.5e6, 100e-6));
+  const PlanDecision big = q.decide(std::size_t{1} << 22, 4, 4);
+  for (const auto& c : big.contenders) {
+    EXPECT_LE(PlanDecision::expected(c), PlanDecision::expected(big.chosen));
+  }
 }
 
 // ---- tools ------------------------------------------------------------------------------------

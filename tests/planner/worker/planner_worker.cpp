@@ -1,7 +1,8 @@
 // One rank of the planner's multi-process tests, started by `terse run`. Scenarios:
 //   auto    codec "auto" with the engine's own planner (calibrated on first use, or loaded from
-//           the cache every rank agrees on): plans are identical on every rank, tiny tensors go
-//           raw, results are identical on every rank and close to the exact average
+//           the cache every rank agrees on), each size run until it has explored its
+//           contenders and settled: plans are identical on every rank, tiny tensors go raw,
+//           results are identical on every rank and close to the exact average
 //   loses   codec "auto" with a calibration in which compression cannot pay (a link faster than
 //           any codec): every size goes raw and the results are exact
 //   powersgd  codec "auto" with PowerSGD allowed and a 100 Mbit/s calibration: the large
@@ -33,6 +34,8 @@ using namespace terse;
 using testing::check;
 using testing::fail;
 
+constexpr int kThreads = 4;  // engine workers (the planner's decisions are per thread count)
+
 // Different on every (rank, tensor, step, element); every rank can compute every rank's input.
 float value(int rank, std::uint64_t key, std::size_t i) {
   const std::uint64_t h = kit::mix64(kit::combine_keys(key, rank) + i * 0x9e3779b97f4a7c15ull);
@@ -56,21 +59,25 @@ void check_same_everywhere(Communicator& comm, const std::string& text, const st
   }
 }
 
-// Runs codec "auto" on each size for a few steps; checks identical results and their accuracy
-// (exact up to summation order when the plan is raw). Returns the plans, one line per size.
-std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std::size_t>& sizes) {
+// Runs codec "auto" on each size for a few steps, and on until the planner has explored its
+// contenders and settled; checks identical results and their accuracy (exact up to summation
+// order when the plan is raw). Returns the settled plans, one line per size.
+std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std::size_t>& sizes,
+                      const Planner& planner) {
   AllreduceOptions o;
   o.codec = "auto";
   std::string plans;
   for (std::size_t n : sizes) {
-    const TensorPlan plan = engine.plan(n, o);
-    plans += fmt::format("{} {}\n", n, plan_key(plan));
     const std::string name = fmt::format("t{}", n);
-    for (std::uint64_t step = 0; step < 3; ++step) {
+    TensorPlan plan;
+    for (std::uint64_t step = 0; step < 3 || planner.exploring(n, kThreads); ++step) {
+      check(step < 100, fmt::format("{}: still exploring after 100 steps", name));
       const std::uint64_t key = kit::combine_keys(fnv1a64(name), step);
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; ++i) x[i] = value(comm.rank(), key, i);
       engine.allreduce(name, x, o).wait();
+      // The plan that ran (an exchange before the submission may have moved it on).
+      plan = engine.plan(n, o);
       check_same_everywhere(comm, std::to_string(digest(x)), fmt::format("result of {}", name));
       double err = 0, norm = 0;
       for (std::size_t i = 0; i < n; ++i) {
@@ -87,14 +94,28 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
       check(rel <= bound,
             fmt::format("{} ({}): relative error {} above {}", name, plan_key(plan), rel, bound));
     }
+    plans += fmt::format("{} {}\n", n, plan_key(plan));
   }
   check_same_everywhere(comm, plans, "plans");
   return plans;
 }
 
+// An engine of kThreads workers whose codec "auto" is decided by `planner`.
+Engine engine_with(Communicator& comm, std::shared_ptr<Planner> planner) {
+  EngineOptions eo;
+  eo.threads = kThreads;
+  eo.planner = std::move(planner);
+  return Engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
+}
+
 int scenario_auto(Communicator& comm) {
-  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
-  const std::string plans = run_sizes(comm, engine, {100, 3000, 100000, std::size_t{1} << 21});
+  // The engine's default planner, but with short explorations.
+  PlannerOptions po;
+  po.explore_runs = 2;
+  auto planner = std::make_shared<Planner>(po);
+  Engine engine = engine_with(comm, planner);
+  const std::string plans =
+      run_sizes(comm, engine, {100, 3000, 100000, std::size_t{1} << 21}, *planner);
   check(plans.find("100 none/raw/") != std::string::npos,
         "a tiny tensor did not go raw:\n" + plans);
   std::printf("OK rank %d auto\n%s", comm.rank(), comm.rank() == 0 ? plans.c_str() : "");
@@ -108,10 +129,11 @@ int scenario_loses(Communicator& comm) {
   for (auto& k : c.codecs) k.encode = testing::line(2e-6, 20e-9);
   PlannerOptions po;
   po.allowed = {"fp16", "onebit:ef=1"};
-  EngineOptions eo;
-  eo.planner = std::make_shared<Planner>(po, c);
-  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
-  const std::string plans = run_sizes(comm, engine, {20000, 300000, std::size_t{1} << 21});
+  po.explore_runs = 2;
+  auto planner = std::make_shared<Planner>(po, c);
+  Engine engine = engine_with(comm, planner);
+  const std::string plans =
+      run_sizes(comm, engine, {20000, 300000, std::size_t{1} << 21}, *planner);
   std::size_t lines = 0, raw = 0;
   for (std::size_t at = 0; (at = plans.find('\n', at)) != std::string::npos; ++at) ++lines;
   for (std::size_t at = 0; (at = plans.find(" none/raw/", at)) != std::string::npos; ++at) ++raw;
@@ -126,10 +148,12 @@ int scenario_powersgd(Communicator& comm) {
   testing::add_powersgd(c);
   PlannerOptions po;
   po.allowed = {"fp16", "powersgd"};
-  EngineOptions eo;
-  eo.planner = std::make_shared<Planner>(po, c);
-  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
-  const std::string plans = run_sizes(comm, engine, {3000, std::size_t{1} << 20});
+  // The model's choice under this calibration: measured times on the real links here would
+  // overturn it.
+  po.explore_candidates = 1;
+  auto planner = std::make_shared<Planner>(po, c);
+  Engine engine = engine_with(comm, planner);
+  const std::string plans = run_sizes(comm, engine, {3000, std::size_t{1} << 20}, *planner);
   const std::string powersgd = make_codec("powersgd")->spec();
   // Its rounds' sums on rings or gathered: which one depends on N and the links.
   check(plans.find(fmt::format("{} {}/summable/1", std::size_t{1} << 20, powersgd)) !=
