@@ -232,7 +232,8 @@ struct PlannerOptions {
   // compressed plan still has to beat the raw ones measured by min_gain). The measured times
   // are exchanged as in a re-check: a collective at the same submission on every rank. It costs
   // each size a few slower allreduces once, and each switch of configuration resets the
-  // tensor's codec state (error-feedback residuals). explore_candidates <= 1 disables it.
+  // tensor's codec state (error-feedback residuals). explore_candidates <= 1 disables it;
+  // TERSE_PLAN_EXPLORE=K sets explore_candidates (0 or 1: off).
   int explore_candidates = 4;
   double explore_within = 1.25;
   int explore_runs = 5;

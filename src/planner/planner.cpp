@@ -96,6 +96,9 @@ Planner::Planner(PlannerOptions options) : options_(std::move(options)) {
   }
   if (options_.partitions.empty()) options_.partitions = {1};
   if (env_flag("TERSE_PLAN_LOG")) options_.log = true;
+  if (const char* v = std::getenv("TERSE_PLAN_EXPLORE"); v != nullptr && *v != '\0') {
+    options_.explore_candidates = std::max(1, std::atoi(v));  // 0 or 1: off
+  }
   options_.calibration.codecs = allowed_;
 }
 
