@@ -228,15 +228,20 @@ struct PlannerOptions {
   // Exploration: the model's error (docs/planner.md#accuracy) is larger than the gaps between
   // the best few candidates of a size, so a new decision first runs each candidate expected
   // within `explore_within` times the choice (at most `explore_candidates`, the choice first)
-  // for `explore_runs` planned allreduces of that size, then keeps the fastest measured (a
-  // compressed plan still has to beat the raw ones measured by min_gain). The measured times
-  // are exchanged as in a re-check: a collective at the same submission on every rank. It costs
-  // each size a few slower allreduces once, and each switch of configuration resets the
+  // for at least `explore_runs` planned allreduces of that size (more for fast ones: as many as
+  // take `explore_seconds` by its expected time, up to `explore_max_runs`; a few runs of a
+  // millisecond vary by more than the gaps between contenders), then keeps the fastest
+  // measured (a compressed plan still has to beat the raw ones measured by min_gain). The
+  // measured times are exchanged as in a re-check: a collective at the same submission on
+  // every rank. It costs each size some slower allreduces once (at most about
+  // explore_candidates * max(explore_seconds, explore_runs runs)), and each switch resets the
   // tensor's codec state (error-feedback residuals). explore_candidates <= 1 disables it;
   // TERSE_PLAN_EXPLORE=K sets explore_candidates (0 or 1: off).
   int explore_candidates = 4;
   double explore_within = 1.25;
   int explore_runs = 5;
+  double explore_seconds = 0.1;
+  int explore_max_runs = 25;
   // Calibration cache: "" for default_calibration_path(); "-" for none.
   std::string cache_path;
   CalibrationOptions calibration;
@@ -299,11 +304,11 @@ class Planner {
   // Called by the engine before each submission that has planned tensors (at the same points
   // on every rank), with the plan() arguments of the submission's planned tensors. Every
   // recheck_interval-th call, and any call at which a size being explored has run its current
-  // candidate explore_runs times, exchanges the observations and agrees on measured times
-  // (median per rank, then the largest over ranks). Then explored sizes move on to their next
-  // candidate or settle on the fastest measured, and the other decisions whose expected time
-  // was off by more than the threshold are dropped, so that the next plan() re-decides with
-  // the measured times. Returns the number of sizes whose plan changed.
+  // candidate its runs (explore_runs or more), exchanges the observations and agrees on
+  // measured times (median per rank, then the largest over ranks). Then explored sizes move on
+  // to their next candidate or settle on the fastest measured, and the other decisions whose
+  // expected time was off by more than the threshold are dropped, so that the next plan()
+  // re-decides with the measured times. Returns the number of sizes whose plan changed.
   struct Use {
     std::size_t n = 0;
     int threads = 0;
@@ -338,8 +343,12 @@ class Planner {
     std::vector<PlanCandidate> contenders;
     std::size_t current = 0;
     int uses = 0;
-    int unmeasured = 0;  // exchanges after explore_runs uses that brought no time for it
+    int runs = 0;        // uses the current contender gets (runs_for)
+    int unmeasured = 0;  // exchanges after its runs that brought no time for it
   };
+  // How many planned allreduces a contender runs while explored (deterministic: the same on
+  // every rank).
+  int runs_for(const PlanCandidate& c) const;
   void ensure_calibrated(Communicator& comm);
   void log_decision(const PlanDecision& d, int rank, const char* why) const;
   // After an exchange: moves explored sizes on (mu_ held). Returns how many changed plan.

@@ -41,29 +41,59 @@ Buffer BufferPool::acquire(std::size_t bytes) {
   b.pool_ = this;
   b.size_ = bytes;
   b.capacity_ = cap;
+  std::vector<kit::Bytes> idle;  // freed outside the lock
   {
     std::lock_guard lock(mu_);
     auto it = free_.find(cap);
     if (it != free_.end()) {
-      b.data_ = it->second;
+      b.data_ = it->second.data;
       free_.erase(it);
       return b;
     }
+    idle = take_idle(Clock::now());
   }
+  idle.clear();
   kit::Bytes block = kit::allocate_bytes(cap);  // huge pages when large (kit/memory.h)
   std::byte* p = block.get();
   // Touch every page now, once, so that no later use pays for first-touch faults.
   std::memset(p, 0, cap);
   std::lock_guard lock(mu_);
-  owned_.push_back(std::move(block));
+  owned_.emplace(p, std::move(block));
   held_ += cap;
   b.data_ = p;
   return b;
 }
 
+std::vector<kit::Bytes> BufferPool::take_idle(Clock::time_point now) {
+  std::vector<kit::Bytes> out;
+  // A sweep walks every free block: at most a few times per idle period.
+  if (now - swept_ < idle_ / 4) return out;
+  swept_ = now;
+  for (auto it = free_.begin(); it != free_.end();) {
+    if (now - it->second.since <= idle_) {
+      ++it;
+      continue;
+    }
+    auto owned = owned_.find(it->second.data);
+    out.push_back(std::move(owned->second));
+    owned_.erase(owned);
+    held_ -= it->first;
+    it = free_.erase(it);
+  }
+  return out;
+}
+
 void BufferPool::give_back(std::byte* data, std::size_t capacity) noexcept {
-  std::lock_guard lock(mu_);
-  free_.emplace(capacity, data);
+  std::vector<kit::Bytes> idle;
+  {
+    std::lock_guard lock(mu_);
+    const Clock::time_point now = Clock::now();
+    free_.emplace(capacity, Free{data, now});
+    try {
+      idle = take_idle(now);
+    } catch (...) {  // no memory for the list: the blocks stay until the next sweep
+    }
+  }
 }
 
 std::size_t BufferPool::held_bytes() const {

@@ -3,11 +3,13 @@
 // from and returned to this pool rather than allocated per call. Thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "kit/memory.h"
@@ -40,9 +42,15 @@ class Buffer {
   std::size_t capacity_ = 0;  // the block's size class
 };
 
+// Blocks are kept for reuse while they are used: a free block idle for longer than `idle`
+// (10 s by default) is released, so that the buffers of a configuration the engine no longer
+// runs (a tensor re-planned or explored with other partitions, strategy or codec) do not stay
+// held for the rest of the job. A training step that reuses its tensors' blocks well within
+// that time never releases one.
 class BufferPool {
  public:
-  BufferPool() = default;
+  explicit BufferPool(std::chrono::steady_clock::duration idle = std::chrono::seconds(10))
+      : idle_(idle) {}
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
@@ -53,17 +61,23 @@ class BufferPool {
 
  private:
   friend class Buffer;
-  struct Block {
+  using Clock = std::chrono::steady_clock;
+  struct Free {
     std::byte* data;
-    std::size_t capacity;
+    Clock::time_point since;  // returned to the pool then
   };
   void give_back(std::byte* data, std::size_t capacity) noexcept;
+  // Moves the free blocks idle for longer than idle_ out of the pool (mu_ held); the caller
+  // frees them after unlocking.
+  std::vector<kit::Bytes> take_idle(Clock::time_point now);
   static std::size_t size_class(std::size_t bytes);
 
+  Clock::duration idle_;
   mutable std::mutex mu_;
-  std::multimap<std::size_t, std::byte*> free_;  // capacity -> block
-  std::vector<kit::Bytes> owned_;
+  std::multimap<std::size_t, Free> free_;  // capacity -> block
+  std::unordered_map<std::byte*, kit::Bytes> owned_;
   std::size_t held_ = 0;
+  Clock::time_point swept_{};
 };
 
 }  // namespace terse::engine

@@ -310,12 +310,13 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
   std::lock_guard lock(mu_);
   if (d.contenders.size() > 1 && options_.explore_candidates > 1 && options_.explore_runs > 0) {
     // This submission is the first use of the first contender, which is the choice.
-    exploring_[key] = Exploration{d.contenders, 0, 1, 0};
+    exploring_[key] = Exploration{d.contenders, 0, 1, runs_for(d.contenders.front()), 0};
     if (options_.log && comm.rank() == 0) {
       std::string list;
-      for (const auto& c : d.contenders) list += " " + plan_key(c.plan);
-      std::fprintf(stderr, "terse plan: exploring %zu floats, %d runs each:%s\n", n,
-                   options_.explore_runs, list.c_str());
+      for (const auto& c : d.contenders) {
+        list += fmt::format(" {} ({} runs)", plan_key(c.plan), runs_for(c));
+      }
+      std::fprintf(stderr, "terse plan: exploring %zu floats:%s\n", n, list.c_str());
     }
   }
   return decisions_.insert_or_assign(key, std::move(d)).first->second.chosen.plan;
@@ -326,11 +327,20 @@ bool Planner::exploring(std::size_t n, int threads, Strategy strategy, int parti
   return exploring_.count(Key{n, threads, strategy, partitions}) > 0;
 }
 
+int Planner::runs_for(const PlanCandidate& c) const {
+  const int least = std::max(options_.explore_runs, 1);
+  const double expected = PlanDecision::expected(c);
+  if (options_.explore_seconds <= 0 || expected <= 0) return least;
+  const double wanted = std::ceil(options_.explore_seconds / expected);
+  return static_cast<int>(
+      std::clamp<double>(wanted, least, std::max(least, options_.explore_max_runs)));
+}
+
 int Planner::advance_explorations(int rank) {
   int changed = 0;
   for (auto it = exploring_.begin(); it != exploring_.end();) {
     Exploration& e = it->second;
-    if (e.uses < options_.explore_runs) {
+    if (e.uses < e.runs) {
       ++it;
       continue;
     }
@@ -351,6 +361,7 @@ int Planner::advance_explorations(int rank) {
     PlanDecision& d = decisions_.at(it->first);
     if (e.current < e.contenders.size()) {
       d.chosen = e.contenders[e.current];
+      e.runs = runs_for(d.chosen);
       ++changed;
       ++it;
       continue;
@@ -408,7 +419,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
     recheck = options_.recheck_interval > 0 &&
                          submissions_ % static_cast<std::uint64_t>(options_.recheck_interval) == 0;
     const bool explore = std::any_of(exploring_.begin(), exploring_.end(), [&](const auto& e) {
-      return e.second.uses >= options_.explore_runs;
+      return e.second.uses >= e.second.runs;
     });
     if (!model_ || !(recheck || explore)) {
       count_uses();

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -435,7 +436,8 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
 
 // A one-rank planner whose contenders for n are the best `count` candidates.
 struct Explorer {
-  explicit Explorer(int count, int runs = 2) {
+  // explore_seconds: 0 for exactly `runs` runs per contender.
+  explicit Explorer(int count, int runs = 2, double explore_seconds = 0) {
     dir = testing::temp_dir();
     CommunicatorOptions co;
     co.timeout = 5s;
@@ -445,6 +447,7 @@ struct Explorer {
     o.explore_candidates = count;
     o.explore_within = 1e9;  // every candidate is a contender
     o.explore_runs = runs;
+    o.explore_seconds = explore_seconds;
     planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
   }
   ~Explorer() {
@@ -487,6 +490,28 @@ TEST(Planner, ExplorationRunsEachContenderThenKeepsTheFastestMeasured) {
   EXPECT_EQ(changed, 2);  // to the second, to the third; settling on the third changes nothing
   // Settled for good: the plan stays.
   for (int run = 0; run < 5; ++run) EXPECT_EQ(plan_key(e.submit(n)), plan_key(settled));
+}
+
+TEST(Planner, ExplorationRunsFastContendersLonger) {
+  // Contenders expected to take t seconds run ceil(explore_seconds / t) times, at least
+  // explore_runs and at most explore_max_runs (25).
+  for (const std::size_t n : {std::size_t{1} << 14, std::size_t{1} << 18, std::size_t{1} << 24}) {
+    Explorer e(2, 3, 0.05);
+    const PlanDecision d = e.planner->decide(n, 1, 4);
+    ASSERT_EQ(d.contenders.size(), 2u);
+    for (std::size_t i = 0; i < d.contenders.size(); ++i) {
+      const double t = PlanDecision::expected(d.contenders[i]);
+      const int want = static_cast<int>(std::clamp(std::ceil(0.05 / t), 3.0, 25.0));
+      for (int run = 0; run < want; ++run) {
+        const TensorPlan p = e.submit(n);
+        ASSERT_EQ(plan_key(p), plan_key(d.contenders[i].plan))
+            << n << " floats: contender " << i << " run " << run << " of " << want;
+        e.planner->observe(n, p, t);
+      }
+    }
+    e.submit(n);
+    EXPECT_FALSE(e.planner->exploring(n, 4)) << n;
+  }
 }
 
 TEST(Planner, ExplorationKeepsRawUnlessCompressionClearlyWins) {

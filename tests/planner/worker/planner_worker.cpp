@@ -112,6 +112,7 @@ int scenario_auto(Communicator& comm) {
   // The engine's default planner, but with short explorations.
   PlannerOptions po;
   po.explore_runs = 2;
+  po.explore_seconds = 0;
   auto planner = std::make_shared<Planner>(po);
   Engine engine = engine_with(comm, planner);
   const std::string plans =
@@ -130,6 +131,7 @@ int scenario_loses(Communicator& comm) {
   PlannerOptions po;
   po.allowed = {"fp16", "onebit:ef=1"};
   po.explore_runs = 2;
+  po.explore_seconds = 0;
   auto planner = std::make_shared<Planner>(po, c);
   Engine engine = engine_with(comm, planner);
   const std::string plans =
