@@ -17,18 +17,25 @@ ranks=${RANKS:-2 3 4}
 links=${LINKS:-unshaped 1gbit 100mbit}
 terse=${TERSE:-./build/terse}
 mkdir -p "$out"
+failed=()
 for link in $links; do
   for n in $ranks; do
     json="$out/$link-n$n.json"
     echo "== $link, $n ranks -> $json" >&2
     # shellcheck disable=SC2086  # sizes is a list
+    # A failed point (out of memory, say) is reported at the end; the others still run.
     if [ "$link" = unshaped ]; then
       "$terse" bench planner --ranks "$n" --sizes $sizes --reps "$reps" --json "$json" \
-        | grep '^\[rank 0\]'
+        | grep '^\[rank 0\]' || failed+=("$link-n$n")
     else
       bash scripts/cluster.sh -n "$n" -r "$link" -- "$terse" bench planner --sizes $sizes \
-        --reps "$reps" --link "$link" --json "$json" | grep '^\[host 0\]'
+        --reps "$reps" --link "$link" --json "$json" | grep '^\[host 0\]' \
+        || failed+=("$link-n$n")
     fi
   done
 done
 /usr/bin/python3 bench/planner_summary.py "$out"/*.json | tee "$out/summary.md"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "failed points: ${failed[*]}" >&2
+  exit 1
+fi
