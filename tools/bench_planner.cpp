@@ -86,9 +86,11 @@ void run_rank(const Options& opt) {
   if (r == 0) {
     fmt::print(
         "terse bench planner: {} ranks{}, {} threads, median of {} runs; calibrated in "
-        "{:.2f} s: alpha {:.1f} us, {:.1f} MB/s, slowdown x{:.2f} at 4 threads\n",
+        "{:.2f} s: alpha {:.1f} us, {:.1f} MB/s (in the engine {:.1f} MB/s), slowdown x{:.2f} at "
+        "4 threads\n",
         n_ranks, opt.link.empty() ? "" : ", links " + opt.link, threads, opt.reps, cal.seconds,
-        cal.alpha * 1e6, cal.beta > 0 ? 1e-6 / cal.beta : 0.0, cal.slowdown(4));
+        cal.alpha * 1e6, cal.beta > 0 ? 1e-6 / cal.beta : 0.0,
+        cal.engine_beta > 0 ? 1e-6 / cal.engine_beta : 0.0, cal.slowdown(4));
     std::fflush(stdout);
   }
 

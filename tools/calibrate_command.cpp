@@ -51,8 +51,9 @@ void print(const Calibration& c, const std::string& path) {
     }
     t += fmt::format(
         "  model: alpha {:.1f} us (a message round inside the engine), beta {:.4f} ns/B "
-        "({:.1f} MB/s, the slowest pair)\n",
-        c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0);
+        "({:.1f} MB/s, the slowest pair; {:.1f} MB/s in a raw allreduce of the engine)\n",
+        c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0,
+        c.engine_beta > 0 ? 1e-6 / c.engine_beta : 0.0);
   }
   t += "CPU costs t(n) = A + B*n, n floats, every rank of the machine at once (fit error on the "
        "measured sizes):\n";

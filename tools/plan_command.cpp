@@ -229,6 +229,7 @@ void run(const Options& opt) {
   // Links: the rate given; the latency given, else the calibration's, else 50 us.
   if (!opt.bandwidth.empty()) {
     cal.beta = 8.0 / parse_rate(opt.bandwidth, "--bandwidth");
+    cal.engine_beta = 0;  // measured on other links
   } else if (cal.beta <= 0) {
     throw InvalidArgument("--bandwidth: the link rate, e.g. 1gbit (the calibration has none)");
   }

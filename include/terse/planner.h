@@ -110,6 +110,12 @@ struct Calibration {
   // for one rank, and calibrate_local() leaves them to the caller.
   double alpha = 0;
   double beta = 0;
+  // Seconds per byte that a raw allreduce inside the engine achieved beyond what alpha, beta
+  // and the CPU fits explain (0: not measured). Where the links are the kernel's copies
+  // (loopback, ranks sharing cores) they compete with the engine's threads and a bare exchange
+  // runs up to twice as fast as an allreduce does; on a shaped link the two agree. The model
+  // prices a byte at the larger of the two (link_beta()).
+  double engine_beta = 0;
 
   // fp32 element-wise work of the raw strategy (sum of two arrays, division), and per-codec
   // costs, all measured with every rank of this host running at once (one thread each).
@@ -129,6 +135,7 @@ struct Calibration {
   double seconds = 0;  // how long measuring took
 
   const CodecCosts* find(std::string_view canonical_spec) const;
+  double link_beta() const { return std::max(beta, engine_beta); }
   // Slowdown with t busy threads per rank (t may be fractional: interpolated); beyond the
   // measured counts it grows linearly.
   double slowdown(double threads) const;

@@ -229,6 +229,7 @@ std::string Calibration::to_json() const {
   j["cores"] = cores;
   j["alpha"] = alpha;
   j["beta"] = beta;
+  j["engine_beta"] = engine_beta;
   j["peer_alpha"] = peer_alpha;
   j["peer_beta"] = peer_beta;
   j["add"] = fit_json(add);
@@ -265,6 +266,7 @@ Calibration Calibration::from_json(std::string_view text) {
     c.cores = j.at("cores").get<int>();
     c.alpha = j.at("alpha").get<double>();
     c.beta = j.at("beta").get<double>();
+    c.engine_beta = j.value("engine_beta", 0.0);
     c.peer_alpha = j.at("peer_alpha").get<std::vector<std::vector<double>>>();
     c.peer_beta = j.at("peer_beta").get<std::vector<std::vector<double>>>();
     c.add = fit_from(j.at("add"));
@@ -891,6 +893,7 @@ void measure_engine(Communicator& comm, Calibration& c) {
   };
   c.task_overhead = std::max(
       0.0, (m[2] - predict(kProbePartitions * kPiece, kProbePartitions)) / (kProbePartitions - 1));
+  planner::measure_engine_beta(comm, c);
 }
 
 std::vector<std::string> with_canonical_specs(const std::vector<std::string>& specs) {
@@ -903,6 +906,49 @@ std::vector<std::string> with_canonical_specs(const std::vector<std::string>& sp
 }
 
 }  // namespace
+
+namespace planner {
+
+void measure_engine_beta(Communicator& comm, Calibration& c) {
+  c.engine_beta = 0;
+  const int n = comm.size();
+  if (n == 1 || c.beta <= 0) return;
+  EngineOptions eo;
+  eo.tracer = std::make_shared<TraceRecorder>();  // a probe: not TERSE_TRACE's
+  eo.gather_bytes = 0;
+  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
+  // A raw allreduce on one partition sized for about 30 ms on the measured links (a ring
+  // step's chunks then past a shaped link's burst), at most 4 Mi floats.
+  const double per_float = 8.0 * (n - 1) / n;  // bytes each rank sends per element
+  const std::size_t unit = 64 * static_cast<std::size_t>(n);
+  const double wanted = 0.03 / (c.beta * per_float);
+  const std::size_t elements =
+      std::clamp<std::size_t>(static_cast<std::size_t>(wanted) / unit * unit, std::size_t{1} << 14,
+                              std::size_t{1} << 22);
+  std::vector<float> x(elements, 1.0f);
+  AllreduceOptions raw;
+  raw.partitions = 1;
+  constexpr int kReps = 5;
+  std::vector<double> mine;
+  for (int rep = -1; rep < kReps; ++rep) {  // rep -1: first use, buffers
+    comm.barrier("calibration");
+    const auto t0 = Clock::now();
+    engine.allreduce("calibration-bulk", x, raw).wait();
+    if (rep >= 0) mine.push_back(seconds_since(t0));
+  }
+  engine.synchronize();
+  const double measured = planner::median(planner::agree_max(comm, mine));
+  Calibration no_bytes = c;
+  no_bytes.beta = 0;
+  CostModel model(no_bytes);
+  model.set_gather_bytes(eo.gather_bytes);
+  const double other =
+      model.predict(elements, "none", Strategy::kRaw, 1, n, engine_threads()).seconds;
+  const double bytes = per_float * static_cast<double>(elements);
+  c.engine_beta = std::max(0.0, measured - other) / bytes;
+}
+
+}  // namespace planner
 
 Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) {
   CalibrationOptions options = options_in;

@@ -181,7 +181,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
 
   const double K = parts;
   const int concurrent = std::min(parts, threads);
-  const double link = p.bytes * c.beta;
+  const double link = p.bytes * c.link_beta();
   const double latency = p.rounds * c.alpha;
   // Partitions in flight spend part of their time waiting on the link: only the share that
   // computes contends for the cores.

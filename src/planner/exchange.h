@@ -30,6 +30,11 @@ inline double median(std::vector<double> v) {
 // Measures per-peer latency and time per byte (a collective); fills the link fields.
 void measure_links(Communicator& comm, const CalibrationOptions& options, Calibration& out);
 
+// Times a raw allreduce inside an engine and sets calibration.engine_beta from what alpha,
+// beta and the CPU fits leave unexplained (a collective; needs the links and the engine's
+// overheads measured).
+void measure_engine_beta(Communicator& comm, Calibration& calibration);
+
 // Times a ring exchange (every rank sends to the next and receives from the previous at once)
 // of a size the calibration predicts to take about options.link_target_seconds, and returns
 // measured / predicted, agreed over ranks (1 for one rank). A collective.

@@ -164,6 +164,7 @@ void Planner::ensure_calibrated(Communicator& comm) {
                      ratio);
       }
       planner::measure_links(comm, options_.calibration, c);
+      planner::measure_engine_beta(comm, c);
       save = true;
     }
     if (log) std::fprintf(stderr, "terse plan: calibration from %s\n", path.c_str());
@@ -173,9 +174,10 @@ void Planner::ensure_calibrated(Communicator& comm) {
   if (save && path != "-") write_file(path, c.to_json(), comm.rank());
   if (log) {
     std::fprintf(stderr,
-                 "terse plan: calibrated in %.2f s: alpha %.1f us, beta %.3f ns/B (%.0f MB/s), "
-                 "%d ranks on %d cores, slowdown x%.2f at 4 threads\n",
+                 "terse plan: calibrated in %.2f s: alpha %.1f us, beta %.3f ns/B (%.0f MB/s; "
+                 "in the engine %.0f MB/s), %d ranks on %d cores, slowdown x%.2f at 4 threads\n",
                  c.seconds, c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0,
+                 c.engine_beta > 0 ? 1e-6 / c.engine_beta : 0.0,
                  c.ranks_on_host, c.cores, c.slowdown(4));
   }
   std::lock_guard lock(mu_);

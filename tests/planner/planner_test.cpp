@@ -104,6 +104,18 @@ TEST(CostModel, RawRingFollowsItsFormula) {
   EXPECT_EQ(model.predict(n, "none", Strategy::kRaw, 1, 1, 4).bytes_sent, 0);
 }
 
+TEST(CostModel, BytesCostWhatTheSlowerOfTheLinkAndTheEngineMeasured) {
+  Calibration c = synthetic(125e6, 50e-6);
+  const std::size_t n = std::size_t{1} << 22;
+  const Prediction link = CostModel(c).predict(n, "none", Strategy::kRaw, 1, 4, 4);
+  c.engine_beta = c.beta / 2;  // faster in the engine than on the link: the link decides
+  EXPECT_EQ(CostModel(c).predict(n, "none", Strategy::kRaw, 1, 4, 4).network, link.network);
+  c.engine_beta = c.beta * 2;  // an allreduce moved bytes at half the exchange's rate
+  const Prediction engine = CostModel(c).predict(n, "none", Strategy::kRaw, 1, 4, 4);
+  EXPECT_DOUBLE_EQ(engine.network, 2 * link.network);
+  EXPECT_GT(engine.seconds, link.seconds + 0.9 * link.network);
+}
+
 TEST(CostModel, SmallRawMessagesAreGathered) {
   const Calibration c = synthetic(125e6, 1e-3);
   const CostModel model(c);
@@ -380,8 +392,10 @@ TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
   c.add.b2 = 1e-9;
   c.add.xs = {1, 2};
   c.add.ys = {3, 4};
+  c.engine_beta = 3 * c.beta;
   const Calibration back = Calibration::from_json(c.to_json());
   EXPECT_EQ(back.to_json(), c.to_json());
+  EXPECT_EQ(back.engine_beta, c.engine_beta);
   EXPECT_EQ(back.add(8192), c.add(8192));
   EXPECT_THROW(Calibration::from_json("{}"), DecodeError);
   EXPECT_THROW(Calibration::from_json("not json"), DecodeError);
