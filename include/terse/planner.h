@@ -137,8 +137,13 @@ struct Calibration {
   const CodecCosts* find(std::string_view canonical_spec) const;
   double link_beta() const { return std::max(beta, engine_beta); }
   // Slowdown with t busy threads per rank (t may be fractional: interpolated); beyond the
-  // measured counts it grows linearly.
+  // measured counts it grows linearly. Never below saturation(t): a measurement below it
+  // was disturbed (seen: 1.0, 1.0, 1.14 at 2-4 threads with 2 ranks on 2 cores).
   double slowdown(double threads) const;
+  // What the cores alone impose: ranks_on_host ranks of t compute-bound threads on `cores`
+  // CPUs run at min(1, cores / (ranks * t)) of a CPU each, against min(1, cores / ranks) with
+  // one thread each: max(1, ranks * t / cores) / max(1, ranks / cores).
+  double saturation(double threads) const;
 
   std::string to_json() const;
   // Throws DecodeError for text that is not a calibration of this version.

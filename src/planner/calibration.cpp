@@ -176,16 +176,24 @@ const CodecCosts* Calibration::find(std::string_view spec) const {
   return nullptr;
 }
 
+double Calibration::saturation(double threads) const {
+  const double r = std::max(1, ranks_on_host), c = std::max(1, cores);
+  return std::max(1.0, r * threads / c) / std::max(1.0, r / c);
+}
+
 double Calibration::slowdown(double threads) const {
   if (threads <= 1 || cpu_slowdown.empty()) return 1.0;
   const double measured = static_cast<double>(cpu_slowdown.size());
+  double s;
   if (threads >= measured) {
     // Beyond the measured counts: as many times more work per core as threads were added.
-    return cpu_slowdown.back() * threads / measured;
+    s = cpu_slowdown.back() * threads / measured;
+  } else {
+    const auto i = static_cast<std::size_t>(threads);  // 1 <= i < size
+    const double f = threads - static_cast<double>(i);
+    s = cpu_slowdown[i - 1] + f * (cpu_slowdown[i] - cpu_slowdown[i - 1]);
   }
-  const auto i = static_cast<std::size_t>(threads);  // 1 <= i < size
-  const double f = threads - static_cast<double>(i);
-  return cpu_slowdown[i - 1] + f * (cpu_slowdown[i] - cpu_slowdown[i - 1]);
+  return std::max(s, saturation(threads));
 }
 
 namespace {

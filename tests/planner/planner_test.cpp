@@ -162,6 +162,26 @@ TEST(CostModel, PartitionsPipelineTheSlowestResource) {
   EXPECT_GT(contended, single * 0.8);
 }
 
+TEST(Calibration, SlowdownIsNeverBelowWhatTheCoresImpose) {
+  Calibration c = synthetic(125e6, 50e-6);
+  c.cpu_slowdown = {1.0, 1.0, 1.0, 1.14};  // a disturbed measurement
+  c.ranks_on_host = 2;
+  c.cores = 2;  // 2 ranks of t threads on 2 cores: t times slower than 1 thread each
+  EXPECT_DOUBLE_EQ(c.slowdown(2), 2.0);
+  EXPECT_DOUBLE_EQ(c.slowdown(3.5), 3.5);
+  EXPECT_DOUBLE_EQ(c.slowdown(8), 8.0);
+  c.ranks_on_host = 4;  // 4 ranks: already 2 a core with one thread each
+  EXPECT_DOUBLE_EQ(c.slowdown(2), 2.0);
+  c.cpu_slowdown = {1.0, 2.5, 3.5, 4.5};  // measured above the bound: the measurement stands
+  EXPECT_DOUBLE_EQ(c.slowdown(2), 2.5);
+  c.ranks_on_host = 2;
+  c.cores = 16;  // cores to spare: the measurement alone
+  c.cpu_slowdown = {1.0, 1.0, 1.1, 1.2};
+  EXPECT_DOUBLE_EQ(c.slowdown(2), 1.0);
+  EXPECT_DOUBLE_EQ(c.slowdown(4), 1.2);
+  EXPECT_DOUBLE_EQ(c.saturation(16), 2.0);
+}
+
 TEST(CostModel, StrategiesScaleAsTheirSchedulesSay) {
   const Calibration c = synthetic(1.25e9, 20e-6, 1024);
   const CostModel model(c);
