@@ -230,6 +230,7 @@ void run(const Options& opt) {
   if (!opt.bandwidth.empty()) {
     cal.beta = 8.0 / parse_rate(opt.bandwidth, "--bandwidth");
     cal.engine_beta = 0;  // measured on other links
+    cal.transport_cpu = LinearFit{};
   } else if (cal.beta <= 0) {
     throw InvalidArgument("--bandwidth: the link rate, e.g. 1gbit (the calibration has none)");
   }

@@ -116,6 +116,17 @@ struct Calibration {
   // runs up to twice as fast as an allreduce does; on a shaped link the two agree. The model
   // prices a byte at the larger of the two (link_beta()).
   double engine_beta = 0;
+  // Host CPU seconds (every thread of the process, the kernel's share included) that the
+  // transport spends on a partition of which this rank sends x bytes (and receives as many),
+  // beyond the strategy's own arithmetic and cpu_per_message: the copies into and out of the
+  // kernel on both ends (all 0: not measured). Measured with the engine_beta probe at two sizes:
+  // slope b up to the smaller (knee), b2 beyond (the copies leave the cache). It prices the
+  // cores' share of the link in the host's CPU bound (CostModel::predict).
+  LinearFit transport_cpu;
+  // Host CPU seconds per message a rank sends (and one it receives) inside the engine: the
+  // transport's calls, the thread hand-offs and wake-ups (0: not measured). Measured from the
+  // CPU of the round-latency probes (measure_engine in calibration.cpp).
+  double cpu_per_message = 0;
 
   // fp32 element-wise work of the raw strategy (sum of two arrays, division), and per-codec
   // costs, all measured with every rank of this host running at once (one thread each).
@@ -184,6 +195,7 @@ struct Prediction {
   double one_partition = 0;  // critical path of one partition running alone
   double network = 0;        // link time of all partitions (bytes * beta)
   double cpu = 0;            // codec and fp32 work of all partitions, contended
+  double host_cpu = 0;       // CPU seconds of all partitions, transport included, uncontended
   double bytes_sent = 0;     // bytes this rank sends
 };
 

@@ -6,6 +6,7 @@
 // its slowest rank under that load. Measuring one rank alone would predict an idle machine.
 #include <fmt/format.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +45,13 @@ using Clock = std::chrono::steady_clock;
 namespace {
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+// CPU seconds this process has used, every thread and the kernel's work on its behalf.
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 }  // namespace
 
@@ -238,6 +246,8 @@ std::string Calibration::to_json() const {
   j["alpha"] = alpha;
   j["beta"] = beta;
   j["engine_beta"] = engine_beta;
+  j["transport_cpu"] = fit_json(transport_cpu);
+  j["cpu_per_message"] = cpu_per_message;
   j["peer_alpha"] = peer_alpha;
   j["peer_beta"] = peer_beta;
   j["add"] = fit_json(add);
@@ -275,6 +285,8 @@ Calibration Calibration::from_json(std::string_view text) {
     c.alpha = j.at("alpha").get<double>();
     c.beta = j.at("beta").get<double>();
     c.engine_beta = j.value("engine_beta", 0.0);
+    if (j.contains("transport_cpu")) c.transport_cpu = fit_from(j.at("transport_cpu"));
+    c.cpu_per_message = j.value("cpu_per_message", 0.0);
     c.peer_alpha = j.at("peer_alpha").get<std::vector<std::vector<double>>>();
     c.peer_beta = j.at("peer_beta").get<std::vector<std::vector<double>>>();
     c.add = fit_from(j.at("add"));
@@ -870,19 +882,36 @@ void measure_engine(Communicator& comm, Calibration& c) {
   // after a training step's compute is seen (and as the benchmarks measure it).
   constexpr int kReps = 15;
   std::vector<double> mine;                 // rep-major: rep * 3 + probe
+  std::vector<double> cpu;                  // this process's CPU seconds, as `mine`
   for (int rep = -1; rep < kReps; ++rep) {  // rep -1: first use (the cross-rank check), buffers
     for (int i = 0; i < 3; ++i) {
       comm.barrier("calibration");
+      const double cpu0 = process_cpu_seconds();
       const auto t0 = Clock::now();
       engine
           .allreduce(fmt::format("calibration-{}", i), std::span(x).first(probes[i].second),
                      *probes[i].first)
           .wait();
-      if (rep >= 0) mine.push_back(seconds_since(t0));
+      if (rep >= 0) {
+        mine.push_back(seconds_since(t0));
+        cpu.push_back(process_cpu_seconds() - cpu0);
+      }
     }
   }
   engine.synchronize();
   const auto slowest = planner::agree_max(comm, mine);
+  // CPU per message: raw8 sends 7 more partitions' 2(N-1) messages than raw1 (and receives as
+  // many); their elements cost next to nothing. The median over reps of each rank's
+  // difference, then the median over ranks: the host bound adds up every rank's CPU, and the
+  // kernel charges the network's soft interrupts to whichever thread they interrupt, so one
+  // rank's figure can carry another's (the busiest rank's figure, used first, came out at 236
+  // us a message on a 1 Gbit/s pair against 60-100 us elsewhere).
+  std::vector<double> extra;
+  for (int rep = 0; rep < kReps; ++rep) extra.push_back(cpu[rep * 3 + 2] - cpu[rep * 3]);
+  const double per_message = planner::agree_median(comm, {planner::median(extra)})[0];
+  c.cpu_per_message = comm.size() > 1 ? std::max(0.0, per_message) /
+                                            ((kProbePartitions - 1) * 2.0 * (comm.size() - 1))
+                                      : 0.0;
   std::vector<double> m(3);
   for (int i = 0; i < 3; ++i) {
     std::vector<double> t;
@@ -919,6 +948,7 @@ namespace planner {
 
 void measure_engine_beta(Communicator& comm, Calibration& c) {
   c.engine_beta = 0;
+  c.transport_cpu = LinearFit{};
   const int n = comm.size();
   if (n == 1 || c.beta <= 0) return;
   EngineOptions eo;
@@ -933,27 +963,66 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
   const std::size_t elements =
       std::clamp<std::size_t>(static_cast<std::size_t>(wanted) / unit * unit, std::size_t{1} << 14,
                               std::size_t{1} << 22);
+  // A second size, a sixteenth, for the transport's CPU while its copies stay in the cache.
+  const std::size_t small = std::max(unit, elements / 16 / unit * unit);
   std::vector<float> x(elements, 1.0f);
   AllreduceOptions raw;
   raw.partitions = 1;
   constexpr int kReps = 5;
   std::vector<double> mine;
-  for (int rep = -1; rep < kReps; ++rep) {  // rep -1: first use, buffers
-    comm.barrier("calibration");
-    const auto t0 = Clock::now();
-    engine.allreduce("calibration-bulk", x, raw).wait();
-    if (rep >= 0) mine.push_back(seconds_since(t0));
+  std::vector<std::vector<double>> cpu(2);  // this process's CPU seconds per run: bulk, small
+  // Each size's runs back to back, as a tensor's allreduces come (the bulk's copies would
+  // evict the small one's from the cache between runs).
+  for (int i = 0; i < 2; ++i) {
+    // Warm-up: the first use (the cross-rank check, buffers), then one run per worker thread,
+    // whose scratch memory is touched on its first task of a size (page faults, which count as
+    // CPU and which later allreduces do not pay).
+    for (int rep = -1 - engine_threads(); rep < kReps; ++rep) {
+      comm.barrier("calibration");
+      const double cpu0 = process_cpu_seconds();
+      const auto t0 = Clock::now();
+      engine
+          .allreduce(i == 0 ? "calibration-bulk" : "calibration-small",
+                     std::span(x).first(i == 0 ? elements : small), raw)
+          .wait();
+      if (rep < 0) continue;
+      if (i == 0) mine.push_back(seconds_since(t0));
+      cpu[i].push_back(process_cpu_seconds() - cpu0);
+    }
   }
   engine.synchronize();
   const double measured = planner::median(planner::agree_max(comm, mine));
+  // Each rank's median run, then the median over ranks (as cpu_per_message, measure_engine).
+  const std::vector<double> run_cpu = planner::agree_median(
+      comm, {planner::median(std::move(cpu[0])), planner::median(std::move(cpu[1]))});
   Calibration no_bytes = c;
   no_bytes.beta = 0;
+  no_bytes.engine_beta = 0;
+  no_bytes.transport_cpu = LinearFit{};
   CostModel model(no_bytes);
   model.set_gather_bytes(eo.gather_bytes);
-  const double other =
-      model.predict(elements, "none", Strategy::kRaw, 1, n, engine_threads()).seconds;
+  auto predict = [&](std::size_t n_elements) {
+    return model.predict(n_elements, "none", Strategy::kRaw, 1, n, engine_threads());
+  };
+  const Prediction other = predict(elements);
   const double bytes = per_float * static_cast<double>(elements);
-  c.engine_beta = std::max(0.0, measured - other) / bytes;
+  c.engine_beta = std::max(0.0, measured - other.seconds) / bytes;
+  // What the adds, the division and the messages do not explain is the transport's: the copies
+  // into and out of the kernel on both ends. getrusage counts microseconds; the small probe
+  // takes a millisecond or more of CPU.
+  const double messages = 2.0 * (n - 1) * c.cpu_per_message;
+  const double small_bytes = per_float * static_cast<double>(small);
+  const double small_cpu = std::max(0.0, run_cpu[1] - predict(small).cpu - messages);
+  const double bulk_cpu = std::max(0.0, run_cpu[0] - other.cpu - messages);
+  LinearFit& t = c.transport_cpu;
+  t.b = small_cpu / small_bytes;
+  if (bytes > small_bytes) {
+    t.knee = small_bytes;
+    t.b2 = std::max(0.0, bulk_cpu - small_cpu) / (bytes - small_bytes);
+  }
+  t.xs = {small_bytes, bytes};
+  t.ys = {small_cpu, bulk_cpu};
+  t.points = 2;
 }
 
 }  // namespace planner

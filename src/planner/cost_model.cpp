@@ -23,7 +23,12 @@
 // the first partition's latency, then one partition per bottleneck interval: the link, the CPU,
 // or c partitions' latency chains in flight at once. o_job (per allreduce) and o_task (per
 // further partition: hand-offs between threads, which do not overlap on busy cores) are the
-// engine's own costs, measured by running it (see Calibration).
+// engine's own costs, measured by running it (see Calibration). Last, the host's CPU bound:
+// every rank of the host does its partitions' CPU work, messages and transport copies at
+// about the same time, and its cores cannot do more than their number of seconds a second:
+//   T = max(T, ranks_on_host / cores * K * (C + X(W) + M * cpu_per_message))
+// (M: messages this rank sends per partition, 2(N-1), or N-1 for allgather and gathered raw;
+// X: the transport's measured CPU for W bytes sent).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -48,9 +53,10 @@ double largest_piece(double n, double parts) {
 }
 
 struct PartitionCost {
-  double rounds = 0;  // L
-  double bytes = 0;   // W
-  double cpu = 0;     // C
+  double rounds = 0;    // L
+  double messages = 0;  // messages this rank sends (and as many it receives)
+  double bytes = 0;     // W
+  double cpu = 0;       // C
 };
 
 }  // namespace
@@ -108,10 +114,11 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       if (collectives::gathers(static_cast<std::size_t>(m), ranks, gather_bytes_)) {
         // Small: gathered (one message step, every rank's whole partition to every other).
         p.rounds = 1;
+        p.messages = N - 1;
         p.bytes = (N - 1) * 4 * m;
         p.cpu = (N - 1) * c.add(m) + c.divide(m);
       } else if (ranks > 1) {
-        p.rounds = 2 * (N - 1);
+        p.rounds = p.messages = 2 * (N - 1);
         p.bytes = 2 * (N - 1) * 4 * s;
         p.cpu = (N - 1) * c.add(s) + c.divide(s);
       }
@@ -126,6 +133,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
           const Codec* wire = rounds->round_wire(r, n);
           const CodecCosts* w = wire != nullptr ? c.find(wire->spec()) : nullptr;
           p.rounds += 1;
+          p.messages += N - 1;
           static const std::unique_ptr<Codec> exact = make_codec("none");
           p.bytes += (N - 1) * static_cast<double>((wire != nullptr ? wire : exact.get())
                                                        ->max_encoded_bytes(cr));
@@ -135,16 +143,19 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
         break;
       }
       p.rounds = ranks > 1 ? 1 : 0;
+      p.messages = N - 1;
       p.bytes = (N - 1) * e(m);
       p.cpu = enc(m) + dec(m) + (N - 1) * acc(m) + c.divide(m);
       break;
     case Strategy::kSharded:
       p.rounds = ranks > 1 ? 2 : 0;
+      p.messages = 2 * (N - 1);
       p.bytes = 2 * (N - 1) * e(s);
       p.cpu = N * enc(s) + (N - 1) * acc(s) + c.add(s) + c.divide(s) + N * dec(s);
       break;
     case Strategy::kRing:
       p.rounds = ranks > 1 ? N : 0;
+      p.messages = 2 * (N - 1);
       p.bytes = 2 * (N - 1) * e(s);
       p.cpu = N * enc(s) + (N - 1) * (dec(s) + c.add(s)) + c.divide(s) + N * dec(s);
       break;
@@ -157,6 +168,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
             // The summable ring on the wire codec: N - 1 steps and the final exchange. Its CPU
             // is the wire codec's calibrated cost, or the raw ring's adds where it has none.
             p.rounds += N;
+            p.messages += 2 * (N - 1);
             p.bytes += 2 * (N - 1) *
                        static_cast<double>(wire->max_encoded_bytes(static_cast<std::size_t>(chunk)));
             const CodecCosts* w = c.find(wire->spec());
@@ -166,12 +178,14 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
             continue;
           }
           p.rounds += 2 * (N - 1);
+          p.messages += 2 * (N - 1);
           p.bytes += 2 * (N - 1) * 4 * chunk;
           p.cpu += (N - 1) * c.add(chunk);
         }
         break;
       }
       p.rounds = ranks > 1 ? N : 0;
+      p.messages = 2 * (N - 1);
       p.bytes = 2 * (N - 1) * e(s);
       p.cpu = N * enc(s) + (N - 1) * k->combine(s) + N * dec(s) + c.divide(m);
       break;
@@ -192,6 +206,13 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   const double loaded = latency + link + p.cpu * sigma;
   const double interval = std::max({link, p.cpu * sigma / concurrent, loaded / concurrent});
   out.seconds = c.job_overhead + out.one_partition + (K - 1) * (interval + c.task_overhead);
+  // The host's CPU bound: its ranks run the same work at once, so an allreduce takes at least
+  // all of it over the host's cores. Where the links are the kernel's copies and the ranks
+  // share the cores (loopback, or emulated links on one host), link and CPU do not overlap
+  // and this bound is what decides.
+  const double host_share = double(std::max(1, c.ranks_on_host)) / std::max(1, c.cores);
+  out.host_cpu = K * (p.cpu + c.transport_cpu(p.bytes) + p.messages * c.cpu_per_message);
+  out.seconds = std::max(out.seconds, host_share * out.host_cpu);
   out.network = K * link;
   out.cpu = K * p.cpu * sigma;
   out.bytes_sent = K * p.bytes;

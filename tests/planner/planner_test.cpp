@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -160,6 +162,37 @@ TEST(CostModel, PartitionsPipelineTheSlowestResource) {
   const double single = CostModel(slow).predict(n, onebit, Strategy::kSharded, 1, 4, 4).seconds;
   EXPECT_GT(contended, free_cores * 1.5);
   EXPECT_GT(contended, single * 0.8);
+}
+
+TEST(CostModel, NeverBelowWhatTheHostsCoresCanDo) {
+  // A link fast enough that the CPU decides.
+  Calibration c = synthetic(10e9, 50e-6);
+  const std::string onebit = make_codec("onebit:ef=1")->spec();
+  const std::size_t n = std::size_t{16} << 20;
+  const Prediction alone = CostModel(c).predict(n, onebit, Strategy::kSharded, 4, 4, 4);
+  // One rank on 8 cores: the host bound is an eighth of its CPU, far below the model's time.
+  EXPECT_GT(alone.seconds, 2 * alone.host_cpu / 8);
+  EXPECT_GT(alone.host_cpu, 0);
+  // Four ranks on two cores, with the transport's CPU measured: every rank's CPU work and
+  // copies, twice over, since each rank has half a core.
+  c.ranks_on_host = 4;
+  c.cores = 2;
+  c.cpu_per_message = 80e-6;
+  c.transport_cpu = testing::line(0, 0.7e-9);
+  c.transport_cpu.knee = 1 << 20;
+  c.transport_cpu.b2 = 0.5e-9;
+  const Prediction shared = CostModel(c).predict(n, onebit, Strategy::kSharded, 4, 4, 4);
+  const double W = shared.bytes_sent / 4;  // per partition
+  EXPECT_NEAR(shared.host_cpu - alone.host_cpu, 4 * (c.transport_cpu(W) + 6 * c.cpu_per_message),
+              1e-12);
+  EXPECT_DOUBLE_EQ(shared.seconds, 2 * shared.host_cpu);
+  // Allgather sends N - 1 messages a partition, not 2(N - 1).
+  c.transport_cpu = LinearFit{};
+  const Prediction gather = CostModel(c).predict(n, onebit, Strategy::kAllgather, 1, 4, 4);
+  c.cpu_per_message = 0;
+  EXPECT_NEAR(
+      gather.host_cpu - CostModel(c).predict(n, onebit, Strategy::kAllgather, 1, 4, 4).host_cpu,
+      3 * 80e-6, 1e-12);
 }
 
 TEST(Calibration, SlowdownIsNeverBelowWhatTheCoresImpose) {
@@ -413,9 +446,15 @@ TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
   c.add.xs = {1, 2};
   c.add.ys = {3, 4};
   c.engine_beta = 3 * c.beta;
+  c.cpu_per_message = 70e-6;
+  c.transport_cpu = testing::line(0, 0.7e-9);
+  c.transport_cpu.knee = 1 << 20;
+  c.transport_cpu.b2 = 0.5e-9;
   const Calibration back = Calibration::from_json(c.to_json());
   EXPECT_EQ(back.to_json(), c.to_json());
   EXPECT_EQ(back.engine_beta, c.engine_beta);
+  EXPECT_EQ(back.cpu_per_message, c.cpu_per_message);
+  EXPECT_EQ(back.transport_cpu(4 << 20), c.transport_cpu(4 << 20));
   EXPECT_EQ(back.add(8192), c.add(8192));
   EXPECT_THROW(Calibration::from_json("{}"), DecodeError);
   EXPECT_THROW(Calibration::from_json("not json"), DecodeError);
@@ -674,6 +713,21 @@ TEST_P(Ranks, AutoPlansAgreeOnEveryRankAndRun) {
       EXPECT_NE(r.output.find("calibration from"), std::string::npos) << r.output;
     }
   }
+  // The calibration measured the host's CPU for messages and for the transport's bytes: ranks
+  // on one machine spend it on every message and byte they move.
+  int calibrations = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(cache)) {
+    if (e.path().extension() != ".json") continue;
+    std::ifstream in(e.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    const Calibration c = Calibration::from_json(text.str());
+    EXPECT_GT(c.cpu_per_message, 0) << e.path();
+    EXPECT_GT(c.transport_cpu.b, 0) << e.path();
+    EXPECT_EQ(c.transport_cpu.xs.size(), 2u) << e.path();
+    ++calibrations;
+  }
+  EXPECT_EQ(calibrations, 1);
   std::filesystem::remove_all(cache);
 }
 
