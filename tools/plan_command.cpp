@@ -231,6 +231,7 @@ void run(const Options& opt) {
     cal.beta = 8.0 / parse_rate(opt.bandwidth, "--bandwidth");
     cal.engine_beta = 0;  // measured on other links
     cal.transport_cpu = LinearFit{};
+    cal.host_efficiency = 1;
   } else if (cal.beta <= 0) {
     throw InvalidArgument("--bandwidth: the link rate, e.g. 1gbit (the calibration has none)");
   }

@@ -127,6 +127,13 @@ struct Calibration {
   // transport's calls, the thread hand-offs and wake-ups (0: not measured). Measured from the
   // CPU of the round-latency probes (measure_engine in calibration.cpp).
   double cpu_per_message = 0;
+  // How much longer than its CPU work over the cores an allreduce takes where ranks share the
+  // cores and the cores decide (>= 1; 1: not measured, or the cores are not shared, or the
+  // links decide): ranks wait on each other's sends, so the cores idle part of the time. The
+  // wall time of the engine_beta probe over ranks_on_host / cores times its median rank's CPU,
+  // where that is at most 2 (beyond, the link set the probe's pace). It scales the host's CPU
+  // bound (CostModel::predict).
+  double host_efficiency = 1;
 
   // fp32 element-wise work of the raw strategy (sum of two arrays, division), and per-codec
   // costs, all measured with every rank of this host running at once (one thread each).

@@ -26,9 +26,10 @@
 // engine's own costs, measured by running it (see Calibration). Last, the host's CPU bound:
 // every rank of the host does its partitions' CPU work, messages and transport copies at
 // about the same time, and its cores cannot do more than their number of seconds a second:
-//   T = max(T, ranks_on_host / cores * K * (C + X(W) + M * cpu_per_message))
+//   T = max(T, ranks_on_host / cores * u * K * (C + X(W) + M * cpu_per_message))
 // (M: messages this rank sends per partition, 2(N-1), or N-1 for allgather and gathered raw;
-// X: the transport's measured CPU for W bytes sent).
+// X: the transport's measured CPU for W bytes sent; u >= 1: host_efficiency, the measured
+// share of time the cores idle while ranks wait on each other).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -212,7 +213,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   // and this bound is what decides.
   const double host_share = double(std::max(1, c.ranks_on_host)) / std::max(1, c.cores);
   out.host_cpu = K * (p.cpu + c.transport_cpu(p.bytes) + p.messages * c.cpu_per_message);
-  out.seconds = std::max(out.seconds, host_share * out.host_cpu);
+  out.seconds = std::max(out.seconds, host_share * c.host_efficiency * out.host_cpu);
   out.network = K * link;
   out.cpu = K * p.cpu * sigma;
   out.bytes_sent = K * p.bytes;

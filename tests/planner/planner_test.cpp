@@ -186,6 +186,13 @@ TEST(CostModel, NeverBelowWhatTheHostsCoresCanDo) {
   EXPECT_NEAR(shared.host_cpu - alone.host_cpu, 4 * (c.transport_cpu(W) + 6 * c.cpu_per_message),
               1e-12);
   EXPECT_DOUBLE_EQ(shared.seconds, 2 * shared.host_cpu);
+  // Ranks that wait on each other leave the cores idle part of the time: the measured factor
+  // stretches the bound, and nothing else.
+  c.host_efficiency = 1.25;
+  const Prediction idle = CostModel(c).predict(n, onebit, Strategy::kSharded, 4, 4, 4);
+  EXPECT_DOUBLE_EQ(idle.host_cpu, shared.host_cpu);
+  EXPECT_DOUBLE_EQ(idle.seconds, 2 * 1.25 * shared.host_cpu);
+  c.host_efficiency = 1;
   // Allgather sends N - 1 messages a partition, not 2(N - 1).
   c.transport_cpu = LinearFit{};
   const Prediction gather = CostModel(c).predict(n, onebit, Strategy::kAllgather, 1, 4, 4);
@@ -447,6 +454,7 @@ TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
   c.add.ys = {3, 4};
   c.engine_beta = 3 * c.beta;
   c.cpu_per_message = 70e-6;
+  c.host_efficiency = 1.17;
   c.transport_cpu = testing::line(0, 0.7e-9);
   c.transport_cpu.knee = 1 << 20;
   c.transport_cpu.b2 = 0.5e-9;
@@ -454,6 +462,7 @@ TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
   EXPECT_EQ(back.to_json(), c.to_json());
   EXPECT_EQ(back.engine_beta, c.engine_beta);
   EXPECT_EQ(back.cpu_per_message, c.cpu_per_message);
+  EXPECT_EQ(back.host_efficiency, c.host_efficiency);
   EXPECT_EQ(back.transport_cpu(4 << 20), c.transport_cpu(4 << 20));
   EXPECT_EQ(back.add(8192), c.add(8192));
   EXPECT_THROW(Calibration::from_json("{}"), DecodeError);
