@@ -180,11 +180,11 @@ void run_rank(const Options& opt) {
       for (int rep = 0; rep < opt.reps; ++rep) {
         std::copy(input.begin(), input.end(), data.begin());
         comm->barrier("bench");
-        const double c0 = cpu_seconds();
+        const double c0 = kit::process_cpu_seconds();
         const auto t0 = Clock::now();
         algo->run();
         const double t = std::chrono::duration<double>(Clock::now() - t0).count();
-        cpu += cpu_seconds() - c0;
+        cpu += kit::process_cpu_seconds() - c0;
         times.push_back(max_of(gather(*comm, t)));
       }
     }

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <sys/mman.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kit/cpu_time.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
 
@@ -59,13 +59,6 @@ inline double max_of(const std::vector<double>& v) {
   return *std::max_element(v.begin(), v.end());
 }
 
-// CPU seconds (user + system) this process has used, all threads.
-inline double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
-
 // Warm-up runs to make after an allreduce's first use (the cross-rank check, buffers), so that
 // every worker thread has met the configuration before it is timed: a thread's scratch memory
 // is touched on its first task of a size (about 10 us a page here; error feedback's scratch is
@@ -87,10 +80,10 @@ inline std::vector<double> time_allreduce(Engine& engine, Communicator& comm,
   for (int rep = 0; rep < reps; ++rep) {
     std::copy(input.begin(), input.end(), data.begin());
     comm.barrier("bench");
-    const double c0 = cpu ? cpu_seconds() : 0;
+    const double c0 = cpu ? kit::process_cpu_seconds() : 0;
     const auto t0 = std::chrono::steady_clock::now();
     engine.allreduce(name, data, options).wait();
-    if (cpu) *cpu += cpu_seconds() - c0;
+    if (cpu) *cpu += kit::process_cpu_seconds() - c0;
     times.push_back(max_of(gather(
         comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())));
   }

@@ -162,6 +162,8 @@ struct Calibration {
   // CPUs run at min(1, cores / (ranks * t)) of a CPU each, against min(1, cores / ranks) with
   // one thread each: max(1, ranks * t / cores) / max(1, ranks / cores).
   double saturation(double threads) const;
+  // Ranks of this host per core: max(1, ranks_on_host) / max(1, cores).
+  double host_share() const;
 
   std::string to_json() const;
   // Throws DecodeError for text that is not a calibration of this version.

@@ -6,7 +6,6 @@
 // its slowest rank under that load. Measuring one rank alone would predict an idle machine.
 #include <fmt/format.h>
 #include <sched.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +27,7 @@
 
 #include "engine/tags.h"
 #include "kit/basic.h"
+#include "kit/cpu_time.h"
 #include "kit/hash.h"
 #include "kit/memory.h"
 #include "planner/exchange.h"
@@ -45,13 +45,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-// CPU seconds this process has used, every thread and the kernel's work on its behalf.
-double process_cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 }  // namespace
 
@@ -184,9 +177,13 @@ const CodecCosts* Calibration::find(std::string_view spec) const {
   return nullptr;
 }
 
+double Calibration::host_share() const {
+  return double(std::max(1, ranks_on_host)) / std::max(1, cores);
+}
+
 double Calibration::saturation(double threads) const {
-  const double r = std::max(1, ranks_on_host), c = std::max(1, cores);
-  return std::max(1.0, r * threads / c) / std::max(1.0, r / c);
+  const double share = host_share();
+  return std::max(1.0, share * threads) / std::max(1.0, share);
 }
 
 double Calibration::slowdown(double threads) const {
@@ -888,7 +885,7 @@ void measure_engine(Communicator& comm, Calibration& c) {
   for (int rep = -1; rep < kReps; ++rep) {  // rep -1: first use (the cross-rank check), buffers
     for (int i = 0; i < 3; ++i) {
       comm.barrier("calibration");
-      const double cpu0 = process_cpu_seconds();
+      const double cpu0 = kit::process_cpu_seconds();
       const auto t0 = Clock::now();
       engine
           .allreduce(fmt::format("calibration-{}", i), std::span(x).first(probes[i].second),
@@ -896,7 +893,7 @@ void measure_engine(Communicator& comm, Calibration& c) {
           .wait();
       if (rep >= 0) {
         mine.push_back(seconds_since(t0));
-        cpu.push_back(process_cpu_seconds() - cpu0);
+        cpu.push_back(kit::process_cpu_seconds() - cpu0);
       }
     }
   }
@@ -985,7 +982,7 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
     // CPU and which later allreduces do not pay).
     for (int rep = -1 - engine_threads(); rep < kReps; ++rep) {
       comm.barrier("calibration");
-      const double cpu0 = process_cpu_seconds();
+      const double cpu0 = kit::process_cpu_seconds();
       const auto t0 = Clock::now();
       engine
           .allreduce(i == 0 ? "calibration-bulk" : "calibration-small",
@@ -993,7 +990,7 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
           .wait();
       if (rep < 0) continue;
       if (i == 0) mine.push_back(seconds_since(t0));
-      cpu[i].push_back(process_cpu_seconds() - cpu0);
+      cpu[i].push_back(kit::process_cpu_seconds() - cpu0);
     }
   }
   engine.synchronize();
@@ -1035,7 +1032,7 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
   // idled most of the probe: a link (shaped, or another machine's) set its pace, not the cores,
   // and the bound has nothing to learn from it (2 ranks: 7.6 at 1 Gbit/s, 42 at 100 Mbit/s).
   // The bare exchange's beta cannot tell the two apart: on loopback it is the cores' copies too.
-  const double share = double(c.ranks_on_host) / std::max(1, c.cores);
+  const double share = c.host_share();
   const double ratio = run_cpu[0] > 0 ? measured / (share * run_cpu[0]) : 0;
   if (share >= 1 && ratio <= kMaxHostEfficiency) c.host_efficiency = std::max(1.0, ratio);
 }

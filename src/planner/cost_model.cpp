@@ -211,9 +211,8 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   // all of it over the host's cores. Where the links are the kernel's copies and the ranks
   // share the cores (loopback, or emulated links on one host), link and CPU do not overlap
   // and this bound is what decides.
-  const double host_share = double(std::max(1, c.ranks_on_host)) / std::max(1, c.cores);
   out.host_cpu = K * (p.cpu + c.transport_cpu(p.bytes) + p.messages * c.cpu_per_message);
-  out.seconds = std::max(out.seconds, host_share * c.host_efficiency * out.host_cpu);
+  out.seconds = std::max(out.seconds, c.host_share() * c.host_efficiency * out.host_cpu);
   out.network = K * link;
   out.cpu = K * p.cpu * sigma;
   out.bytes_sent = K * p.bytes;
