@@ -270,18 +270,11 @@ struct PlannerOptions {
   // explore_candidates * max(explore_seconds, explore_runs runs)), and each switch resets the
   // tensor's codec state (error-feedback residuals). explore_candidates <= 1 disables it;
   // TERSE_PLAN_EXPLORE=K sets explore_candidates (0 or 1: off).
-  // The runs are split into `explore_rounds` rounds (each contender's share of its runs, at
-  // least explore_round_runs), in order, then in reverse order, and so on: a drift of the
-  // machine's speed during exploration (another process, a link's token bucket) then falls on
-  // every contender alike instead of on the ones that ran last. A contender's measured time is
-  // the median of its rounds' (TERSE_PLAN_EXPLORE_ROUNDS=R sets explore_rounds).
   int explore_candidates = 4;
   double explore_within = 1.25;
   int explore_runs = 5;
   double explore_seconds = 0.1;
   int explore_max_runs = 25;
-  int explore_rounds = 2;
-  int explore_round_runs = 3;
   // Calibration cache: "" for default_calibration_path(); "-" for none.
   std::string cache_path;
   CalibrationOptions calibration;
@@ -377,32 +370,22 @@ class Planner {
     int partitions;
     auto operator<=>(const Key&) const = default;
   };
-  // A size being explored: its contenders, where the schedule stands (rounds of every
-  // contender, alternately forward and backward), how many submissions have used the current
-  // one, and each contender's agreed time per round.
+  // A size being explored: its contenders, the one running now, and how many submissions
+  // have used it.
   struct Exploration {
     std::vector<PlanCandidate> contenders;
-    std::size_t step = 0;  // position in the schedule: round step / C, slot step % C
+    std::size_t current = 0;
     int uses = 0;
     int runs = 0;        // uses the current contender gets (runs_for)
     int unmeasured = 0;  // exchanges after its runs that brought no time for it
-    int rounds = 1;
-    std::vector<std::vector<double>> times;  // per contender, one per round measured
-    // The contender running now (deterministic: the same on every rank).
-    std::size_t current() const {
-      const std::size_t c = contenders.size(), round = step / c, slot = step % c;
-      return round % 2 == 0 ? slot : c - 1 - slot;
-    }
   };
-  // How many planned allreduces a contender runs while explored, in each round (deterministic:
-  // the same on every rank).
+  // How many planned allreduces a contender runs while explored (deterministic: the same on
+  // every rank).
   int runs_for(const PlanCandidate& c) const;
   void ensure_calibrated(Communicator& comm);
   void log_decision(const PlanDecision& d, int rank, const char* why) const;
-  // After an exchange that agreed on `fresh` (times by (n, config)): moves explored sizes on
-  // (mu_ held). Returns how many changed plan.
-  int advance_explorations(int rank,
-                           const std::map<std::pair<std::size_t, std::string>, double>& fresh);
+  // After an exchange: moves explored sizes on (mu_ held). Returns how many changed plan.
+  int advance_explorations(int rank);
 
   PlannerOptions options_;
   std::vector<std::string> allowed_;

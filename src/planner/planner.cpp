@@ -14,7 +14,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include "planner/exchange.h"
@@ -99,9 +98,6 @@ Planner::Planner(PlannerOptions options) : options_(std::move(options)) {
   if (env_flag("TERSE_PLAN_LOG")) options_.log = true;
   if (const char* v = std::getenv("TERSE_PLAN_EXPLORE"); v != nullptr && *v != '\0') {
     options_.explore_candidates = std::max(1, std::atoi(v));  // 0 or 1: off
-  }
-  if (const char* v = std::getenv("TERSE_PLAN_EXPLORE_ROUNDS"); v != nullptr && *v != '\0') {
-    options_.explore_rounds = std::max(1, std::atoi(v));
   }
   options_.calibration.codecs = allowed_;
 }
@@ -316,20 +312,13 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
   std::lock_guard lock(mu_);
   if (d.contenders.size() > 1 && options_.explore_candidates > 1 && options_.explore_runs > 0) {
     // This submission is the first use of the first contender, which is the choice.
-    Exploration e;
-    e.contenders = d.contenders;
-    e.uses = 1;
-    e.runs = runs_for(d.contenders.front());
-    e.rounds = std::max(options_.explore_rounds, 1);
-    e.times.resize(d.contenders.size());
-    exploring_[key] = std::move(e);
+    exploring_[key] = Exploration{d.contenders, 0, 1, runs_for(d.contenders.front()), 0};
     if (options_.log && comm.rank() == 0) {
       std::string list;
       for (const auto& c : d.contenders) {
-        list += fmt::format(" {} ({} runs a round)", plan_key(c.plan), runs_for(c));
+        list += fmt::format(" {} ({} runs)", plan_key(c.plan), runs_for(c));
       }
-      std::fprintf(stderr, "terse plan: exploring %zu floats in %d round(s):%s\n", n,
-                   std::max(options_.explore_rounds, 1), list.c_str());
+      std::fprintf(stderr, "terse plan: exploring %zu floats:%s\n", n, list.c_str());
     }
   }
   return decisions_.insert_or_assign(key, std::move(d)).first->second.chosen.plan;
@@ -341,25 +330,15 @@ bool Planner::exploring(std::size_t n, int threads, Strategy strategy, int parti
 }
 
 int Planner::runs_for(const PlanCandidate& c) const {
-  // A round's share of a contender's runs, never below explore_round_runs where there are
-  // several rounds (a switch's first run is not measured).
-  const int rounds = std::max(options_.explore_rounds, 1);
-  auto rounds_share = [&](double total) {
-    const double share = std::ceil(total / rounds);
-    return static_cast<int>(rounds > 1 ? std::max<double>(share, options_.explore_round_runs)
-                                       : share);
-  };
   const int least = std::max(options_.explore_runs, 1);
   const double expected = PlanDecision::expected(c);
-  if (options_.explore_seconds <= 0 || expected <= 0) return rounds_share(least);
+  if (options_.explore_seconds <= 0 || expected <= 0) return least;
   const double wanted = std::ceil(options_.explore_seconds / expected);
-  const double total =
-      std::clamp<double>(wanted, least, std::max(least, options_.explore_max_runs));
-  return rounds_share(total);
+  return static_cast<int>(
+      std::clamp<double>(wanted, least, std::max(least, options_.explore_max_runs)));
 }
 
-int Planner::advance_explorations(
-    int rank, const std::map<std::pair<std::size_t, std::string>, double>& fresh) {
+int Planner::advance_explorations(int rank) {
   int changed = 0;
   for (auto it = exploring_.begin(); it != exploring_.end();) {
     Exploration& e = it->second;
@@ -368,33 +347,26 @@ int Planner::advance_explorations(
       continue;
     }
     const std::size_t n = it->first.n;
-    // This round's time of the contender that ran. One that ran its runs without a time
-    // reaching the exchange (it travelled fused, say) is not waited for: the next one runs.
-    const std::size_t ran = e.current();
-    if (auto t = fresh.find({n, plan_key(e.contenders[ran].plan)}); t != fresh.end()) {
-      e.times[ran].push_back(t->second);
-    } else if (++e.unmeasured < 2) {
+    auto measured = [&](const PlanCandidate& c) -> std::optional<double> {
+      auto m = measured_.find({n, plan_key(c.plan)});
+      return m == measured_.end() ? std::nullopt : std::optional<double>(m->second);
+    };
+    // A contender that ran its runs without a time reaching the exchange (it travelled fused,
+    // say) is not waited for: the next one runs.
+    if (!measured(e.contenders[e.current]) && ++e.unmeasured < 2) {
       ++it;
       continue;
     }
-    e.step += 1;
+    e.current += 1;
     e.uses = 0;
     e.unmeasured = 0;
     PlanDecision& d = decisions_.at(it->first);
-    if (e.step < e.rounds * e.contenders.size()) {
-      d.chosen = e.contenders[e.current()];
+    if (e.current < e.contenders.size()) {
+      d.chosen = e.contenders[e.current];
       e.runs = runs_for(d.chosen);
-      changed += e.current() != ran;  // a reversal runs the last one on
+      ++changed;
       ++it;
       continue;
-    }
-    // A contender's time: the median of its rounds' (the same on every rank).
-    auto measured = [&](const PlanCandidate& c) -> std::optional<double> {
-      const auto& times = e.times[static_cast<std::size_t>(&c - e.contenders.data())];
-      return times.empty() ? std::nullopt : std::optional<double>(planner::median(times));
-    };
-    for (const auto& c : e.contenders) {
-      if (auto t = measured(c)) measured_[{n, plan_key(c.plan)}] = *t;
     }
     // Settle: the fastest measured. The model's choice stands unless measured times overturn
     // it, and a compressed plan must beat the raw ones measured by min_gain, as predicted
@@ -421,15 +393,6 @@ int Planner::advance_explorations(
     d.chosen = *best;
     d.chosen.measured = measured(*best);
     changed += plan_key(d.chosen.plan) != before;
-    if (options_.log && rank == 0) {
-      std::string list;
-      for (const auto& c : e.contenders) {
-        const auto t = measured(c);
-        list += t ? fmt::format(" {} {:.3f} ms", plan_key(c.plan), *t * 1e3)
-                  : fmt::format(" {} unmeasured", plan_key(c.plan));
-      }
-      std::fprintf(stderr, "terse plan: explored %zu floats, measured:%s\n", n, list.c_str());
-    }
     log_decision(d, rank, "explored");
     it = exploring_.erase(it);
   }
@@ -456,28 +419,18 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
     std::lock_guard lock(mu_);
     ++submissions_;
     recheck = options_.recheck_interval > 0 &&
-              submissions_ % static_cast<std::uint64_t>(options_.recheck_interval) == 0;
-    const bool explore = std::any_of(exploring_.begin(), exploring_.end(),
-                                     [&](const auto& e) { return e.second.uses >= e.second.runs; });
+                         submissions_ % static_cast<std::uint64_t>(options_.recheck_interval) == 0;
+    const bool explore = std::any_of(exploring_.begin(), exploring_.end(), [&](const auto& e) {
+      return e.second.uses >= e.second.runs;
+    });
     if (!model_ || !(recheck || explore)) {
       count_uses();
       return 0;
     }
-    // A contender still short of its runs keeps its samples for the exchange that ends them
-    // (whether it is short is the same on every rank), so that its time is one median of all.
-    std::set<std::pair<std::size_t, std::string>> held;
-    for (const auto& [key, e] : exploring_) {
-      if (e.uses < e.runs) held.insert({key.n, plan_key(e.contenders[e.current()].plan)});
+    for (const auto& [key, samples] : observed_) {
+      mine += fmt::format("{} {} {:.9e}\n", key.first, key.second, planner::median(samples));
     }
-    for (auto it = observed_.begin(); it != observed_.end();) {
-      if (held.count(it->first) > 0) {
-        ++it;
-        continue;
-      }
-      mine += fmt::format("{} {} {:.9e}\n", it->first.first, it->first.second,
-                          planner::median(it->second));
-      it = observed_.erase(it);
-    }
+    observed_.clear();
   }
   // Agreed measured time per (size, plan): each rank's median, then the largest over ranks
   // (a collective completes when its slowest rank does).
@@ -497,7 +450,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
   {
     std::lock_guard lock(mu_);
     for (const auto& [key, seconds] : agreed) measured_[key] = seconds;
-    explored = advance_explorations(comm.rank(), agreed);
+    explored = advance_explorations(comm.rank());
     // Re-checks at their own interval only: an exchange for exploration holds a few runs.
     for (auto it = decisions_.begin(); it != decisions_.end();) {
       if (!recheck || exploring_.count(it->first) > 0) {

@@ -518,8 +518,8 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
 
 // A one-rank planner whose contenders for n are the best `count` candidates.
 struct Explorer {
-  // explore_seconds: 0 for exactly `runs` runs per contender (per round with rounds > 1).
-  explicit Explorer(int count, int runs = 2, double explore_seconds = 0, int rounds = 1) {
+  // explore_seconds: 0 for exactly `runs` runs per contender.
+  explicit Explorer(int count, int runs = 2, double explore_seconds = 0) {
     dir = testing::temp_dir();
     CommunicatorOptions co;
     co.timeout = 5s;
@@ -530,8 +530,6 @@ struct Explorer {
     o.explore_within = 1e9;  // every candidate is a contender
     o.explore_runs = runs;
     o.explore_seconds = explore_seconds;
-    o.explore_rounds = rounds;
-    o.explore_round_runs = runs;
     planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
   }
   ~Explorer() {
@@ -574,43 +572,6 @@ TEST(Planner, ExplorationRunsEachContenderThenKeepsTheFastestMeasured) {
   EXPECT_EQ(changed, 2);  // to the second, to the third; settling on the third changes nothing
   // Settled for good: the plan stays.
   for (int run = 0; run < 5; ++run) EXPECT_EQ(plan_key(e.submit(n)), plan_key(settled));
-}
-
-TEST(Planner, ExplorationAlternatesRoundsAndKeepsTheFastestMedian) {
-  // Three rounds of two runs each: contenders 0 1 2, then 2 1 0, then 0 1 2. Contender 1 is
-  // fastest in two rounds of three, contender 2 in one (by far): the medians decide, not the
-  // one round where a drift favoured contender 2.
-  Explorer e(3, 2, 0, 3);
-  const std::size_t n = std::size_t{1} << 22;
-  const PlanDecision d = e.planner->decide(n, 1, 4);
-  ASSERT_EQ(d.contenders.size(), 3u);
-  const std::vector<std::vector<double>> times = {
-      {3e-3, 2e-3, 1e-3}, {3e-3, 2e-3, 2.5e-3}, {3e-3, 2e-3, 2.5e-3}};
-  const std::vector<std::vector<std::size_t>> order = {{0, 1, 2}, {2, 1, 0}, {0, 1, 2}};
-  int changed = 0;
-  for (std::size_t round = 0; round < 3; ++round) {
-    for (const std::size_t i : order[round]) {
-      for (int run = 0; run < 2; ++run) {
-        const TensorPlan p = e.submit(n, &changed);
-        ASSERT_EQ(plan_key(p), plan_key(d.contenders[i].plan))
-            << "round " << round << " contender " << i << " run " << run;
-        EXPECT_TRUE(e.planner->exploring(n, 4));
-        e.planner->observe(n, p, run == 0 ? times[round][i] : times[round][i] * 1.01);
-      }
-    }
-  }
-  const TensorPlan settled = e.submit(n, &changed);
-  EXPECT_FALSE(e.planner->exploring(n, 4));
-  EXPECT_EQ(plan_key(settled), plan_key(d.contenders[1].plan));
-  // Switches: 0->1->2, then (2 runs on) ->1->0, then (0 runs on) ->1->2, then settling ->1.
-  EXPECT_EQ(changed, 7);
-  const PlanDecision after = e.planner->decide(n, 1, 4);
-  for (const auto& c : after.ranked) {
-    if (plan_key(c.plan) == plan_key(d.contenders[1].plan)) {
-      ASSERT_TRUE(c.measured.has_value());
-      EXPECT_NEAR(*c.measured, 2e-3 * 1.01, 1e-9);  // the median of its rounds' medians
-    }
-  }
 }
 
 TEST(Planner, ExplorationRunsFastContendersLonger) {

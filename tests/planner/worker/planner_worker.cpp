@@ -113,7 +113,6 @@ int scenario_auto(Communicator& comm) {
   PlannerOptions po;
   po.explore_runs = 2;
   po.explore_seconds = 0;
-  po.explore_round_runs = 2;  // two rounds (the default) of two runs each
   auto planner = std::make_shared<Planner>(po);
   Engine engine = engine_with(comm, planner);
   const std::string plans =
@@ -133,7 +132,6 @@ int scenario_loses(Communicator& comm) {
   po.allowed = {"fp16", "onebit:ef=1"};
   po.explore_runs = 2;
   po.explore_seconds = 0;
-  po.explore_round_runs = 2;  // two rounds (the default) of two runs each
   auto planner = std::make_shared<Planner>(po, c);
   Engine engine = engine_with(comm, planner);
   const std::string plans =
