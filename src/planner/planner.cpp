@@ -393,6 +393,15 @@ int Planner::advance_explorations(int rank) {
     d.chosen = *best;
     d.chosen.measured = measured(*best);
     changed += plan_key(d.chosen.plan) != before;
+    if (options_.log && rank == 0) {
+      std::string list;
+      for (const auto& c : e.contenders) {
+        const auto t = measured(c);
+        list += t ? fmt::format(" {} {:.3f} ms", plan_key(c.plan), *t * 1e3)
+                  : fmt::format(" {} unmeasured", plan_key(c.plan));
+      }
+      std::fprintf(stderr, "terse plan: explored %zu floats, measured:%s\n", n, list.c_str());
+    }
     log_decision(d, rank, "explored");
     it = exploring_.erase(it);
   }
