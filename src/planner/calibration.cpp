@@ -1111,7 +1111,7 @@ Calibration calibrate_local(const CalibrationOptions& options_in, int world_size
   }
   // Alone, this process cannot feel the other ranks of its host: assume they share the cores
   // evenly (a measured calibration from `terse calibrate` under the real launcher is better).
-  const double share = std::max(1.0, double(c.ranks_on_host) / c.cores);
+  const double share = std::max(1.0, c.host_share());
   auto scale = [&](LinearFit& f) {
     f.a *= share;
     f.b *= share;
@@ -1122,7 +1122,7 @@ Calibration calibrate_local(const CalibrationOptions& options_in, int world_size
     for (LinearFit* f : {&k.encode, &k.decode, &k.accumulate, &k.combine}) scale(*f);
   }
   for (int t = 1; t <= static_cast<int>(c.cpu_slowdown.size()); ++t) {
-    c.cpu_slowdown[t - 1] = std::max(1.0, double(c.ranks_on_host) * t / c.cores) / share;
+    c.cpu_slowdown[t - 1] = c.saturation(t);
   }
   c.seconds = seconds_since(start);
   return c;
