@@ -100,6 +100,42 @@ def main(paths):
         print(f"Unshaped loopback, auto / raw: worst {max(harm):.3f}, median "
               f"{statistics.median(harm):.3f} over {len(harm)} points (do no harm: at most "
               f"1.05).")
+    exploration(runs)
+
+
+def exploration(runs):
+    """The choice's two limits: whether the contenders hold a configuration within 5% of the
+    best measured, and whether exploration settled within 5% of the fastest contender (both by
+    this run's timing); with exploration's own agreed times where the run recorded them."""
+    print("\n## Exploration: the settled choice against the fastest contender\n")
+    print("| link | N | size | contenders | fastest contender | ms | settled / fastest "
+          "| explored / timed here, per contender |")
+    print("|---|---|---|---|---|---|---|---|")
+    held, points, settled_within, explored = 0, 0, 0, 0
+    for run in runs:
+        link, n = label_of(None, run)
+        for size in run["sizes"]:
+            contenders = size.get("contenders", [])
+            by_label = {c["label"]: c for c in size["configs"] if c["candidate"]}
+            timed = [by_label[c] for c in contenders if c in by_label]
+            if not timed:
+                continue
+            points += 1
+            fastest = min(timed, key=lambda c: c["median_s"])
+            held += fastest["median_s"] <= 1.05 * size["best_median_s"]
+            if len(contenders) < 2 or size["chosen"] not in by_label:
+                continue
+            explored += 1
+            ratio = by_label[size["chosen"]]["median_s"] / fastest["median_s"]
+            settled_within += ratio <= 1.05
+            own = [f"{c['explored_s'] / c['median_s']:.2f}" for c in timed
+                   if "explored_s" in c and c["median_s"] > 0]
+            print(f"| {link} | {n} | {size['size']} | {len(contenders)} | {fastest['label']} | "
+                  f"{1e3 * fastest['median_s']:.3f} | {ratio:.3f} | {' '.join(own) or '-'} |")
+    if points:
+        print(f"\nThe contenders held a configuration within 5% of the best measured at {held} "
+              f"of {points} points; exploration settled within 5% of the fastest contender at "
+              f"{settled_within} of {explored} explored points.")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -137,6 +138,12 @@ void run_rank(const Options& opt) {
       ++explored;
     } while (planner->exploring(n, threads) && explored < 200);
     const TensorPlan settled = engine.plan(n, auto_options);
+    // What exploration measured of each contender (the agreed times it settled on), to set
+    // against this benchmark's own timing of the same configurations.
+    std::map<std::string, double> explored_s;
+    for (const auto& c : planner->decide(n, n_ranks, threads).ranked) {
+      if (c.measured) explored_s[plan_key(c.plan)] = *c.measured;
+    }
     const PlanCandidate* settled_candidate = &d.chosen;
     for (const auto& c : d.ranked) {
       if (plan_key(c.plan) == plan_key(settled)) settled_candidate = &c;
@@ -324,6 +331,9 @@ void run_rank(const Options& opt) {
                                {"predicted_s", m.predicted},
                                {"times_s", m.times},
                                {"median_s", m.median}});
+      if (auto e = explored_s.find(plan_key(m.plan)); m.candidate && e != explored_s.end()) {
+        js["configs"].back()["explored_s"] = e->second;
+      }
     }
     report["sizes"].push_back(js);
   }
