@@ -130,9 +130,10 @@ struct Calibration {
   // How much longer than its CPU work over the cores an allreduce takes where ranks share the
   // cores and the cores decide (>= 1; 1: not measured, or the cores are not shared, or the
   // links decide): ranks wait on each other's sends, so the cores idle part of the time. The
-  // wall time of the engine_beta probe over ranks_on_host / cores times its median rank's CPU,
-  // where that is at most 2 (beyond, the link set the probe's pace). It scales the host's CPU
-  // bound (CostModel::predict).
+  // wall time of a compressed allreduce (the first calibrated codec with a payload, sharded on
+  // two partitions) over ranks_on_host / cores times its median rank's CPU, where that and the
+  // engine_beta probe's raw ratio are at most 2 (beyond, a link set the probe's pace); the raw
+  // ratio where no codec was calibrated. It scales the host's CPU bound (CostModel::predict).
   double host_efficiency = 1;
 
   // fp32 element-wise work of the raw strategy (sum of two arrays, division), and per-codec

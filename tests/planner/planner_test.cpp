@@ -734,6 +734,9 @@ TEST_P(Ranks, AutoPlansAgreeOnEveryRankAndRun) {
     EXPECT_GT(c.cpu_per_message, 0) << e.path();
     EXPECT_GT(c.transport_cpu.b, 0) << e.path();
     EXPECT_EQ(c.transport_cpu.xs.size(), 2u) << e.path();
+    // The idle-cores factor, measured on a compressed allreduce where ranks share the cores.
+    EXPECT_GE(c.host_efficiency, 1) << e.path();
+    EXPECT_LE(c.host_efficiency, 2) << e.path();
     ++calibrations;
   }
   EXPECT_EQ(calibrations, 1);
