@@ -969,35 +969,39 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
   // A second size, a sixteenth, for the transport's CPU while its copies stay in the cache.
   const std::size_t small = std::max(unit, elements / 16 / unit * unit);
   std::vector<float> x(elements, 1.0f);
-  AllreduceOptions raw;
-  raw.partitions = 1;
-  constexpr int kReps = 5;
-  std::vector<double> mine;
-  std::vector<std::vector<double>> cpu(2);  // this process's CPU seconds per run: bulk, small
-  // Each size's runs back to back, as a tensor's allreduces come (the bulk's copies would
-  // evict the small one's from the cache between runs).
-  for (int i = 0; i < 2; ++i) {
-    // Warm-up: the first use (the cross-rank check, buffers), then one run per worker thread,
-    // whose scratch memory is touched on its first task of a size (page faults, which count as
-    // CPU and which later allreduces do not pay).
-    for (int rep = -1 - engine_threads(); rep < kReps; ++rep) {
+  // `reps` runs of one allreduce back to back, as a tensor's allreduces come: this rank's wall
+  // and process CPU seconds per run. Warm-up first: the first use (the cross-rank check,
+  // buffers), then one run per worker thread, whose scratch memory is touched on its first
+  // task of a size (page faults, which count as CPU and which later allreduces do not pay).
+  struct Runs {
+    std::vector<double> wall, cpu;
+  };
+  auto time_runs = [&](const char* name, std::size_t n_elements, const AllreduceOptions& o,
+                       int reps) {
+    Runs r;
+    for (int rep = -1 - engine_threads(); rep < reps; ++rep) {
       comm.barrier("calibration");
       const double cpu0 = kit::process_cpu_seconds();
       const auto t0 = Clock::now();
-      engine
-          .allreduce(i == 0 ? "calibration-bulk" : "calibration-small",
-                     std::span(x).first(i == 0 ? elements : small), raw)
-          .wait();
+      engine.allreduce(name, std::span(x).first(n_elements), o).wait();
       if (rep < 0) continue;
-      if (i == 0) mine.push_back(seconds_since(t0));
-      cpu[i].push_back(kit::process_cpu_seconds() - cpu0);
+      r.wall.push_back(seconds_since(t0));
+      r.cpu.push_back(kit::process_cpu_seconds() - cpu0);
     }
-  }
+    return r;
+  };
+  AllreduceOptions raw;
+  raw.partitions = 1;
+  constexpr int kReps = 5;
+  // Each size's runs back to back (the bulk's copies would evict the small one's from the
+  // cache between runs).
+  Runs bulk = time_runs("calibration-bulk", elements, raw, kReps);
+  Runs small_runs = time_runs("calibration-small", small, raw, kReps);
   engine.synchronize();
-  const double measured = planner::median(planner::agree_max(comm, mine));
+  const double measured = planner::median(planner::agree_max(comm, bulk.wall));
   // Each rank's median run, then the median over ranks (as cpu_per_message, measure_engine).
   const std::vector<double> run_cpu = planner::agree_median(
-      comm, {planner::median(std::move(cpu[0])), planner::median(std::move(cpu[1]))});
+      comm, {planner::median(std::move(bulk.cpu)), planner::median(std::move(small_runs.cpu))});
   Calibration no_bytes = c;
   no_bytes.beta = 0;
   no_bytes.engine_beta = 0;
@@ -1042,14 +1046,9 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
   // measured again on the first calibrated codec that sends a payload, sharded on two
   // partitions, the same elements (fewer bytes than the raw probe's on any link); the raw
   // probe's ratio stands where no codec was calibrated.
-  const CodecCosts* codec = nullptr;
-  for (const auto& k : c.codecs) {
-    if (!k.multi_round) {
-      codec = &k;
-      break;
-    }
-  }
-  if (codec == nullptr) {
+  const auto codec = std::find_if(c.codecs.begin(), c.codecs.end(),
+                                  [](const CodecCosts& k) { return !k.multi_round; });
+  if (codec == c.codecs.end()) {
     c.host_efficiency = std::max(1.0, ratio);
     return;
   }
@@ -1058,20 +1057,11 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
   compressed.strategy = Strategy::kSharded;
   compressed.partitions = 2;
   constexpr int kCompressedReps = 7;
-  std::vector<double> wall, wall_cpu;
-  for (int rep = -1 - engine_threads(); rep < kCompressedReps; ++rep) {
-    comm.barrier("calibration");
-    const double cpu0 = kit::process_cpu_seconds();
-    const auto t0 = Clock::now();
-    engine.allreduce("calibration-host", std::span(x), compressed).wait();
-    if (rep < 0) continue;
-    wall.push_back(seconds_since(t0));
-    wall_cpu.push_back(kit::process_cpu_seconds() - cpu0);
-  }
+  Runs host = time_runs("calibration-host", elements, compressed, kCompressedReps);
   engine.synchronize();
-  const double compressed_wall = planner::median(planner::agree_max(comm, wall));
+  const double compressed_wall = planner::median(planner::agree_max(comm, host.wall));
   const double compressed_cpu =
-      planner::agree_median(comm, {planner::median(std::move(wall_cpu))})[0];
+      planner::agree_median(comm, {planner::median(std::move(host.cpu))})[0];
   const double host_ratio = compressed_cpu > 0 ? compressed_wall / (share * compressed_cpu) : 0;
   if (host_ratio <= kMaxHostEfficiency) c.host_efficiency = std::max(1.0, host_ratio);
 }
