@@ -27,7 +27,9 @@
 #include "engine/handle_access.h"
 #include "engine/tags.h"
 #include "kit/basic.h"
+#include "kit/blas.h"
 #include "kit/hash.h"
+#include "kit/host.h"
 #include "terse/codec.h"
 #include "terse/planner.h"
 #include "terse/trace.h"
@@ -853,6 +855,10 @@ Engine::Engine(std::shared_ptr<Communicator> comm, EngineOptions options)
       impl_->env_trace_offset = measure_clock_offset(*impl_->comm);
     }
   }
+  // OpenBLAS (PowerSGD's products) gets this rank's share of the machine's cores: with its
+  // default of a thread per core in every rank, 2 and 4 ranks on 2 cores ran PowerSGD 25-30%
+  // slower and its calibrated cost varied 2x (kit/blas.h). A collective, like the above.
+  kit::blas_share_cores(kit::ranks_on_host(*impl_->comm), kit::usable_cores());
   const int threads = impl_->options.threads > 0 ? impl_->options.threads : env_threads();
   impl_->threads = threads;
   for (int i = 0; i < threads; ++i) {

@@ -4,9 +4,11 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "terse/error.h"
@@ -26,6 +28,16 @@ blasint checked(std::size_t v) {
 void blas_set_threads(int threads) { openblas_set_num_threads(threads); }
 
 int blas_threads() { return openblas_get_num_threads(); }
+
+int blas_share_cores(int ranks_on_host, int cores) {
+  for (const char* chosen : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const char* v = std::getenv(chosen);
+    if (v != nullptr && *v != '\0') return blas_threads();
+  }
+  const int share = std::max(1, cores / std::max(1, ranks_on_host));
+  if (share < blas_threads()) blas_set_threads(share);
+  return blas_threads();
+}
 
 void sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
            const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,

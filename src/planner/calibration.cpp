@@ -5,7 +5,6 @@
 // machine (the emulated cluster runs all of them on 2 cores), and a collective runs as fast as
 // its slowest rank under that load. Measuring one rank alone would predict an idle machine.
 #include <fmt/format.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,7 +16,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -27,8 +25,10 @@
 
 #include "engine/tags.h"
 #include "kit/basic.h"
+#include "kit/blas.h"
 #include "kit/cpu_time.h"
 #include "kit/hash.h"
+#include "kit/host.h"
 #include "kit/memory.h"
 #include "planner/exchange.h"
 #include "terse/codec.h"
@@ -514,29 +514,6 @@ double probe_links(Communicator& comm, const Calibration& c, const CalibrationOp
 // ---- CPU ------------------------------------------------------------------------------------
 
 namespace {
-
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
-// Identifies the machine (not the network namespace): ranks with equal ids share cores.
-std::uint64_t machine_id() {
-  std::string text;
-  for (const char* path : {"/etc/machine-id", "/proc/sys/kernel/random/boot_id"}) {
-    std::ifstream f(path);
-    std::string line;
-    if (std::getline(f, line)) text += line;
-  }
-  if (text.empty()) {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    text = host;
-  }
-  return fnv1a64(text);
-}
 
 std::string host_name() {
   char host[256] = {};
@@ -1075,10 +1052,10 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   Calibration c;
   c.host = host_name();
   c.world_size = comm.size();
-  c.cores = usable_cores();
-  const double id = static_cast<double>(machine_id() >> 12);  // exact in a double
-  int same = 0;
-  for (const auto& v : planner::gather(comm, std::span(&id, 1))) same += v[0] == id;
+  c.cores = kit::usable_cores();
+  const int same = kit::ranks_on_host(comm);
+  // The codecs are measured with OpenBLAS's threads as the engine will set them.
+  kit::blas_share_cores(same, c.cores);
   c.ranks_on_host = static_cast<int>(planner::agree_max(comm, {double(same)})[0]);
   c.cores = static_cast<int>(-planner::agree_max(comm, {-double(c.cores)})[0]);  // the fewest
   if (options.measure_links) {
@@ -1125,8 +1102,9 @@ Calibration calibrate_local(const CalibrationOptions& options_in, int world_size
   Calibration c;
   c.host = host_name();
   c.world_size = world_size;
-  c.cores = usable_cores();
+  c.cores = kit::usable_cores();
   c.ranks_on_host = std::max(1, ranks_on_host);
+  kit::blas_share_cores(c.ranks_on_host, c.cores);  // as the job's engines will
   measure_cpu(nullptr, options, c);
   {
     // The engine's fixed costs, on a job of this one process.

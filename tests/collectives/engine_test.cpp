@@ -321,6 +321,15 @@ TEST_P(Ranks, ChannelsCarryCompressedTensorsBothWays) {
   expect_all_ok(shell(run(n, "channel")), n, "channel");
 }
 
+// Ranks sharing a machine would each start a thread per core in OpenBLAS (PowerSGD's
+// products): the engine gives each its share, and leaves a count set in the environment alone.
+TEST_P(Ranks, OpenBlasGetsTheRanksShareOfTheCores) {
+  const int n = GetParam();
+  const std::string unset = "OPENBLAS_NUM_THREADS= GOTO_NUM_THREADS= OMP_NUM_THREADS= ";
+  expect_all_ok(shell(unset + run(n, "blas")), n, "blas");
+  expect_all_ok(shell("OPENBLAS_NUM_THREADS=2 " + run(n, "blas")), n, "blas");
+}
+
 INSTANTIATE_TEST_SUITE_P(Engine, Ranks, ::testing::Values(2, 3, 4), [](const auto& info) {
   std::string name = std::to_string(info.param);
   name.insert(name.begin(), 'N');

@@ -15,6 +15,8 @@
 //   stress              hundreds of concurrent submissions on few worker threads
 //   channel             point-to-point compressed messages along a chain of ranks, forward
 //                       and backward, alongside engine traffic; NaN input and codec mismatch
+//   blas                the engine left OpenBLAS this rank's share of the cores (cores over
+//                       LOCAL_WORLD_SIZE, at least 1), or the user's choice where one is set
 // Prints "OK rank R ..." on success; "CHECK FAILED: ..." and exit 2 on a wrong result.
 #include <fmt/format.h>
 #include <signal.h>
@@ -31,7 +33,9 @@
 
 #include "../simulate.h"
 #include "worker_check.h"
+#include "kit/blas.h"
 #include "kit/hash.h"
+#include "kit/host.h"
 #include "terse/channel.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
@@ -561,6 +565,28 @@ int channel(Communicator& comm, Engine& engine, std::shared_ptr<Communicator> sh
   return 0;
 }
 
+// `before`: OpenBLAS's threads before the engine started. `terse run` starts every rank on this
+// machine and says how many in LOCAL_WORLD_SIZE.
+int blas(Communicator& comm, int before) {
+  bool chosen = false;
+  for (const char* name : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const char* v = std::getenv(name);
+    chosen = chosen || (v != nullptr && *v != '\0');
+  }
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  check(local != nullptr, "blas: LOCAL_WORLD_SIZE is not set");
+  const int share = std::max(1, kit::usable_cores() / std::max(1, std::atoi(local)));
+  const int want = chosen ? before : std::min(before, share);
+  check(kit::blas_threads() == want,
+        fmt::format("blas: rank {} has {} OpenBLAS threads after the engine started, {} before; "
+                    "want {} ({} cores, {} local ranks, {})",
+                    comm.rank(), kit::blas_threads(), before, want, kit::usable_cores(), local,
+                    chosen ? "threads set in the environment" : "none set"));
+  std::printf("OK rank %d blas %d threads (%d before)\n", comm.rank(), kit::blas_threads(),
+              before);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -570,6 +596,7 @@ int main(int argc, char** argv) {
   }
   const std::string scenario = argv[1];
   try {
+    const int blas_before = kit::blas_threads();
     std::shared_ptr<Communicator> comm = Communicator::from_env();
     EngineOptions options;
     options.seed = kSeed;
@@ -594,6 +621,8 @@ int main(int argc, char** argv) {
         rc = channel(*comm, engine, comm);
       } else if (scenario == "stress") {
         rc = stress(*comm, engine);
+      } else if (scenario == "blas") {
+        rc = blas(*comm, blas_before);
       } else {
         std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
         return 2;
