@@ -855,10 +855,10 @@ Engine::Engine(std::shared_ptr<Communicator> comm, EngineOptions options)
       impl_->env_trace_offset = measure_clock_offset(*impl_->comm);
     }
   }
-  // OpenBLAS (PowerSGD's products) gets this rank's share of the machine's cores: with its
+  // OpenBLAS (PowerSGD's products) gets each rank's share of its machine's cores: with its
   // default of a thread per core in every rank, 2 and 4 ranks on 2 cores ran PowerSGD 25-30%
   // slower and its calibrated cost varied 2x (kit/blas.h). A collective, like the above.
-  kit::blas_share_cores(kit::ranks_on_host(*impl_->comm), kit::usable_cores());
+  kit::blas_limit_threads(kit::machine_share(*impl_->comm).cores_per_rank);
   const int threads = impl_->options.threads > 0 ? impl_->options.threads : env_threads();
   impl_->threads = threads;
   for (int i = 0; i < threads; ++i) {

@@ -29,13 +29,13 @@ void blas_set_threads(int threads) { openblas_set_num_threads(threads); }
 
 int blas_threads() { return openblas_get_num_threads(); }
 
-int blas_share_cores(int ranks_on_host, int cores) {
+int blas_limit_threads(int threads) {
   for (const char* chosen : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
     const char* v = std::getenv(chosen);
     if (v != nullptr && *v != '\0') return blas_threads();
   }
-  const int share = std::max(1, cores / std::max(1, ranks_on_host));
-  if (share < blas_threads()) blas_set_threads(share);
+  threads = std::max(1, threads);
+  if (threads < blas_threads()) blas_set_threads(threads);
   return blas_threads();
 }
 

@@ -12,12 +12,13 @@ void blas_set_threads(int threads);
 // Threads OpenBLAS would use now.
 int blas_threads();
 
-// Gives OpenBLAS this rank's share of the machine's cores, max(1, cores / ranks_on_host), where
-// it would use more, unless the user chose (OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or
-// OMP_NUM_THREADS set): OpenBLAS starts one thread per core in every process, so ranks that
-// share a machine oversubscribe its cores, and the engine already runs codecs on its own
-// workers. Returns the threads OpenBLAS uses after.
-int blas_share_cores(int ranks_on_host, int cores);
+// Lowers OpenBLAS's threads to `threads` (at least 1) where it would use more, unless the user
+// chose (OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS set). OpenBLAS starts one
+// thread per core in every process, so ranks that share a machine oversubscribe its cores; the
+// engine passes each rank's share (kit::MachineShare::cores_per_rank, the same on every rank:
+// a product's last bits can depend on the thread count, and replicas must stay identical).
+// Returns the threads OpenBLAS uses after.
+int blas_limit_threads(int threads);
 
 // c (m x n) = alpha * op(a) * op(b) + beta * c, where op(a) is m x k and op(b) is k x n.
 // With beta == 0, c is not read (it may hold anything, NaN included).

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <span>
 #include <string>
@@ -37,15 +38,30 @@ std::uint64_t machine_id() {
   return fnv1a64(text);
 }
 
-int ranks_on_host(Communicator& comm) {
+MachineShare machine_share(Communicator& comm) {
+  MachineShare out;
+  out.cores = usable_cores();
   const int n = comm.size();
-  if (n <= 1) return 1;
-  const std::uint64_t mine = machine_id();
-  std::vector<std::uint64_t> all(n);
+  if (n <= 1) {
+    out.cores_per_rank = out.cores;
+    return out;
+  }
+  const std::array<std::uint64_t, 2> mine = {machine_id(), static_cast<std::uint64_t>(out.cores)};
+  std::vector<std::array<std::uint64_t, 2>> all(n);
   std::vector<std::size_t> sizes(n, sizeof(mine));
-  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)), sizes,
-                  "ranks on host");
-  return static_cast<int>(std::count(all.begin(), all.end(), mine));
+  comm.allgatherv(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)), sizes,
+                  "machine share");
+  auto ranks_on = [&](std::uint64_t id) {
+    return static_cast<int>(
+        std::count_if(all.begin(), all.end(), [&](const auto& r) { return r[0] == id; }));
+  };
+  out.ranks_on_host = ranks_on(mine[0]);
+  out.cores_per_rank = out.cores;
+  for (const auto& r : all) {
+    out.cores_per_rank =
+        std::min(out.cores_per_rank, std::max(1, static_cast<int>(r[1]) / ranks_on(r[0])));
+  }
+  return out;
 }
 
 }  // namespace terse::kit

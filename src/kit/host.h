@@ -16,8 +16,14 @@ int usable_cores();
 // From /etc/machine-id and the boot id, else the host name.
 std::uint64_t machine_id();
 
-// How many ranks of `comm` run on this rank's machine, itself included. Collective: every rank
-// calls it (one allgather of the machine ids).
-int ranks_on_host(Communicator& comm);
+// How the job's ranks share their machines. Collective: every rank calls it (one allgather of
+// each rank's machine id and usable cores).
+struct MachineShare {
+  int ranks_on_host = 1;   // ranks of the job on this rank's machine, itself included
+  int cores = 1;           // this rank's usable cores
+  int cores_per_rank = 1;  // the least, over every rank, of max(1, its cores / its machine's
+                           // ranks): the same figure on every rank
+};
+MachineShare machine_share(Communicator& comm);
 
 }  // namespace terse::kit

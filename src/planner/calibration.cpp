@@ -1052,12 +1052,11 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   Calibration c;
   c.host = host_name();
   c.world_size = comm.size();
-  c.cores = kit::usable_cores();
-  const int same = kit::ranks_on_host(comm);
+  const kit::MachineShare share = kit::machine_share(comm);
   // The codecs are measured with OpenBLAS's threads as the engine will set them.
-  kit::blas_share_cores(same, c.cores);
-  c.ranks_on_host = static_cast<int>(planner::agree_max(comm, {double(same)})[0]);
-  c.cores = static_cast<int>(-planner::agree_max(comm, {-double(c.cores)})[0]);  // the fewest
+  kit::blas_limit_threads(share.cores_per_rank);
+  c.ranks_on_host = static_cast<int>(planner::agree_max(comm, {double(share.ranks_on_host)})[0]);
+  c.cores = static_cast<int>(-planner::agree_max(comm, {-double(share.cores)})[0]);  // the fewest
   if (options.measure_links) {
     planner::measure_links(comm, options, c);
     log_line(options.quiet, comm.rank(),
@@ -1104,7 +1103,7 @@ Calibration calibrate_local(const CalibrationOptions& options_in, int world_size
   c.world_size = world_size;
   c.cores = kit::usable_cores();
   c.ranks_on_host = std::max(1, ranks_on_host);
-  kit::blas_share_cores(c.ranks_on_host, c.cores);  // as the job's engines will
+  kit::blas_limit_threads(c.cores / c.ranks_on_host);  // as the job's engines will
   measure_cpu(nullptr, options, c);
   {
     // The engine's fixed costs, on a job of this one process.
