@@ -532,14 +532,23 @@ std::vector<float> gradient(std::size_t n) {
 }
 
 // Median seconds of f over at least 5 runs and 3 ms (at most 60 runs), after one warm-up.
+// The median run of f after a first one; a run counts as the lesser of its wall time and its
+// process's CPU time. Ranks sharing a core take turns on it: a run long enough to span the
+// scheduler's turns (PowerSGD or onebit with error feedback at 4 Mi floats, 15-30 ms) counted
+// the other ranks' turns too, about twice its work for 4 ranks on 2 cores, while a short one
+// fits in one turn and counts its work alone; and the cost model's host bound adds up every
+// rank's work over the cores itself. CPU time above the wall time is threads of this process
+// working at once (OpenBLAS's), which the wall time counts right.
 double time_op(const std::function<void()>& f) {
   f();
   std::vector<double> t;
   const auto start = Clock::now();
   while (t.size() < 60 && (t.size() < 5 || seconds_since(start) < 0.003)) {
+    const double cpu0 = kit::process_cpu_clock();
     const auto t0 = Clock::now();
     f();
-    t.push_back(seconds_since(t0));
+    const double wall = seconds_since(t0);
+    t.push_back(std::min(wall, kit::process_cpu_clock() - cpu0));
   }
   return planner::median(std::move(t));
 }
