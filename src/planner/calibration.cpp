@@ -1126,16 +1126,8 @@ Calibration calibrate_local(const CalibrationOptions& options_in, int world_size
   }
   // Alone, this process cannot feel the other ranks of its host: assume they share the cores
   // evenly (a measured calibration from `terse calibrate` under the real launcher is better).
-  const double share = std::max(1.0, c.host_share());
-  auto scale = [&](LinearFit& f) {
-    f.a *= share;
-    f.b *= share;
-  };
-  scale(c.add);
-  scale(c.divide);
-  for (auto& k : c.codecs) {
-    for (LinearFit* f : {&k.encode, &k.decode, &k.accumulate, &k.combine}) scale(*f);
-  }
+  // The codec costs stay as measured: they are a rank's work, not its turns on shared cores
+  // (time_op), and the cost model's host bound adds up the ranks' work over the cores.
   for (int t = 1; t <= static_cast<int>(c.cpu_slowdown.size()); ++t) {
     c.cpu_slowdown[t - 1] = c.saturation(t);
   }
