@@ -43,7 +43,7 @@ MachineShare machine_share(Communicator& comm) {
   out.cores = usable_cores();
   const int n = comm.size();
   if (n <= 1) {
-    out.cores_per_rank = out.cores;
+    out.cores_per_rank = out.fewest_cores = out.cores;
     return out;
   }
   const std::array<std::uint64_t, 2> mine = {machine_id(), static_cast<std::uint64_t>(out.cores)};
@@ -56,10 +56,12 @@ MachineShare machine_share(Communicator& comm) {
         std::count_if(all.begin(), all.end(), [&](const auto& r) { return r[0] == id; }));
   };
   out.ranks_on_host = ranks_on(mine[0]);
-  out.cores_per_rank = out.cores;
+  out.cores_per_rank = out.fewest_cores = out.cores;
   for (const auto& r : all) {
-    out.cores_per_rank =
-        std::min(out.cores_per_rank, std::max(1, static_cast<int>(r[1]) / ranks_on(r[0])));
+    const int cores = static_cast<int>(r[1]), ranks = ranks_on(r[0]);
+    out.cores_per_rank = std::min(out.cores_per_rank, std::max(1, cores / ranks));
+    out.most_ranks_on_host = std::max(out.most_ranks_on_host, ranks);
+    out.fewest_cores = std::min(out.fewest_cores, cores);
   }
   return out;
 }

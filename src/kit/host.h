@@ -23,6 +23,9 @@ struct MachineShare {
   int cores = 1;           // this rank's usable cores
   int cores_per_rank = 1;  // the least, over every rank, of max(1, its cores / its machine's
                            // ranks): the same figure on every rank
+  // Over every rank (the same on every rank): the most ranks on one machine, the fewest cores.
+  int most_ranks_on_host = 1;
+  int fewest_cores = 1;
 };
 MachineShare machine_share(Communicator& comm);
 

@@ -531,9 +531,8 @@ std::vector<float> gradient(std::size_t n) {
   return x;
 }
 
-// Median seconds of f over at least 5 runs and 3 ms (at most 60 runs), after one warm-up.
-// The median run of f after a first one; a run counts as the lesser of its wall time and its
-// process's CPU time. Ranks sharing a core take turns on it: a run long enough to span the
+// Median seconds of f over at least 5 runs and 3 ms (at most 60 runs), after one warm-up; a
+// run counts as the lesser of its wall time and its process's CPU time. Ranks sharing a core take turns on it: a run long enough to span the
 // scheduler's turns (PowerSGD or onebit with error feedback at 4 Mi floats, 15-30 ms) counted
 // the other ranks' turns too, about twice its work for 4 ranks on 2 cores, while a short one
 // fits in one turn and counts its work alone; and the cost model's host bound adds up every
@@ -1064,8 +1063,8 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   const kit::MachineShare share = kit::machine_share(comm);
   // The codecs are measured with OpenBLAS's threads as the engine will set them.
   kit::blas_limit_threads(share.cores_per_rank);
-  c.ranks_on_host = static_cast<int>(planner::agree_max(comm, {double(share.ranks_on_host)})[0]);
-  c.cores = static_cast<int>(-planner::agree_max(comm, {-double(share.cores)})[0]);  // the fewest
+  c.ranks_on_host = share.most_ranks_on_host;
+  c.cores = share.fewest_cores;
   if (options.measure_links) {
     planner::measure_links(comm, options, c);
     log_line(options.quiet, comm.rank(),
