@@ -122,7 +122,10 @@ struct Row {
   TensorSize tensor;
   TensorPlan plan;
   double seconds = 0;
-  double raw_seconds = 0;
+  double raw_seconds = 0;  // 0 where raw_fused
+  // A small tensor compressed on its own whose raw allreduce would travel in the fused message
+  // (its raw time is in the step's, not a time of its own).
+  bool raw_fused = false;
 };
 
 struct Step {
@@ -130,7 +133,10 @@ struct Step {
   std::vector<TensorSize> fused;  // small raw tensors, one fused message
   double fused_seconds = 0;
   double seconds = 0;
-  double raw_seconds = 0;
+  double raw_seconds = 0;  // 0 where raw_fused
+  // A small tensor compressed on its own whose raw allreduce would travel in the fused message
+  // (its raw time is in the step's, not a time of its own).
+  bool raw_fused = false;
 };
 
 struct StepModel {
@@ -168,7 +174,7 @@ struct StepModel {
         fused_elements += t.elements;
         continue;
       }
-      Row row{t, d.chosen.plan, d.chosen.predicted.seconds, small ? 0.0 : raw(t.elements)};
+      Row row{t, d.chosen.plan, d.chosen.predicted.seconds, small ? 0.0 : raw(t.elements), small};
       step.seconds += row.seconds;
       step.rows.push_back(std::move(row));
     }
@@ -262,14 +268,18 @@ void run(const Options& opt) {
   report["alpha"] = c.alpha;
   report["tensors"] = nlohmann::json::array();
   for (const auto& r : step.rows) {
-    fmt::print("{:<28} {:>11} {:<30} {:>12.3f} {:>10.3f} {:>7.2f}x\n", r.tensor.name,
-               r.tensor.elements, short_plan(r.plan), r.seconds * 1e3, r.raw_seconds * 1e3,
-               r.seconds > 0 && r.raw_seconds > 0 ? r.raw_seconds / r.seconds : 1.0);
-    report["tensors"].push_back({{"name", r.tensor.name},
-                                 {"elements", r.tensor.elements},
-                                 {"plan", plan_key(r.plan)},
-                                 {"predicted_s", r.seconds},
-                                 {"raw_s", r.raw_seconds}});
+    const bool ratio = !r.raw_fused && r.seconds > 0 && r.raw_seconds > 0;
+    fmt::print("{:<28} {:>11} {:<30} {:>12.3f} {:>10} {:>8}\n", r.tensor.name, r.tensor.elements,
+               short_plan(r.plan), r.seconds * 1e3,
+               r.raw_fused ? std::string("(fused)") : fmt::format("{:.3f}", r.raw_seconds * 1e3),
+               ratio ? fmt::format("{:.2f}x", r.raw_seconds / r.seconds) : std::string("-"));
+    report["tensors"].push_back(
+        {{"name", r.tensor.name},
+         {"elements", r.tensor.elements},
+         {"plan", plan_key(r.plan)},
+         {"predicted_s", r.seconds},
+         {"raw_s", r.raw_fused ? nlohmann::json() : nlohmann::json(r.raw_seconds)},
+         {"raw_fused", r.raw_fused}});
   }
   if (!step.fused.empty()) {
     std::size_t n = 0;

@@ -692,6 +692,24 @@ TEST(PlanCommand, PredictsEveryTensorAndTheStep) {
   EXPECT_NE(plan.output.find("fused: 1 small"), std::string::npos) << plan.output;
   EXPECT_NE(plan.output.find("speedup"), std::string::npos) << plan.output;
   EXPECT_NE(plan.output.find("1024"), std::string::npos) << plan.output;
+  // A small tensor compressed on its own: its raw counterpart travels in the fused message, so
+  // it has no raw time or speedup of its own (printed as 0.000 ms and 1.00x before).
+  auto mid = testing::shell(
+      fmt::format("printf '[{{\"name\": \"big\", \"elements\": 4194304}}, {{\"name\": "
+                  "\"mid\", \"elements\": 73728}}]' > {0}/mid.json && {1} plan --sizes "
+                  "{0}/mid.json --ranks 4 --bandwidth 1gbit --codecs onebit:ef=1 --json "
+                  "{0}/mid-plan.json",
+                  dir, kCli));
+  ASSERT_EQ(mid.code, 0) << mid.output;
+  auto fused = testing::shell(fmt::format(
+      "python3 -c 'import json,sys; t={{x[\"name\"]: x for x in "
+      "json.load(open(sys.argv[1]))[\"tensors\"]}}; m=t[\"mid\"]; "
+      "sys.exit(not (m[\"raw_fused\"] and m[\"raw_s\"] is None and not t[\"big\"][\"raw_fused\"] "
+      "and t[\"big\"][\"raw_s\"] > 0))' {}/mid-plan.json",
+      dir));
+  EXPECT_EQ(fused.code, 0) << mid.output;
+  const auto line = mid.output.substr(mid.output.find("\nmid "));
+  EXPECT_NE(line.substr(0, line.find('\n', 1)).find("(fused)"), std::string::npos) << mid.output;
   auto bad =
       testing::shell(fmt::format("{} plan --model nosuch --ranks 4 --bandwidth 1gbit", kCli));
   EXPECT_NE(bad.code, 0);
