@@ -532,22 +532,22 @@ std::vector<float> gradient(std::size_t n) {
 }
 
 // Median seconds of f over at least 5 runs and 3 ms (at most 60 runs), after one warm-up; a
-// run counts as the lesser of its wall time and its process's CPU time. Ranks sharing a core take turns on it: a run long enough to span the
-// scheduler's turns (PowerSGD or onebit with error feedback at 4 Mi floats, 15-30 ms) counted
-// the other ranks' turns too, about twice its work for 4 ranks on 2 cores, while a short one
-// fits in one turn and counts its work alone; and the cost model's host bound adds up every
-// rank's work over the cores itself. CPU time above the wall time is threads of this process
-// working at once (OpenBLAS's), which the wall time counts right.
+// run counts as the lesser of its wall time and its process's CPU time. Ranks sharing a core take
+// turns on it: a run long enough to span the scheduler's turns (PowerSGD or onebit with error
+// feedback at 4 Mi floats, 15-30 ms) counted the other ranks' turns too, about twice its work for 4
+// ranks on 2 cores, while a short one fits in one turn and counts its work alone; and the cost
+// model's host bound adds up every rank's work over the cores itself. CPU time above the wall time
+// is threads of this process working at once (OpenBLAS's), which the wall time counts right.
 double time_op(const std::function<void()>& f) {
   f();
   std::vector<double> t;
   const auto start = Clock::now();
   while (t.size() < 60 && (t.size() < 5 || seconds_since(start) < 0.003)) {
-    const double cpu0 = kit::process_cpu_clock();
+    const double cpu0 = kit::process_cpu_seconds();
     const auto t0 = Clock::now();
     f();
     const double wall = seconds_since(t0);
-    t.push_back(std::min(wall, kit::process_cpu_clock() - cpu0));
+    t.push_back(std::min(wall, kit::process_cpu_seconds() - cpu0));
   }
   return planner::median(std::move(t));
 }
@@ -1000,8 +1000,8 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
   const double bytes = per_float * static_cast<double>(elements);
   c.engine_beta = std::max(0.0, measured - other.seconds) / bytes;
   // What the adds, the division and the messages do not explain is the transport's: the copies
-  // into and out of the kernel on both ends. getrusage counts microseconds; the small probe
-  // takes a millisecond or more of CPU.
+  // into and out of the kernel on both ends (the small probe takes a millisecond or more of
+  // CPU).
   const double messages = 2.0 * (n - 1) * c.cpu_per_message;
   const double small_bytes = per_float * static_cast<double>(small);
   const double small_cpu = std::max(0.0, run_cpu[1] - predict(small).cpu - messages);
