@@ -35,12 +35,21 @@ inline Encoded encode(const Codec& codec, std::span<const float> x, EncodeContex
   return e;
 }
 
-inline Encoded encode(const Codec& codec, std::span<const float> x, std::uint64_t step = 0) {
-  auto state = codec.make_state(x.size());
+// The context encode() gives a codec at `step` (without state).
+inline EncodeContext context(std::uint64_t step = 0) {
   EncodeContext ctx;
   ctx.seed = 1234;
   ctx.step = step;
   ctx.tensor = 99;
+  return ctx;
+}
+
+// The random key a stochastic codec draws from under encode() at `step`, for references.
+inline std::uint64_t rank_key(std::uint64_t step = 0) { return context(step).rank_key(); }
+
+inline Encoded encode(const Codec& codec, std::span<const float> x, std::uint64_t step = 0) {
+  auto state = codec.make_state(x.size());
+  EncodeContext ctx = context(step);
   ctx.state = state.get();
   return encode(codec, x, ctx);
 }
@@ -55,6 +64,13 @@ inline std::vector<float> decode(const Codec& codec, std::span<const std::byte> 
 inline std::vector<float> round_trip(const Codec& codec, std::span<const float> x,
                                      std::uint64_t step = 0) {
   return decode(codec, encode(codec, x, step).span(), x.size());
+}
+
+// The bytes after the 24-byte header.
+inline std::vector<std::uint8_t> payload(const Encoded& e) {
+  std::vector<std::uint8_t> p(e.bytes.size() - 24);
+  std::memcpy(p.data(), e.bytes.data() + 24, p.size());
+  return p;
 }
 
 // Hex of the bytes after the 24-byte header, for known-vector tests.

@@ -8,14 +8,6 @@
 namespace terse {
 namespace {
 
-std::uint64_t test_key(std::uint64_t step = 0) {
-  EncodeContext ctx;
-  ctx.seed = 1234;
-  ctx.step = step;
-  ctx.tensor = 99;
-  return ctx.rank_key();
-}
-
 // Scalar reference from the documented format.
 std::vector<std::uint8_t> reference(const std::vector<float>& x, std::uint64_t key) {
   std::uint32_t mx = 0;
@@ -63,14 +55,14 @@ TEST(Natural, MatchesScalarReference) {
     auto e = testing::encode(*make_codec("natural"), x, 5);
     std::vector<std::uint8_t> p(e.bytes.size() - 24);
     std::memcpy(p.data(), e.bytes.data() + 24, p.size());
-    ASSERT_EQ(p, reference(x, test_key(5))) << n;
+    ASSERT_EQ(p, reference(x, testing::rank_key(5))) << n;
   }
   // A wide range: values far below max * 2^-126 use the below-window rule.
   std::vector<float> wide = {1e30f, 1e-10f, -1e-20f, 3e-30f, 1.0f, -5e-38f};
   auto e = testing::encode(*make_codec("natural"), wide, 1);
   std::vector<std::uint8_t> p(e.bytes.size() - 24);
   std::memcpy(p.data(), e.bytes.data() + 24, p.size());
-  EXPECT_EQ(p, reference(wide, test_key(1)));
+  EXPECT_EQ(p, reference(wide, testing::rank_key(1)));
 }
 
 TEST(Natural, RoundsToANeighbouringPowerOfTwo) {

@@ -8,20 +8,6 @@
 namespace terse {
 namespace {
 
-std::uint64_t test_key(std::uint64_t step = 0) {
-  EncodeContext ctx;
-  ctx.seed = 1234;
-  ctx.step = step;
-  ctx.tensor = 99;
-  return ctx.rank_key();
-}
-
-std::vector<std::uint8_t> payload(const testing::Encoded& e) {
-  std::vector<std::uint8_t> p(e.bytes.size() - 24);
-  std::memcpy(p.data(), e.bytes.data() + 24, p.size());
-  return p;
-}
-
 TEST(Qsgd, KnownVector) {
   auto c = make_codec("qsgd:levels=7,bucket=4");
   // Bucket 1: {3, 4, 0, 0}: norm 5 = 0x40a00000; levels 7*3/5 = 4.2 and 7*4/5 = 5.6 round
@@ -42,8 +28,8 @@ TEST(Qsgd, MatchesScalarReference) {
         auto x = testing::gradient(n, n + levels);
         auto e = testing::encode(*c, x, 2);
         auto ref = testing::reference_levels(
-            {true, levels, kit::level_code_width(levels), bucket}, x, test_key(2));
-        ASSERT_EQ(payload(e), ref) << levels << " " << bucket << " " << n;
+            {true, levels, kit::level_code_width(levels), bucket}, x, testing::rank_key(2));
+        ASSERT_EQ(testing::payload(e), ref) << levels << " " << bucket << " " << n;
       }
     }
   }

@@ -9,20 +9,6 @@
 namespace terse {
 namespace {
 
-std::uint64_t test_key(std::uint64_t step = 0) {
-  EncodeContext ctx;
-  ctx.seed = 1234;
-  ctx.step = step;
-  ctx.tensor = 99;
-  return ctx.rank_key();
-}
-
-std::vector<std::uint8_t> payload(const testing::Encoded& e) {
-  std::vector<std::uint8_t> p(e.bytes.size() - 24);
-  std::memcpy(p.data(), e.bytes.data() + 24, p.size());
-  return p;
-}
-
 TEST(TernGrad, KnownVector) {
   auto c = make_codec("terngrad");
   // Scale 1.0 (0000803f); +-1 and 0 are certain: 1 -> code 2, -1 -> 0, 0 -> 1.
@@ -38,8 +24,8 @@ TEST(TernGrad, MatchesScalarReference) {
       auto c = make_codec("terngrad:chunk=" + std::to_string(chunk));
       auto x = testing::gradient(n, n + chunk);
       auto e = testing::encode(*c, x, 3);
-      auto ref = testing::reference_levels({false, 1, 2, chunk}, x, test_key(3));
-      ASSERT_EQ(payload(e), ref) << "chunk=" << chunk << " n=" << n;
+      auto ref = testing::reference_levels({false, 1, 2, chunk}, x, testing::rank_key(3));
+      ASSERT_EQ(testing::payload(e), ref) << "chunk=" << chunk << " n=" << n;
     }
   }
 }
