@@ -160,6 +160,10 @@ class Codec {
   // Checks a header for this codec and returns the payload; used by combine() overrides.
   std::span<const std::byte> checked_payload(std::span<const std::byte> in,
                                              std::size_t elements) const;
+  // For decode_payload of a payload whose size the element count fixes: throws DecodeError
+  // (naming this codec, both sizes and the elements) unless `in` holds `expected` bytes.
+  void expect_payload_bytes(std::span<const std::byte> in, std::size_t elements,
+                            std::size_t expected) const;
 
  private:
   std::string name_;

@@ -142,6 +142,14 @@ void Codec::decode(std::span<const std::byte> in, std::span<float> y, DecodeMode
   decode_payload(checked_payload(in, y.size()), y, mode);
 }
 
+void Codec::expect_payload_bytes(std::span<const std::byte> in, std::size_t elements,
+                                 std::size_t expected) const {
+  if (in.size() != expected) {
+    throw DecodeError(fmt::format("terse: {}: payload of {} bytes for {} elements (expected {})",
+                                  spec_, in.size(), elements, expected));
+  }
+}
+
 std::unique_ptr<CodecState> Codec::make_state(std::size_t) const { return nullptr; }
 
 void Codec::combine(std::span<const std::byte>, std::span<std::byte>) const {

@@ -46,10 +46,7 @@ class LevelCodec : public Codec {
   void decode_payload(std::span<const std::byte> in, std::span<float> y,
                       DecodeMode mode) const override {
     const std::size_t n = y.size();
-    if (in.size() != max_payload_bytes(n)) {
-      throw DecodeError(fmt::format("terse: {}: payload of {} bytes for {} elements (expected {})",
-                                    spec(), in.size(), n, max_payload_bytes(n)));
-    }
+    expect_payload_bytes(in, n, max_payload_bytes(n));
     const auto* codes =
         reinterpret_cast<const std::uint8_t*>(in.data() + buckets(n) * sizeof(float));
     if (!kit::dequantize_levels(quantizer(n), codes, in.data(), y,

@@ -77,10 +77,7 @@ class MinMaxCodec final : public Codec {
   void decode_payload(std::span<const std::byte> in, std::span<float> y,
                       DecodeMode mode) const override {
     const std::size_t n = y.size(), nc = chunks(n);
-    if (in.size() != max_payload_bytes(n)) {
-      throw DecodeError(fmt::format("terse: {}: payload of {} bytes for {} elements (expected {})",
-                                    spec(), in.size(), n, max_payload_bytes(n)));
-    }
+    expect_payload_bytes(in, n, max_payload_bytes(n));
     const auto* codes = reinterpret_cast<const std::uint8_t*>(in.data() + 8 * nc);
     const std::size_t total_bits = n * p_.bits;
     if (total_bits % 8 != 0 && (codes[total_bits / 8] >> (total_bits % 8)) != 0) {

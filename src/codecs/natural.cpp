@@ -38,10 +38,7 @@ class NaturalCodec final : public Codec {
 
   void decode_payload(std::span<const std::byte> in, std::span<float> y,
                       DecodeMode mode) const override {
-    if (in.size() != 1 + y.size()) {
-      throw DecodeError(fmt::format("terse: natural: payload of {} bytes for {} elements",
-                                    in.size(), y.size()));
-    }
+    expect_payload_bytes(in, y.size(), 1 + y.size());
     int low = static_cast<int>(in[0]);
     if (low < 1 || low > 128) {
       throw DecodeError(fmt::format("terse: natural: exponent window base {} not in 1..128", low));

@@ -50,10 +50,7 @@ class NoneCodec final : public Codec {
 
   void decode_payload(std::span<const std::byte> in, std::span<float> y,
                       DecodeMode mode) const override {
-    if (in.size() != y.size() * sizeof(float)) {
-      throw DecodeError(fmt::format("terse: none: payload of {} bytes for {} elements",
-                                    in.size(), y.size()));
-    }
+    expect_payload_bytes(in, y.size(), y.size() * sizeof(float));
     if (!kit::store_or_add(reinterpret_cast<const float*>(in.data()), y,
                            mode == DecodeMode::kAccumulate)) {
       throw DecodeError("terse: none: payload holds NaN or Inf, which the encoder never produces");

@@ -66,10 +66,7 @@ class OneBitCodec final : public Codec {
   void decode_payload(std::span<const std::byte> in, std::span<float> y,
                       DecodeMode mode) const override {
     const std::size_t n = y.size(), nc = chunks(n);
-    if (in.size() != max_payload_bytes(n)) {
-      throw DecodeError(fmt::format("terse: {}: payload of {} bytes for {} elements (expected {})",
-                                    spec(), in.size(), n, max_payload_bytes(n)));
-    }
+    expect_payload_bytes(in, n, max_payload_bytes(n));
     const auto* bits = reinterpret_cast<const std::uint8_t*>(in.data() + 4 * nc);
     if (n % 8 != 0 && (bits[n / 8] >> (n % 8)) != 0) {
       throw DecodeError(fmt::format("terse: {}: nonzero padding bits", spec()));

@@ -360,10 +360,7 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
           "terse: {}: payload describes a {}x{} matrix of rank {}; {} elements give {}x{} of "
           "rank {}", spec(), rows, cols, rank, l.n, l.rows, l.cols, l.rank));
     }
-    if (in.size() != kMetaBytes + 4 * l.payload_floats()) {
-      throw DecodeError(fmt::format("terse: {}: payload of {} bytes, expected {}", spec(),
-                                    in.size(), kMetaBytes + 4 * l.payload_floats()));
-    }
+    expect_payload_bytes(in, y.size(), kMetaBytes + 4 * l.payload_floats());
     const bool accumulate = mode == DecodeMode::kAccumulate;
     thread_local std::vector<float> aligned;
     const float* data = floats(r.take(4 * l.payload_floats()), aligned);

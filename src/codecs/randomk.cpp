@@ -95,10 +95,7 @@ class RandomKCodec final : public Codec {
       throw DecodeError(fmt::format("terse: {}: {} elements are beyond 32-bit indices", spec(), n));
     }
     const std::size_t k = sparse::count_for(ratio_, n);
-    if (in.size() != 8 + 4 * k) {
-      throw DecodeError(fmt::format("terse: {}: payload of {} bytes for {} elements (expected {})",
-                                    spec(), in.size(), n, 8 + 4 * k));
-    }
+    expect_payload_bytes(in, n, 8 + 4 * k);
     if (!kit::values_valid(in.data() + 8, k, 0)) {
       throw DecodeError(
           fmt::format("terse: {}: payload holds NaN or Inf, which the encoder "

@@ -32,10 +32,7 @@ class TbqCodec final : public Codec {
 
   void decode_payload(std::span<const std::byte> in, std::span<float> y,
                       DecodeMode mode) const override {
-    if (in.size() != max_payload_bytes(y.size())) {
-      throw DecodeError(fmt::format("terse: {}: payload of {} bytes for {} elements (expected {})",
-                                    spec(), in.size(), y.size(), max_payload_bytes(y.size())));
-    }
+    expect_payload_bytes(in, y.size(), max_payload_bytes(y.size()));
     if (!kit::threshold_unpack2(reinterpret_cast<const std::uint8_t*>(in.data()), tau_, -tau_, y,
                                 mode == DecodeMode::kAccumulate)) {
       throw DecodeError(fmt::format("terse: {}: invalid 2-bit code (11) or nonzero padding",
