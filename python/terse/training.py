@@ -135,6 +135,9 @@ class RunConfig:
     powersgd_rank: int = 4
     auto_codecs: Tuple[str, ...] = ()  # codec "auto": what the planner may choose (): default
     threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
+    # The optimizer's momentum; < 0: the model's (0.9). A codec that carries the momentum in
+    # what it sends (DGC's momentum correction) needs 0 here, or the step applies it twice.
+    momentum: float = -1.0
     epochs: int = 1
     samples: int = 60000  # training images used (Fashion-MNIST)
     steps: int = 0  # > 0: stop after this many steps (the only limit for synthetic data)
@@ -237,6 +240,7 @@ def method_label(config: RunConfig) -> str:
         keys = dict(kv.split("=", 1) for kv in params.split(",") if "=" in kv)
         rest = [f"{k}={v}" for k, v in keys.items() if k != "rank"]
         codec = f"PowerSGD r{keys.get('rank', 4)}" + (f" {','.join(rest)}" if rest else "")
+    extra += [] if config.momentum < 0 else [f"SGD momentum {config.momentum:g}"]
     return f"terse {codec}" + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -398,7 +402,8 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     else:
         model = DDP(build_model(config.model))
     state = _communication(model, config)
-    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum)
+    momentum = config.momentum if config.momentum >= 0 else spec.momentum
+    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=momentum)
     parameters = sum(p.numel() for p in model.parameters())
     label = config.label or method_label(config)
     meter = _Meter(os.environ.get("TERSE_IFNAME"), state)
@@ -496,7 +501,7 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
             "config": dataclasses.asdict(config), "label": label, "model": config.model,
             "model_description": spec.description, "method": config.method,
             "ranks": world, "batch_per_rank": spec.batch, "global_batch": global_batch,
-            "lr": spec.lr, "momentum": spec.momentum, "parameters": parameters,
+            "lr": spec.lr, "momentum": momentum, "parameters": parameters,
             "gradient_bytes": parameters * 4, "train_samples": data.train_size,
             "steps_per_epoch": steps_per_epoch, "steps": total, "timed_steps": timed,
             "samples_per_second": global_batch / median_step if median_step else None,

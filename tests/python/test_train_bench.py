@@ -25,14 +25,18 @@ def test_driver_runs_a_tiny_configuration_and_reports(tmp_path):
            ",".join(METHODS), "--steps", "6", "--warmup", "2", "--samples", "2048",
            "--evals-per-epoch", "2", "--results", str(results)]
     driver(*run)
-    # The synchronization floor: ranks in step, gradients their own (replicas differ).
+    # The synchronization floor: ranks in step, gradients their own (replicas differ); and DGC,
+    # whose momentum correction needs the optimizer without momentum of its own.
     floor = ["run", "--link", "loopback", "--ranks", "2", "--models", "mlp", "--methods",
-             "sync-only", "--steps", "6", "--warmup", "2", "--samples", "2048",
+             "sync-only,terse-dgc", "--steps", "6", "--warmup", "2", "--samples", "2048",
              "--results", str(results)]
     driver(*floor)
     r = json.loads((results / "loopback" / "mlp" / "sync-only.json").read_text())
     assert r["steps"] == 6 and r["samples_per_second"] > 0
     assert not r["replicas_identical"]  # each rank stepped with its own gradient
+    r = json.loads((results / "loopback" / "mlp" / "terse-dgc.json").read_text())
+    assert r["momentum"] == 0.0 and r["label"] == "terse dgc (SGD momentum 0)", r["label"]
+    assert r["replicas_identical"], r["digests"]
     for name in METHODS:
         r = json.loads((results / "loopback" / "mlp" / f"{name}.json").read_text())
         assert r["name"] == name and r["ranks"] == 2 and r["steps"] == 6
