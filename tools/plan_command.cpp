@@ -133,10 +133,7 @@ struct Step {
   std::vector<TensorSize> fused;  // small raw tensors, one fused message
   double fused_seconds = 0;
   double seconds = 0;
-  double raw_seconds = 0;  // 0 where raw_fused
-  // A small tensor compressed on its own whose raw allreduce would travel in the fused message
-  // (its raw time is in the step's, not a time of its own).
-  bool raw_fused = false;
+  double raw_seconds = 0;
 };
 
 struct StepModel {
