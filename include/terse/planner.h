@@ -276,6 +276,10 @@ struct PlannerOptions {
   int explore_runs = 5;
   double explore_seconds = 0.1;
   int explore_max_runs = 25;
+  // When the choice is compressed and the best raw plan is expected within this many times its
+  // time, that raw plan is explored too (after the others, beyond explore_candidates), so the
+  // settled plan beats raw by min_gain in measured time. 0 disables.
+  double explore_raw_within = 2.0;
   // Calibration cache: "" for default_calibration_path(); "-" for none.
   std::string cache_path;
   CalibrationOptions calibration;
@@ -300,9 +304,9 @@ struct PlanDecision {
   double raw_seconds = 0;             // the best raw plan's expected seconds
   std::vector<PlanCandidate> ranked;  // every candidate, fastest expected first
   // What exploration runs before settling (PlannerOptions::explore_*): the choice, then the
-  // other candidates expected within explore_within of it, fastest expected first (raw ones
-  // only where the choice is raw for a small tensor). Just the choice when there is nothing
-  // to explore.
+  // other candidates expected within explore_within of it, fastest expected first, then the
+  // best raw plan if the choice is compressed and raw is expected within explore_raw_within of
+  // it. Just the choice when there is nothing to explore (a small tensor kept raw).
   std::vector<PlanCandidate> contenders;
 
   // Measured time where known, else the (corrected) prediction.

@@ -282,6 +282,17 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
     }
     d.contenders.push_back(c);
   }
+  // Raw as the baseline: a compressed choice whose margin over the best raw plan is within the
+  // model's error is measured against that raw plan too, so that do-no-harm (a compressed plan
+  // must beat raw by min_gain) is decided on measured times, not on predictions alone.
+  if (raw != nullptr && d.chosen.plan.strategy != Strategy::kRaw &&
+      PlanDecision::expected(*raw) <=
+          options_.explore_raw_within * PlanDecision::expected(d.chosen)) {
+    const bool listed = std::any_of(d.contenders.begin(), d.contenders.end(), [](const auto& c) {
+      return c.plan.strategy == Strategy::kRaw;
+    });
+    if (!listed) d.contenders.push_back(*raw);
+  }
   return d;
 }
 

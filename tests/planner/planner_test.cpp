@@ -631,6 +631,41 @@ TEST(Planner, ExplorationSkipsAContenderThatIsNeverMeasured) {
   EXPECT_EQ(plan_key(settled), plan_key(d.contenders[0].plan));
 }
 
+TEST(Planner, ACloseCompressedChoiceIsExploredAgainstRaw) {
+  // Where compression is predicted to win by less than explore_raw_within (2x), the best raw
+  // plan is explored last, after the explore_candidates others, so do-no-harm is decided on
+  // measured times; where it wins by far more (a slow link), raw is not run.
+  const std::size_t n = std::size_t{1} << 22;
+  bool close_seen = false;
+  for (const double rate : {1.25e9, 2.5e9, 5e9, 10e9, 20e9, 40e9}) {
+    Planner p(options(), synthetic(rate, 50e-6));
+    const PlanDecision d = p.decide(n, 4, 4);
+    if (d.chosen.plan.strategy == Strategy::kRaw) continue;
+    const bool close = d.raw_seconds <= 2.0 * PlanDecision::expected(d.chosen);
+    if (!close) continue;
+    close_seen = true;
+    ASSERT_GE(d.contenders.size(), 2u) << rate;
+    EXPECT_LE(d.contenders.size(), 5u) << rate;
+    EXPECT_EQ(d.contenders.back().plan.strategy, Strategy::kRaw) << rate;
+    EXPECT_DOUBLE_EQ(PlanDecision::expected(d.contenders.back()), d.raw_seconds) << rate;
+    for (std::size_t i = 0; i + 1 < d.contenders.size(); ++i) {
+      EXPECT_NE(d.contenders[i].plan.strategy, Strategy::kRaw) << rate << " contender " << i;
+    }
+    PlannerOptions off = options();
+    off.explore_raw_within = 0;
+    Planner q(off, synthetic(rate, 50e-6));
+    for (const auto& c : q.decide(n, 4, 4).contenders) {
+      EXPECT_NE(c.plan.strategy, Strategy::kRaw) << rate;
+    }
+  }
+  EXPECT_TRUE(close_seen) << "no link rate gave a compressed choice within 2x of raw";
+  Planner slow(options(), synthetic(12.5e6, 50e-6));
+  const PlanDecision d = slow.decide(n, 4, 4);
+  ASSERT_NE(d.chosen.plan.strategy, Strategy::kRaw);
+  ASSERT_GT(d.raw_seconds, 2.0 * PlanDecision::expected(d.chosen));
+  for (const auto& c : d.contenders) EXPECT_NE(c.plan.strategy, Strategy::kRaw);
+}
+
 TEST(Planner, SmallRawTensorsAndOneCandidateAreNotExplored) {
   Planner p(options(), synthetic(1.25e9, 50e-6));  // 10 Gbit/s: small tensors stay raw
   const PlanDecision small = p.decide(1000, 4, 4);
