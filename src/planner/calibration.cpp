@@ -846,8 +846,9 @@ constexpr double kImplausibleAlpha = 4;
 //   raw1 - allgather = (2N - 3) * alpha    (the latency of a round: wake-ups, the transport)
 //   allgather        = job_overhead + alpha
 //   raw8 - raw1      = the model's extra time for 7 more partitions + 7 * task_overhead.
-// Each figure is the median over runs of the slowest rank's time.
-void measure_engine(Communicator& comm, Calibration& c) {
+// Each figure is the median over runs of the slowest rank's time. Returns what
+// measure_engine_beta does: whether the links paced its raw allreduce.
+bool measure_engine(Communicator& comm, Calibration& c) {
   EngineOptions eo;
   eo.tracer = std::make_shared<TraceRecorder>();  // not TERSE_TRACE's: this engine is a probe
   eo.gather_bytes = 0;                            // raw probes on the ring (see above)
@@ -914,7 +915,7 @@ void measure_engine(Communicator& comm, Calibration& c) {
   };
   c.task_overhead = std::max(
       0.0, (m[2] - predict(kProbePartitions * kPiece, kProbePartitions)) / (kProbePartitions - 1));
-  planner::measure_engine_beta(comm, c);
+  return planner::measure_engine_beta(comm, c);
 }
 
 std::vector<std::string> with_canonical_specs(const std::vector<std::string>& specs) {
@@ -932,13 +933,17 @@ namespace planner {
 
 // The largest host_efficiency believed (see the end of measure_engine_beta).
 constexpr double kMaxHostEfficiency = 2;
+// A raw allreduce paced by the links moves a byte in 0.81-0.99 of the time the links' exchange
+// probe measured (its slowest pair; 46 shaped calibrations of the planner's grids); below
+// this fraction the probe was disturbed (twice: 0.54 and 0.61 of it, 37-46% slow).
+constexpr double kDisturbedLinks = 0.8;
 
-void measure_engine_beta(Communicator& comm, Calibration& c) {
+bool measure_engine_beta(Communicator& comm, Calibration& c) {
   c.engine_beta = 0;
   c.transport_cpu = LinearFit{};
   c.host_efficiency = 1;
   const int n = comm.size();
-  if (n == 1 || c.beta <= 0) return;
+  if (n == 1 || c.beta <= 0) return false;
   EngineOptions eo;
   eo.tracer = std::make_shared<TraceRecorder>();  // a probe: not TERSE_TRACE's
   eo.gather_bytes = 0;
@@ -1023,7 +1028,10 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
   // The bare exchange's beta cannot tell the two apart: on loopback it is the cores' copies too.
   const double share = c.host_share();
   const double ratio = run_cpu[0] > 0 ? measured / (share * run_cpu[0]) : 0;
-  if (share < 1 || ratio > kMaxHostEfficiency) return;
+  // Paced by the links: the cores (this rank's share of them) idled most of the probe.
+  const bool paced =
+      run_cpu[0] > 0 && measured > kMaxHostEfficiency * std::max(1.0, share) * run_cpu[0];
+  if (share < 1 || ratio > kMaxHostEfficiency) return paced;
   // The raw probe's ratio is not a compressed allreduce's: there the codec's work fills the
   // cores while the ranks wait on each other's sends (2 and 4 ranks on 2 cores, 16 MiB:
   // 1.17-1.22 for raw, 0.92-1.15 for fp16 and onebit, sharded, allgather and ring, K = 1 and
@@ -1035,7 +1043,7 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
                                   [](const CodecCosts& k) { return !k.multi_round; });
   if (codec == c.codecs.end()) {
     c.host_efficiency = std::max(1.0, ratio);
-    return;
+    return paced;
   }
   AllreduceOptions compressed;
   compressed.codec = codec->spec;
@@ -1049,6 +1057,23 @@ void measure_engine_beta(Communicator& comm, Calibration& c) {
       planner::agree_median(comm, {planner::median(std::move(host.cpu))})[0];
   const double host_ratio = compressed_cpu > 0 ? compressed_wall / (share * compressed_cpu) : 0;
   if (host_ratio <= kMaxHostEfficiency) c.host_efficiency = std::max(1.0, host_ratio);
+  return paced;
+}
+
+void check_links(Communicator& comm, const CalibrationOptions& options, Calibration& c,
+                 bool paced) {
+  if (!paced || c.engine_beta <= 0 || c.engine_beta >= kDisturbedLinks * c.beta) return;
+  Calibration again = c;
+  measure_links(comm, options, again);
+  log_line(options.quiet, comm.rank(),
+           fmt::format("a raw allreduce moved {:.1f} MB/s over links measured at {:.1f} MB/s; "
+                       "links measured again: {:.1f} MB/s",
+                       1e-6 / c.engine_beta, 1e-6 / c.beta, 1e-6 / again.beta));
+  if (again.beta >= c.beta) return;
+  c.beta = again.beta;
+  c.peer_beta = std::move(again.peer_beta);
+  c.peer_alpha = std::move(again.peer_alpha);
+  measure_engine_beta(comm, c);
 }
 
 }  // namespace planner
@@ -1074,7 +1099,7 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   measure_cpu(&comm, options, c);
   log_line(options.quiet, comm.rank(),
            fmt::format("codecs measured in {:.2f} s", seconds_since(cpu_start)));
-  measure_engine(comm, c);
+  bool paced = measure_engine(comm, c);
   // alpha is a difference of two medians of short runs, so a burst of load from outside the
   // job during the probe can inflate it tenfold (seen once in the planner's accuracy grid:
   // 2.5 ms against 0.2 ms in every other calibration of the same links), and every small
@@ -1089,13 +1114,14 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
        retry < 2 && link_latency > 0 && c.alpha > kImplausibleAlpha * link_latency + 1e-3;
        ++retry) {
     Calibration again = c;
-    measure_engine(comm, again);
+    const bool paced_again = measure_engine(comm, again);
     log_line(options.quiet, comm.rank(),
              fmt::format("engine round latency {:.1f} us is implausible against the links' "
                          "{:.1f} us; measured again: {:.1f} us",
                          c.alpha * 1e6, link_latency * 1e6, again.alpha * 1e6));
-    if (again.alpha < c.alpha) c = again;
+    if (again.alpha < c.alpha) c = again, paced = paced_again;
   }
+  if (options.measure_links) planner::check_links(comm, options, c, paced);
   c.seconds = planner::agree_max(comm, {seconds_since(start)})[0];
   log_line(options.quiet, comm.rank(), fmt::format("done in {:.2f} s", c.seconds));
   return c;

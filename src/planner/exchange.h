@@ -32,8 +32,16 @@ void measure_links(Communicator& comm, const CalibrationOptions& options, Calibr
 
 // Times a raw allreduce inside an engine and sets calibration.engine_beta from what alpha,
 // beta and the CPU fits leave unexplained (a collective; needs the links and the engine's
-// overheads measured).
-void measure_engine_beta(Communicator& comm, Calibration& calibration);
+// overheads measured). Returns whether the links paced that allreduce (the cores idled most of
+// it), the same on every rank.
+bool measure_engine_beta(Communicator& comm, Calibration& calibration);
+
+// Where a raw allreduce paced by the links (`paced`, from measure_engine_beta) moved its bytes
+// clearly faster than the links were measured to allow, that measurement was disturbed:
+// measures the links again, keeps the faster, and then the engine's byte again. A collective;
+// every rank takes the same branch.
+void check_links(Communicator& comm, const CalibrationOptions& options, Calibration& calibration,
+                 bool paced);
 
 // Times a ring exchange (every rank sends to the next and receives from the previous at once)
 // of a size the calibration predicts to take about options.link_target_seconds, and returns

@@ -164,7 +164,8 @@ void Planner::ensure_calibrated(Communicator& comm) {
                      ratio);
       }
       planner::measure_links(comm, options_.calibration, c);
-      planner::measure_engine_beta(comm, c);
+      const bool paced = planner::measure_engine_beta(comm, c);
+      planner::check_links(comm, options_.calibration, c, paced);
       save = true;
     }
     if (log) std::fprintf(stderr, "terse plan: calibration from %s\n", path.c_str());

@@ -816,6 +816,15 @@ TEST_P(Ranks, AutoRunsPowerSgdWhereItPays) {
   }
 }
 
+TEST_P(Ranks, CalibrationMeasuresDisturbedLinksAgain) {
+  const int n = GetParam();
+  auto r = testing::shell(fmt::format("{} run -n {} --timeout 60 -- {} links", kCli, n, kWorker));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NE(r.output.find(fmt::format("OK rank {} links", i)), std::string::npos) << r.output;
+  }
+}
+
 TEST_P(Ranks, TraceMergeAlignsEveryRanksClock) {
   const int n = GetParam();
   const std::string dir = testing::temp_dir();

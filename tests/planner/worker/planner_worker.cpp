@@ -10,9 +10,13 @@
 //           does not, and results are identical on every rank
 //   trace   a few compressed allreduces under TERSE_TRACE (set by the caller): every rank writes
 //           its trace with its clock offset, for `terse trace merge`
+//   links   a links' measurement made 10x slow (a disturbed sweep) under a raw allreduce that
+//           the links paced: planner::check_links measures them again and keeps the faster, the
+//           same on every rank; not paced, it keeps them
 // Prints "OK rank R SCENARIO" on success; "CHECK FAILED: ..." and exit 2 otherwise.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "kit/hash.h"
+#include "planner/exchange.h"
 #include "planner/synthetic.h"
 #include "worker_check.h"
 #include "terse/communicator.h"
@@ -186,11 +191,45 @@ int scenario_trace(Communicator& comm) {
   return 0;
 }
 
+int scenario_links(Communicator& comm) {
+  CalibrationOptions o;
+  o.quiet = true;
+  Calibration c = testing::synthetic(1e9, 50e-6, comm.size());
+  planner::measure_links(comm, o, c);
+  const double measured = c.beta;
+  check(measured > 0, "the links were not measured");
+  Calibration disturbed = c;
+  disturbed.beta = 10 * measured;
+  for (auto& row : disturbed.peer_beta) {
+    for (auto& b : row) b *= 10;
+  }
+  disturbed.engine_beta = measured;  // what a raw allreduce moved
+  Calibration kept = disturbed;
+  planner::check_links(comm, o, kept, /*paced=*/false);
+  check(kept.beta == disturbed.beta && kept.engine_beta == disturbed.engine_beta,
+        "links were measured again where the links did not pace the allreduce");
+  planner::check_links(comm, o, disturbed, /*paced=*/true);
+  check(disturbed.beta < 5 * measured,
+        fmt::format("disturbed links kept: {} s/B against {} s/B measured", disturbed.beta,
+                    measured));
+  double slowest = 0;
+  for (const auto& row : disturbed.peer_beta) {
+    for (double b : row) slowest = std::max(slowest, b);
+  }
+  check(slowest == disturbed.beta, "peer_beta was not replaced with beta");
+  check(disturbed.engine_beta > 0 && disturbed.engine_beta != measured,
+        "the engine's byte was not measured again");
+  check(planner::agree_max(comm, {disturbed.beta})[0] == disturbed.beta,
+        "ranks disagree on the links measured again");
+  std::printf("OK rank %d links\n", comm.rank());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: planner_worker auto|loses|powersgd|trace\n");
+    std::fprintf(stderr, "usage: planner_worker auto|loses|powersgd|trace|links\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -205,6 +244,8 @@ int main(int argc, char** argv) {
       rc = scenario_powersgd(*comm);
     } else if (scenario == "trace") {
       rc = scenario_trace(*comm);
+    } else if (scenario == "links") {
+      rc = scenario_links(*comm);
     } else {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     }
