@@ -36,12 +36,14 @@ void measure_links(Communicator& comm, const CalibrationOptions& options, Calibr
 // it), the same on every rank.
 bool measure_engine_beta(Communicator& comm, Calibration& calibration);
 
-// Where a raw allreduce paced by the links (`paced`, from measure_engine_beta) moved its bytes
-// clearly faster than the links were measured to allow, that measurement was disturbed:
-// measures the links again, keeps the faster, and then the engine's byte again. A collective;
-// every rank takes the same branch.
-void check_links(Communicator& comm, const CalibrationOptions& options, Calibration& calibration,
-                 bool paced);
+// Where the links paced the raw allreduce of measure_engine_beta (`paced`, its result), that
+// allreduce and the links' exchange probe measure the same bytes. If the allreduce moved them
+// clearly faster than the links were measured to allow, the links' measurement was disturbed:
+// measures the links again, keeps the faster, and then the engine's byte again. If it moved
+// them clearly slower, the allreduce was: measures the engine's byte again and keeps the
+// faster. A collective; every rank takes the same branch (the figures compared are agreed).
+void check_link_probes(Communicator& comm, const CalibrationOptions& options,
+                       Calibration& calibration, bool paced);
 
 // Times a ring exchange (every rank sends to the next and receives from the previous at once)
 // of a size the calibration predicts to take about options.link_target_seconds, and returns

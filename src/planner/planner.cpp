@@ -165,7 +165,7 @@ void Planner::ensure_calibrated(Communicator& comm) {
       }
       planner::measure_links(comm, options_.calibration, c);
       const bool paced = planner::measure_engine_beta(comm, c);
-      planner::check_links(comm, options_.calibration, c, paced);
+      planner::check_link_probes(comm, options_.calibration, c, paced);
       save = true;
     }
     if (log) std::fprintf(stderr, "terse plan: calibration from %s\n", path.c_str());

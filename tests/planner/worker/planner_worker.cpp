@@ -10,9 +10,10 @@
 //           does not, and results are identical on every rank
 //   trace   a few compressed allreduces under TERSE_TRACE (set by the caller): every rank writes
 //           its trace with its clock offset, for `terse trace merge`
-//   links   a links' measurement made 10x slow (a disturbed sweep) under a raw allreduce that
-//           the links paced: planner::check_links measures them again and keeps the faster, the
-//           same on every rank; not paced, it keeps them
+//   links   planner::check_link_probes where the links paced the engine's raw allreduce: a
+//           links' measurement made 10x slow (a disturbed sweep) is measured again and the
+//           faster kept; so is an engine byte made 10x slow; the same on every rank. Not
+//           paced, both are kept
 // Prints "OK rank R SCENARIO" on success; "CHECK FAILED: ..." and exit 2 otherwise.
 #include <fmt/format.h>
 
@@ -205,10 +206,10 @@ int scenario_links(Communicator& comm) {
   }
   disturbed.engine_beta = measured;  // what a raw allreduce moved
   Calibration kept = disturbed;
-  planner::check_links(comm, o, kept, /*paced=*/false);
+  planner::check_link_probes(comm, o, kept, /*paced=*/false);
   check(kept.beta == disturbed.beta && kept.engine_beta == disturbed.engine_beta,
         "links were measured again where the links did not pace the allreduce");
-  planner::check_links(comm, o, disturbed, /*paced=*/true);
+  planner::check_link_probes(comm, o, disturbed, /*paced=*/true);
   check(disturbed.beta < 5 * measured,
         fmt::format("disturbed links kept: {} s/B against {} s/B measured", disturbed.beta,
                     measured));
@@ -221,6 +222,16 @@ int scenario_links(Communicator& comm) {
         "the engine's byte was not measured again");
   check(planner::agree_max(comm, {disturbed.beta})[0] == disturbed.beta,
         "ranks disagree on the links measured again");
+  // The engine's byte 10x slower than the links: the allreduce was disturbed.
+  Calibration slow_engine = disturbed;
+  slow_engine.engine_beta = 10 * disturbed.beta;
+  planner::check_link_probes(comm, o, slow_engine, /*paced=*/true);
+  check(slow_engine.engine_beta > 0 && slow_engine.engine_beta < 10 * disturbed.beta,
+        fmt::format("a disturbed engine byte kept: {} s/B over links of {} s/B",
+                    slow_engine.engine_beta, disturbed.beta));
+  check(slow_engine.beta == disturbed.beta, "the links changed with the engine's byte");
+  check(planner::agree_max(comm, {slow_engine.engine_beta})[0] == slow_engine.engine_beta,
+        "ranks disagree on the engine's byte measured again");
   std::printf("OK rank %d links\n", comm.rank());
   return 0;
 }
