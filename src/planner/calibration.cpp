@@ -935,7 +935,8 @@ namespace planner {
 constexpr double kMaxHostEfficiency = 2;
 // A raw allreduce paced by the links moves a byte in 0.81-0.99 of the time the links' exchange
 // probe measured (its slowest pair; 46 shaped calibrations of the planner's grids); below
-// this fraction the probe was disturbed (twice: 0.54 and 0.61 of it, 37-46% slow).
+// this fraction the probe was disturbed (twice: 0.54 and 0.61 of it, the links measured 38-46%
+// slow).
 constexpr double kDisturbedLinks = 0.8;
 // ... and never slower than the links (at most 0.99 of their time a byte in those 46); above
 // this multiple the allreduce was disturbed (once: 1.62, 100 Mbit/s, 4 ranks, s36).
