@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Emulates an N-host cluster on this machine and runs a command on every host.
 #
-#   scripts/cluster.sh -n N -r RATE|unshaped [-p PORT] [-b BURST] -- COMMAND [ARGS...]
+#   scripts/cluster.sh -n N -r RATE|unshaped [-p PORT] [-b BURST] [-c auto|none] -- COMMAND ...
 #
 # Topology: a "switch" network namespace holding a bridge, and N "host" namespaces, each joined
 # to the bridge by a veth pair (eth0 in the host, sI in the switch). Every link is shaped with
@@ -15,20 +15,24 @@
 # MASTER_ADDR=10.77.0.1 (host 0), MASTER_PORT=PORT (default 29500) and TERSE_IFNAME=eth0, its
 # output prefixed by "[host I] ". The script fails if any host's command fails; the others are
 # then stopped. Needs root, iproute2 and tc.
+# -c auto (default: TERSE_BIND, else auto) binds host I's command to its own cores as `terse run
+# --bind auto` does (src/kit/host.h, kit::binding): the emulated hosts share this machine's
+# cores evenly where their count divides the cores or the cores divide it; -c none does not.
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 -n N -r RATE [-p PORT] [-b BURST] -- COMMAND [ARGS...]" >&2
+  echo "usage: $0 -n N -r RATE [-p PORT] [-b BURST] [-c auto|none] -- COMMAND [ARGS...]" >&2
   exit 2
 }
 
-n="" rate="" port=29500 burst=""
-while getopts "n:r:p:b:h" opt; do
+n="" rate="" port=29500 burst="" bind=${TERSE_BIND:-auto}
+while getopts "n:r:p:b:c:h" opt; do
   case "$opt" in
     n) n=$OPTARG ;;
     r) rate=$OPTARG ;;
     p) port=$OPTARG ;;
     b) burst=$OPTARG ;;
+    c) bind=$OPTARG ;;
     *) usage ;;
   esac
 done
@@ -37,6 +41,26 @@ shift $((OPTIND - 1))
 [ -n "$n" ] && [ -n "$rate" ] && [ $# -gt 0 ] || usage
 [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || { echo "$0: bad -n $n" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (ip netns)" >&2; exit 2; }
+[ "$bind" = auto ] || [ "$bind" = none ] || { echo "$0: -c must be auto or none" >&2; exit 2; }
+
+# Host I's CPUs under -c auto (kit::binding's rule): with N dividing the CPUs this script may
+# use, a block of CPUs/N of them; with the CPUs dividing N, CPU I mod CPUs; else all of them.
+cpus=()
+for range in $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status | tr , ' '); do
+  for ((c = ${range%-*}; c <= ${range#*-}; c++)); do cpus+=("$c"); done
+done
+host_cpus() {
+  local i=$1 count=${#cpus[@]}
+  if [ "$bind" = none ] || [ "$n" -le 1 ] || [ "$count" -le 1 ]; then
+    return
+  elif ((count % n == 0)); then
+    local block=$((count / n)) list=()
+    for ((c = i * block; c < (i + 1) * block; c++)); do list+=("${cpus[$c]}"); done
+    (IFS=,; echo "${list[*]}")
+  elif ((n % count == 0)); then
+    echo "${cpus[$((i % count))]}"
+  fi
+}
 
 # tbf needs a bucket of at least one timer tick of traffic; 256 KiB is enough up to about
 # 1 Gbit/s, faster links get 2 ms worth of bytes.
@@ -113,8 +137,10 @@ exec {wake}<>"$statusdir/wake"
 for ((i = 0; i < n; i++)); do
   (
     set +e
+    pin=$(host_cpus "$i")
     ip netns exec "${hosts[$i]}" env RANK="$i" WORLD_SIZE="$n" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-      MASTER_ADDR=10.77.0.1 MASTER_PORT="$port" TERSE_IFNAME=eth0 "$@" \
+      MASTER_ADDR=10.77.0.1 MASTER_PORT="$port" TERSE_IFNAME=eth0 \
+      ${pin:+taskset -c "$pin"} "$@" \
       > >(sed -u "s/^/[host $i] /") 2> >(sed -u "s/^/[host $i] /" >&2)
     echo $? > "$statusdir/$i"
     echo "$i" > "$statusdir/wake"

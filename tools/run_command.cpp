@@ -1,6 +1,7 @@
 // terse run: the local launcher. Starts N ranks of a program on this host with torchrun's
 // environment, prefixes their output by rank, forwards SIGINT/SIGTERM/SIGHUP, and fails as a
 // whole when one rank fails (the others get SIGTERM, then SIGKILL after a grace period).
+// Binds each rank to its own cores where the ranks share the cores evenly (kit::binding).
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "kit/host.h"
 
 namespace terse::tools {
 namespace {
@@ -115,6 +117,7 @@ struct Launch {
   double grace = 5;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  std::string bind = "auto";  // "auto" (kit::binding) or "none"
 };
 
 int run(const Launch& opt) {
@@ -132,6 +135,16 @@ int run(const Launch& opt) {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
+
+  if (opt.bind != "auto" && opt.bind != "none") {
+    fmt::print(stderr, "terse run: --bind must be auto or none, not {}\n", opt.bind);
+    return 2;
+  }
+  const std::vector<int> cpus = kit::allowed_cpus();
+  std::vector<std::vector<int>> binding(opt.n);
+  if (opt.bind == "auto") {
+    for (int i = 0; i < opt.n; ++i) binding[i] = kit::binding(i, opt.n, cpus);
+  }
 
   const int port = opt.master_port > 0 ? opt.master_port : free_port();
   std::vector<Rank> ranks(opt.n);
@@ -171,6 +184,13 @@ int run(const Launch& opt) {
       ::setenv("ROLE_WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
       if (opt.n > 1) ::setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun does
       if (opt.timeout > 0) ::setenv("TERSE_TIMEOUT", fmt::format("{}", opt.timeout).c_str(), 1);
+      if (!binding[i].empty()) {
+        try {
+          kit::bind_to(binding[i]);
+        } catch (const std::exception& e) {  // the rank still runs, unbound
+          write_all(2, fmt::format("terse run: rank {} runs unbound: {}\n", i, e.what()));
+        }
+      }
       std::vector<char*> argv;
       for (const auto& a : opt.command) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
@@ -305,6 +325,12 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--master-addr", opt->master_addr, "MASTER_ADDR for the ranks")
       ->capture_default_str();
   cmd->add_option("--master-port", opt->master_port, "MASTER_PORT (default: a free port)");
+  if (const char* env = std::getenv("TERSE_BIND"); env != nullptr && *env != '\0') opt->bind = env;
+  cmd->add_option("--bind", opt->bind,
+                  "auto: each rank on its own cores where the ranks divide them evenly (or "
+                  "they the ranks); none: leave placement to the kernel (default: TERSE_BIND, "
+                  "else auto)")
+      ->capture_default_str();
   cmd->add_option("program", opt->command, "PROGRAM ARGS... (after --)")->expected(-1);
   cmd->prefix_command();
   cmd->callback([opt, cmd] {

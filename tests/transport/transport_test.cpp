@@ -1,12 +1,14 @@
 // Transport tests: stores in-process, then real multi-process runs of transport_worker through
 // `terse run` (N = 2, 3, 4; TCP-store and file-store bootstrap; killed and stalled peers) and
 // through scripts/cluster.sh over a shaped link (root only).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "kit/host.h"
 #include "process_testing.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
@@ -222,6 +225,36 @@ TEST(Launcher, ForwardsSigterm) {
   EXPECT_NE(r.output.find("[rank 0] got-term"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 1] got-term"), std::string::npos) << r.output;
   EXPECT_LT(r.seconds, 10);
+}
+
+// `terse run` binds rank i to kit::binding(i, n, its own CPUs) (unbound where that is empty),
+// and every rank's machine share counts the machine's cores as the union of the ranks' masks:
+// the same figures bound and unbound.
+TEST(Launcher, BindsRanksToTheirOwnCoresAndTheShareCountsEveryCore) {
+  const std::vector<int> mine = kit::allowed_cpus();
+  const int cores = static_cast<int>(mine.size());
+  auto list = [](const std::vector<int>& cpus) {
+    std::string s;
+    for (int c : cpus) s += (s.empty() ? "" : ",") + std::to_string(c);
+    return s;
+  };
+  for (const int n : {2, 3, 4}) {
+    for (const std::string bind : {"auto", "none"}) {
+      auto r = shell(kCli + " run -n " + std::to_string(n) + " --bind " + bind +
+                     " --timeout 60 -- " + kWorker + " share");
+      ASSERT_EQ(r.code, 0) << r.output;
+      for (int i = 0; i < n; ++i) {
+        std::vector<int> want = bind == "auto" ? kit::binding(i, n, mine) : std::vector<int>{};
+        if (want.empty()) want = mine;
+        const std::string line = fmt::format(
+            "[rank {}] SHARE rank={} cpus={} cores={} ranks_on_host={} cores_per_rank={} "
+            "fewest_cores={} most_ranks={}\n",
+            i, i, list(want), want.size(), n, std::max(1, cores / n), cores, n);
+        EXPECT_NE(r.output.find(line), std::string::npos)
+            << "n = " << n << ", --bind " << bind << ": want " << line << r.output;
+      }
+    }
+  }
 }
 
 // ---- multi-process communicator tests ---------------------------------------------------------

@@ -8,6 +8,8 @@
 //                           itself once the first megabyte of a block has reached it, so that
 //                           its neighbours' send and recv are cut off with their bytes moving
 //   bandwidth BYTES REPS    rank 0 sends BYTES to rank 1 REPS times; prints seconds per transfer
+//   share                   kit::machine_share: prints "SHARE rank=R cpus=LIST cores=C
+//                           ranks_on_host=H cores_per_rank=P fewest_cores=F most_ranks=M"
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "kit/host.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
 #include "worker_check.h"
@@ -213,17 +216,34 @@ int bandwidth(Communicator& comm, std::size_t bytes, int reps) {
   return 0;
 }
 
+int share(Communicator& comm) {
+  const terse::kit::MachineShare s = terse::kit::machine_share(comm);
+  std::string cpus;
+  for (int c : terse::kit::allowed_cpus()) {
+    if (!cpus.empty()) cpus.push_back(',');
+    cpus.append(std::to_string(c));
+  }
+  std::printf(
+      "SHARE rank=%d cpus=%s cores=%d ranks_on_host=%d cores_per_rank=%d fewest_cores=%d "
+      "most_ranks=%d\n",
+      comm.rank(), cpus.c_str(), s.cores, s.ranks_on_host, s.cores_per_rank, s.fewest_cores,
+      s.most_ranks_on_host);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: transport_worker basic|die VICTIM kill|stop|bandwidth BYTES REPS\n");
+    std::fprintf(stderr,
+                 "usage: transport_worker basic|die VICTIM kill|stop|bandwidth BYTES REPS|share\n");
     return 2;
   }
   const std::string mode = argv[1];
   try {
     auto comm = Communicator::from_env();
     if (mode == "basic") return basic(*comm);
+    if (mode == "share") return share(*comm);
     if (mode == "die" && argc == 4) return die(*comm, std::atoi(argv[2]), argv[3]);
     if (mode == "bandwidth" && argc == 4) {
       return bandwidth(*comm, std::strtoull(argv[2], nullptr, 10), std::atoi(argv[3]));
