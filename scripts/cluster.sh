@@ -16,8 +16,8 @@
 # output prefixed by "[host I] ". The script fails if any host's command fails; the others are
 # then stopped. Needs root, iproute2 and tc.
 # -c auto (default: TERSE_BIND, else auto) binds host I's command to its own cores as `terse run
-# --bind auto` does (src/kit/host.h, kit::binding): the emulated hosts share this machine's
-# cores evenly where their count divides the cores or the cores divide it; -c none does not.
+# --bind auto` does (src/kit/host.h, kit::binding): where N divides this machine's cores, each
+# emulated host gets a block of them; -c none does not bind.
 set -euo pipefail
 
 usage() {
@@ -44,7 +44,7 @@ shift $((OPTIND - 1))
 [ "$bind" = auto ] || [ "$bind" = none ] || { echo "$0: -c must be auto or none" >&2; exit 2; }
 
 # Host I's CPUs under -c auto (kit::binding's rule): with N dividing the CPUs this script may
-# use, a block of CPUs/N of them; with the CPUs dividing N, CPU I mod CPUs; else all of them.
+# use, a block of CPUs/N of them; else (more hosts than CPUs, say) all of them.
 cpus=()
 for range in $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status | tr , ' '); do
   for ((c = ${range%-*}; c <= ${range#*-}; c++)); do cpus+=("$c"); done
@@ -57,8 +57,6 @@ host_cpus() {
     local block=$((count / n)) list=()
     for ((c = i * block; c < (i + 1) * block; c++)); do list+=("${cpus[$c]}"); done
     (IFS=,; echo "${list[*]}")
-  elif ((n % count == 0)); then
-    echo "${cpus[$((i % count))]}"
   fi
 }
 

@@ -50,7 +50,6 @@ std::vector<int> binding(int rank, int ranks, const std::vector<int>& cpus) {
     const int block = n / ranks;
     return {cpus.begin() + rank * block, cpus.begin() + (rank + 1) * block};
   }
-  if (ranks % n == 0) return {cpus[rank % n]};
   return {};
 }
 

@@ -18,12 +18,14 @@ std::vector<int> allowed_cpus();
 
 // Where a launcher binds local rank `rank` of `ranks` given the CPUs it may use, as Open MPI's
 // "bind to core" does: with ranks dividing the CPUs, each rank gets its own block of
-// cpus.size() / ranks consecutive ones; with the CPUs dividing the ranks, rank r gets CPU
-// r % cpus.size() (as many ranks on each). Empty (no binding) otherwise, and for one rank or
-// one CPU: the kernel shares uneven counts more evenly than a fixed map would, and a job's
-// collectives run at its slowest rank's pace. Bound, a rank's threads stop migrating between
-// cores and its messages' wake-ups stay on one core: on 2 cores, a 1 MiB allreduce between 2
-// ranks took 0.54-0.69 ms bound against 0.65-1.13 ms unbound (docs/planner.md).
+// cpus.size() / ranks consecutive ones. Empty (no binding) otherwise: for one rank, for more
+// ranks than CPUs (Open MPI does not bind an oversubscribed job either: pinned 2 to a core, 4
+// ranks on 2 cores measured their links at 1.8-2.0 ns a byte against 1.0-1.4 unbound, and
+// the planner's predictions drifted; docs/planner.md), and for counts that do not divide (a fixed map would give some
+// cores more work than others, and a collective runs at its slowest rank's pace). Bound, a
+// rank's threads stop migrating between cores and its messages' wake-ups stay on one core: on
+// 2 cores, a 1 MiB allreduce between 2 ranks took 0.54-0.69 ms bound against 0.65-1.13 ms
+// unbound (docs/design.md).
 std::vector<int> binding(int rank, int ranks, const std::vector<int>& cpus);
 
 // Restricts this process to `cpus` (threads it starts later inherit it); throws terse::Error.
