@@ -1,7 +1,7 @@
 // terse run: the local launcher. Starts N ranks of a program on this host with torchrun's
 // environment, prefixes their output by rank, forwards SIGINT/SIGTERM/SIGHUP, and fails as a
 // whole when one rank fails (the others get SIGTERM, then SIGKILL after a grace period).
-// Binds each rank to its own cores where the ranks share the cores evenly (kit::binding).
+// Binds each rank to its own cores where the ranks divide the cores (kit::binding).
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
@@ -327,8 +327,8 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--master-port", opt->master_port, "MASTER_PORT (default: a free port)");
   if (const char* env = std::getenv("TERSE_BIND"); env != nullptr && *env != '\0') opt->bind = env;
   cmd->add_option("--bind", opt->bind,
-                  "auto: each rank on its own cores where the ranks divide them evenly (or "
-                  "they the ranks); none: leave placement to the kernel (default: TERSE_BIND, "
+                  "auto: each rank on its own block of cores where the ranks divide the cores "
+                  "(else unbound); none: leave placement to the kernel (default: TERSE_BIND, "
                   "else auto)")
       ->capture_default_str();
   cmd->add_option("program", opt->command, "PROGRAM ARGS... (after --)")->expected(-1);
