@@ -21,12 +21,7 @@
 
 namespace terse::kit {
 
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
+int usable_cores() { return static_cast<int>(allowed_cpus().size()); }
 
 std::vector<int> allowed_cpus() {
   cpu_set_t set;
@@ -38,7 +33,8 @@ std::vector<int> allowed_cpus() {
     }
   }
   if (cpus.empty()) {
-    for (int c = 0; c < usable_cores(); ++c) cpus.push_back(c);
+    const int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (int c = 0; c < n; ++c) cpus.push_back(c);
   }
   return cpus;
 }

@@ -796,33 +796,23 @@ TEST_P(Ranks, AutoPlansAgreeOnEveryRankAndRun) {
   std::filesystem::remove_all(cache);
 }
 
-TEST_P(Ranks, AutoStaysRawWhereCompressionLoses) {
-  const int n = GetParam();
-  auto r = testing::shell(fmt::format("{} run -n {} --timeout 60 -- {} loses", kCli, n, kWorker));
-  ASSERT_EQ(r.code, 0) << r.output;
-  for (int i = 0; i < n; ++i) {
-    EXPECT_NE(r.output.find(fmt::format("OK rank {} loses", i)), std::string::npos) << r.output;
-  }
-}
-
-TEST_P(Ranks, AutoRunsPowerSgdWhereItPays) {
-  const int n = GetParam();
+// Runs the planner worker's `scenario` on n ranks; every rank must print "OK rank R scenario".
+void expect_scenario_passes(int n, const std::string& scenario) {
   auto r =
-      testing::shell(fmt::format("{} run -n {} --timeout 60 -- {} powersgd", kCli, n, kWorker));
+      testing::shell(fmt::format("{} run -n {} --timeout 60 -- {} {}", kCli, n, kWorker, scenario));
   ASSERT_EQ(r.code, 0) << r.output;
   for (int i = 0; i < n; ++i) {
-    EXPECT_NE(r.output.find(fmt::format("OK rank {} powersgd", i)), std::string::npos)
+    EXPECT_NE(r.output.find(fmt::format("OK rank {} {}", i, scenario)), std::string::npos)
         << r.output;
   }
 }
 
+TEST_P(Ranks, AutoStaysRawWhereCompressionLoses) { expect_scenario_passes(GetParam(), "loses"); }
+
+TEST_P(Ranks, AutoRunsPowerSgdWhereItPays) { expect_scenario_passes(GetParam(), "powersgd"); }
+
 TEST_P(Ranks, CalibrationMeasuresDisturbedLinksAgain) {
-  const int n = GetParam();
-  auto r = testing::shell(fmt::format("{} run -n {} --timeout 60 -- {} links", kCli, n, kWorker));
-  ASSERT_EQ(r.code, 0) << r.output;
-  for (int i = 0; i < n; ++i) {
-    EXPECT_NE(r.output.find(fmt::format("OK rank {} links", i)), std::string::npos) << r.output;
-  }
+  expect_scenario_passes(GetParam(), "links");
 }
 
 TEST_P(Ranks, TraceMergeAlignsEveryRanksClock) {
