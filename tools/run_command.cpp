@@ -36,23 +36,43 @@ void on_signal(int signo) {
   errno = saved;
 }
 
-// A free TCP port on the loopback interface for rank 0's store. Another process could take it
-// before rank 0 binds it; torchrun has the same window.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  int port = 29500;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
+// A free TCP port for rank 0's store, held for the whole job. The kernel picks it, and this
+// socket stays bound (SO_REUSEADDR, never listening) until the launcher exits: rank 0's server,
+// which sets SO_REUSEADDR (terse's store and torch's TCPStore both do), can still bind and
+// listen on it, while the kernel hands the port to no other socket, not for another bind(0)
+// nor as a connection's local port. Released at once (as torchrun does), the port was taken
+// in the window before rank 0 bound it by a concurrent job's Gloo listener: seen under ctest
+// -j2, where rank 0 failed with "Address already in use" and the other ranks' store requests
+// reached the other job's Gloo pair, which failed too.
+class PortReservation {
+ public:
+  PortReservation() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return;
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = 0;
+    socklen_t len = sizeof(a);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port_ = ntohs(a.sin_port);
+    }
   }
-  if (fd >= 0) ::close(fd);
-  return port;
-}
+  ~PortReservation() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  PortReservation(const PortReservation&) = delete;
+  PortReservation& operator=(const PortReservation&) = delete;
+
+  int port() const { return port_; }  // 0 where no port could be bound
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 void write_all(int fd, const std::string& s) {
   const char* p = s.data();
@@ -146,7 +166,13 @@ int run(const Launch& opt) {
     for (int i = 0; i < opt.n; ++i) binding[i] = kit::binding(i, opt.n, cpus);
   }
 
-  const int port = opt.master_port > 0 ? opt.master_port : free_port();
+  std::optional<PortReservation> reserved;
+  if (opt.master_port <= 0) reserved.emplace();
+  const int port = opt.master_port > 0 ? opt.master_port : reserved->port();
+  if (port <= 0) {
+    fmt::print(stderr, "terse run: no free TCP port for rank 0's store: {}\n", strerror(errno));
+    return 1;
+  }
   std::vector<Rank> ranks(opt.n);
   std::vector<Stream> streams;
   streams.reserve(2 * opt.n);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -225,6 +226,34 @@ TEST(Launcher, ForwardsSigterm) {
   EXPECT_NE(r.output.find("[rank 0] got-term"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 1] got-term"), std::string::npos) << r.output;
   EXPECT_LT(r.seconds, 10);
+}
+
+// The store's port stays bound by the launcher for the whole job, so that no other socket gets
+// it before rank 0 serves it (a concurrent job's Gloo listener did, under ctest -j2): a plain
+// bind of MASTER_PORT fails, and a server's bind with SO_REUSEADDR (as rank 0's) listens.
+TEST(Launcher, HoldsTheStorePortForRankZero) {
+  auto r = shell(kCli + " run -n 2 -- /usr/bin/python3 -c '\n"
+                        "import os, socket\n"
+                        "port = int(os.environ[\"MASTER_PORT\"])\n"
+                        "s = socket.socket()\n"
+                        "try:\n"
+                        "    s.bind((\"0.0.0.0\", port))\n"
+                        "    print(\"bound\", port)\n"
+                        "except OSError as e:\n"
+                        "    print(\"held\", e.errno)\n"
+                        "if os.environ[\"RANK\"] == \"0\":\n"
+                        "    t = socket.socket()\n"
+                        "    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                        "    t.bind((\"0.0.0.0\", port))\n"
+                        "    t.listen()\n"
+                        "    print(\"serves\")\n"
+                        "'");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(r.output.find(fmt::format("[rank {}] held {}", i, EADDRINUSE)), std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("[rank 0] serves"), std::string::npos) << r.output;
 }
 
 // `terse run` binds rank i to kit::binding(i, n, its own CPUs) (unbound where that is empty),
