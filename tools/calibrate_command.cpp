@@ -54,6 +54,12 @@ void print(const Calibration& c, const std::string& path) {
         "({:.1f} MB/s, the slowest pair; {:.1f} MB/s in a raw allreduce of the engine)\n",
         c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0,
         c.engine_beta > 0 ? 1e-6 / c.engine_beta : 0.0);
+    if (const LinearFit& l = c.engine_link; l.points > 0) {
+      t += fmt::format(
+          "  the cores pace the links: a byte costs {:.3f} ns in a raw allreduce's partition up "
+          "to {:.0f} KB sent, {:.3f} ns beyond (the model's links)\n",
+          l.b * 1e9, l.knee / 1e3, l.b2 * 1e9);
+    }
     const LinearFit& x = c.transport_cpu;
     t += fmt::format(
         "  host CPU (median rank, every thread): {:.1f} us a message; the transport {:.3f} ns/B "

@@ -233,6 +233,7 @@ void run(const Options& opt) {
   if (!opt.bandwidth.empty()) {
     cal.beta = 8.0 / parse_rate(opt.bandwidth, "--bandwidth");
     cal.engine_beta = 0;  // measured on other links
+    cal.engine_link = LinearFit{};
     cal.transport_cpu = LinearFit{};
     cal.host_efficiency = 1;
   } else if (cal.beta <= 0) {

@@ -116,6 +116,13 @@ struct Calibration {
   // runs up to twice as fast as an allreduce does; on a shaped link the two agree. The model
   // prices a byte at the larger of the two (link_beta()).
   double engine_beta = 0;
+  // Where the cores, not the links, set a raw allreduce's pace (loopback, or ranks sharing the
+  // cores): the seconds that the engine's raw allreduce took for the bytes a rank sends in one
+  // partition, beyond what alpha and the CPU fits explain, measured at the engine_beta probe's
+  // two sizes: slope b up to the smaller (knee; the kernel's copies stay in the cache), b2
+  // beyond. Empty (points 0) where the links paced the probe, or not measured: link_beta()
+  // prices every byte then. See link_seconds().
+  LinearFit engine_link;
   // Host CPU seconds (every thread of the process, the kernel's share included) that the
   // transport spends on a partition of which this rank sends x bytes (and receives as many),
   // beyond the strategy's own arithmetic and cpu_per_message: the copies into and out of the
@@ -155,6 +162,11 @@ struct Calibration {
 
   const CodecCosts* find(std::string_view canonical_spec) const;
   double link_beta() const { return std::max(beta, engine_beta); }
+  // Seconds the links take for `bytes` a rank sends in one partition: engine_link where it was
+  // measured (the cores pace the links, and a bare exchange's slope, taken out of the cache,
+  // is neither what the engine's copies cost in the cache nor steady: 0.37-1.2 ns/B against
+  // the engine's 0.62-1.04 over 22 loopback calibrations), else bytes * link_beta().
+  double link_seconds(double bytes) const;
   // Slowdown with t busy threads per rank (t may be fractional: interpolated); beyond the
   // measured counts it grows linearly. Never below saturation(t): a measurement below it
   // was disturbed (seen: 1.0, 1.0, 1.14 at 2-4 threads with 2 ranks on 2 cores).

@@ -177,6 +177,11 @@ const CodecCosts* Calibration::find(std::string_view spec) const {
   return nullptr;
 }
 
+double Calibration::link_seconds(double bytes) const {
+  if (engine_link.points > 0) return engine_link(bytes);
+  return bytes * link_beta();
+}
+
 double Calibration::host_share() const {
   return double(std::max(1, ranks_on_host)) / std::max(1, cores);
 }
@@ -243,6 +248,7 @@ std::string Calibration::to_json() const {
   j["alpha"] = alpha;
   j["beta"] = beta;
   j["engine_beta"] = engine_beta;
+  j["engine_link"] = fit_json(engine_link);
   j["transport_cpu"] = fit_json(transport_cpu);
   j["cpu_per_message"] = cpu_per_message;
   j["host_efficiency"] = host_efficiency;
@@ -283,6 +289,7 @@ Calibration Calibration::from_json(std::string_view text) {
     c.alpha = j.at("alpha").get<double>();
     c.beta = j.at("beta").get<double>();
     c.engine_beta = j.value("engine_beta", 0.0);
+    if (j.contains("engine_link")) c.engine_link = fit_from(j.at("engine_link"));
     if (j.contains("transport_cpu")) c.transport_cpu = fit_from(j.at("transport_cpu"));
     c.cpu_per_message = j.value("cpu_per_message", 0.0);
     c.host_efficiency = j.value("host_efficiency", 1.0);
@@ -944,6 +951,7 @@ constexpr double kDisturbedEngine = 1.25;
 
 bool measure_engine_beta(Communicator& comm, Calibration& c) {
   c.engine_beta = 0;
+  c.engine_link = LinearFit{};
   c.transport_cpu = LinearFit{};
   c.host_efficiency = 1;
   const int n = comm.size();
@@ -993,12 +1001,14 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   Runs small_runs = time_runs("calibration-small", small, raw, kReps);
   engine.synchronize();
   const double measured = planner::median(planner::agree_max(comm, bulk.wall));
+  const double measured_small = planner::median(planner::agree_max(comm, small_runs.wall));
   // Each rank's median run, then the median over ranks (as cpu_per_message, measure_engine).
   const std::vector<double> run_cpu = planner::agree_median(
       comm, {planner::median(std::move(bulk.cpu)), planner::median(std::move(small_runs.cpu))});
   Calibration no_bytes = c;
   no_bytes.beta = 0;
   no_bytes.engine_beta = 0;
+  no_bytes.engine_link = LinearFit{};
   no_bytes.transport_cpu = LinearFit{};
   CostModel model(no_bytes);
   model.set_gather_bytes(eo.gather_bytes);
@@ -1035,6 +1045,22 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // Paced by the links: the cores (this rank's share of them) idled most of the probe.
   const bool paced =
       run_cpu[0] > 0 && measured > kMaxHostEfficiency * std::max(1.0, share) * run_cpu[0];
+  // Not paced by the links: the engine's own byte at both sizes (engine_link). The small
+  // probe's copies stay in the cache: on 2 ranks bound to 2 cores a 1 MiB raw allreduce moved
+  // its bytes at about 0.33 ns/B, while the bulk probe (16 MiB) and the bare exchange priced
+  // them at 0.6-1.2, which over-predicted raw and fp16 there by 32-69%.
+  const double small_link = std::max(0.0, measured_small - predict(small).seconds);
+  if (!paced && bytes > small_bytes && small_link > 0) {
+    LinearFit& l = c.engine_link;
+    l.b = small_link / small_bytes;
+    l.knee = small_bytes;
+    // Out of the cache a byte costs at least what it did in it (the two probes' noise aside).
+    const double bulk_link = std::max(0.0, measured - other.seconds);
+    l.b2 = std::max(l.b, (bulk_link - small_link) / (bytes - small_bytes));
+    l.xs = {small_bytes, bytes};
+    l.ys = {small_link, bulk_link};
+    l.points = 2;
+  }
   if (share < 1 || ratio > kMaxHostEfficiency) return paced;
   // The raw probe's ratio is not a compressed allreduce's: there the codec's work fills the
   // cores while the ranks wait on each other's sends (2 and 4 ranks on 2 cores, 16 MiB:

@@ -15,7 +15,9 @@
 // (rounds: a multi-round codec such as PowerSGD, always one partition; round r's contribution
 // of c_r floats is summed by the raw ring, and enc() is the CPU of all its rounds and finish().)
 // (L: message rounds on the critical path; W: bytes this rank sends, all of which cross its
-// link; C: CPU seconds on the critical path.) One partition alone takes
+// link; C: CPU seconds on the critical path; W*beta stands for Calibration::link_seconds(W):
+// W * max(beta, engine_beta), or the engine's measured link where the cores pace it.) One
+// partition alone takes
 //   t1 = L*alpha + W*beta + C
 // and K partitions on c = min(K, threads) workers, whose CPU work is slowed by sigma, the
 // measured slowdown at the c * C / t1 threads that compute at once (the others wait on links):
@@ -196,7 +198,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
 
   const double K = parts;
   const int concurrent = std::min(parts, threads);
-  const double link = p.bytes * c.link_beta();
+  const double link = c.link_seconds(p.bytes);
   const double latency = p.rounds * c.alpha;
   // Partitions in flight spend part of their time waiting on the link: only the share that
   // computes contends for the cores.

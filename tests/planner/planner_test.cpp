@@ -118,6 +118,39 @@ TEST(CostModel, BytesCostWhatTheSlowerOfTheLinkAndTheEngineMeasured) {
   EXPECT_GT(engine.seconds, link.seconds + 0.9 * link.network);
 }
 
+// Where the cores pace the links (engine_link measured), a partition's bytes cost what the
+// engine's raw allreduce took for them: the in-cache rate up to the knee, the bulk rate beyond,
+// in place of link_beta() (the bare exchange's slope can be the slower one there).
+TEST(CostModel, BytesCostTheEnginesLinkWhereTheCoresPaceIt) {
+  Calibration c = synthetic(1e9, 50e-6);
+  c.engine_beta = 0.8e-9;  // the bulk probe's byte; beta (1 ns) is the larger
+  const std::size_t small = std::size_t{1} << 16, large = std::size_t{1} << 22;
+  const Prediction small_before = CostModel(c).predict(small, "none", Strategy::kRaw, 1, 4, 4);
+  const Prediction large_before = CostModel(c).predict(large, "none", Strategy::kRaw, 1, 4, 4);
+  EXPECT_DOUBLE_EQ(small_before.network, small_before.bytes_sent * c.beta);
+  c.engine_link = testing::line(0, 0.3e-9);
+  c.engine_link.knee = 1 << 20;
+  c.engine_link.b2 = 0.9e-9;
+  c.engine_link.points = 2;
+  const CostModel model(c);
+  // 64 Ki floats on 4 ranks: 384 KiB sent, under the knee.
+  const Prediction small_p = model.predict(small, "none", Strategy::kRaw, 1, 4, 4);
+  EXPECT_DOUBLE_EQ(small_p.network, small_p.bytes_sent * 0.3e-9);
+  EXPECT_NEAR(small_before.seconds - small_p.seconds, small_p.bytes_sent * (1e-9 - 0.3e-9),
+              1e-12);
+  // 4 Mi floats: 24 MiB sent, most of them beyond the knee.
+  const Prediction large_p = model.predict(large, "none", Strategy::kRaw, 1, 4, 4);
+  const double W = large_p.bytes_sent;
+  EXPECT_DOUBLE_EQ(large_p.network, (1 << 20) * 0.3e-9 + (W - (1 << 20)) * 0.9e-9);
+  EXPECT_LT(large_p.seconds, large_before.seconds);
+  // Per partition: 8 partitions of the large tensor send 3 MiB each.
+  const Prediction parts = model.predict(large, "none", Strategy::kRaw, 8, 4, 4);
+  EXPECT_NEAR(parts.network, 8 * c.engine_link(parts.bytes_sent / 8), 1e-12);
+  // A compressed configuration's payload is priced the same way.
+  const Prediction fp16 = model.predict(small, "fp16", Strategy::kAllgather, 1, 4, 4);
+  EXPECT_DOUBLE_EQ(fp16.network, fp16.bytes_sent * 0.3e-9);
+}
+
 TEST(CostModel, SmallRawMessagesAreGathered) {
   const Calibration c = synthetic(125e6, 1e-3);
   const CostModel model(c);
@@ -458,9 +491,14 @@ TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
   c.transport_cpu = testing::line(0, 0.7e-9);
   c.transport_cpu.knee = 1 << 20;
   c.transport_cpu.b2 = 0.5e-9;
+  c.engine_link = testing::line(0, 0.4e-9);
+  c.engine_link.knee = 1 << 20;
+  c.engine_link.b2 = 1.1e-9;
+  c.engine_link.points = 2;
   const Calibration back = Calibration::from_json(c.to_json());
   EXPECT_EQ(back.to_json(), c.to_json());
   EXPECT_EQ(back.engine_beta, c.engine_beta);
+  EXPECT_EQ(back.link_seconds(4 << 20), c.link_seconds(4 << 20));
   EXPECT_EQ(back.cpu_per_message, c.cpu_per_message);
   EXPECT_EQ(back.host_efficiency, c.host_efficiency);
   EXPECT_EQ(back.transport_cpu(4 << 20), c.transport_cpu(4 << 20));
@@ -790,6 +828,14 @@ TEST_P(Ranks, AutoPlansAgreeOnEveryRankAndRun) {
     // The idle-cores factor, measured on a compressed allreduce where ranks share the cores.
     EXPECT_GE(c.host_efficiency, 1) << e.path();
     EXPECT_LE(c.host_efficiency, 2) << e.path();
+    // The engine's link at the two probe sizes, where the cores paced the probe (loopback:
+    // unless a load from outside kept the cores idle for most of it).
+    if (c.engine_link.points > 0) {
+      EXPECT_GT(c.engine_link.b, 0) << e.path();
+      EXPECT_GE(c.engine_link.b2, c.engine_link.b) << e.path();
+      EXPECT_EQ(c.engine_link.knee, c.transport_cpu.knee) << e.path();
+      EXPECT_DOUBLE_EQ(c.link_seconds(c.engine_link.knee), c.engine_link.ys[0]) << e.path();
+    }
     ++calibrations;
   }
   EXPECT_EQ(calibrations, 1);
