@@ -21,11 +21,11 @@ std::vector<int> allowed_cpus();
 // cpus.size() / ranks consecutive ones. Empty (no binding) otherwise: for one rank, for more
 // ranks than CPUs (Open MPI does not bind an oversubscribed job either: pinned 2 to a core, 4
 // ranks on 2 cores measured their links at 1.8-2.0 ns a byte against 1.0-1.4 unbound, and
-// the planner's predictions drifted; docs/planner.md), and for counts that do not divide (a fixed map would give some
-// cores more work than others, and a collective runs at its slowest rank's pace). Bound, a
-// rank's threads stop migrating between cores and its messages' wake-ups stay on one core: on
-// 2 cores, a 1 MiB allreduce between 2 ranks took 0.54-0.69 ms bound against 0.65-1.13 ms
-// unbound (docs/design.md).
+// the planner's predictions drifted; docs/planner.md), and for counts that do not divide (a
+// fixed map would give some cores more work than others, and a collective runs at its slowest
+// rank's pace). Bound, a rank's threads stop migrating between cores and its messages'
+// wake-ups stay on one core: on 2 cores, a 1 MiB allreduce between 2 ranks took 0.54-0.69 ms
+// bound against 0.65-1.13 ms unbound (docs/design.md).
 std::vector<int> binding(int rank, int ranks, const std::vector<int>& cpus);
 
 // Restricts this process to `cpus` (threads it starts later inherit it); throws terse::Error.

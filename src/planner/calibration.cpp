@@ -1008,7 +1008,6 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   Calibration no_bytes = c;
   no_bytes.beta = 0;
   no_bytes.engine_beta = 0;
-  no_bytes.engine_link = LinearFit{};
   no_bytes.transport_cpu = LinearFit{};
   CostModel model(no_bytes);
   model.set_gather_bytes(eo.gather_bytes);
@@ -1017,7 +1016,8 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   };
   const Prediction other = predict(elements);
   const double bytes = per_float * static_cast<double>(elements);
-  c.engine_beta = std::max(0.0, measured - other.seconds) / bytes;
+  const double bulk_link = std::max(0.0, measured - other.seconds);  // the bulk's link time
+  c.engine_beta = bulk_link / bytes;
   // What the adds, the division and the messages do not explain is the transport's: the copies
   // into and out of the kernel on both ends (the small probe takes a millisecond or more of
   // CPU).
@@ -1055,7 +1055,6 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
     l.b = small_link / small_bytes;
     l.knee = small_bytes;
     // Out of the cache a byte costs at least what it did in it (the two probes' noise aside).
-    const double bulk_link = std::max(0.0, measured - other.seconds);
     l.b2 = std::max(l.b, (bulk_link - small_link) / (bytes - small_bytes));
     l.xs = {small_bytes, bytes};
     l.ys = {small_link, bulk_link};
