@@ -278,11 +278,13 @@ struct PlannerOptions {
   // take `explore_seconds` by its expected time, up to `explore_max_runs`; a few runs of a
   // millisecond vary by more than the gaps between contenders), then keeps the fastest
   // measured (a compressed plan still has to beat the raw ones measured by min_gain). The
-  // measured times are exchanged as in a re-check: a collective at the same submission on
-  // every rank. It costs each size some slower allreduces once (at most about
-  // explore_candidates * max(explore_seconds, explore_runs runs)), and each switch resets the
-  // tensor's codec state (error-feedback residuals). explore_candidates <= 1 disables it;
-  // TERSE_PLAN_EXPLORE=K sets explore_candidates (0 or 1: off).
+  // contenders take turns, one submission each, so that a burst of load from outside the job
+  // slows them alike. The measured times are exchanged as in a re-check: a collective at the
+  // same submission on every rank. It costs each size some slower allreduces once (at most
+  // about explore_candidates * max(explore_seconds, explore_runs runs)); the engine keeps each
+  // contender's codec state (error-feedback residuals) while it explores, and drops all but
+  // the settled one's after. explore_candidates <= 1 disables it; TERSE_PLAN_EXPLORE=K sets
+  // explore_candidates (0 or 1: off).
   int explore_candidates = 4;
   double explore_within = 1.25;
   int explore_runs = 5;
@@ -353,12 +355,13 @@ class Planner {
 
   // Called by the engine before each submission that has planned tensors (at the same points
   // on every rank), with the plan() arguments of the submission's planned tensors. Every
-  // recheck_interval-th call, and any call at which a size being explored has run its current
-  // candidate its runs (explore_runs or more), exchanges the observations and agrees on
-  // measured times (median per rank, then the largest over ranks). Then explored sizes move on
-  // to their next candidate or settle on the fastest measured, and the other decisions whose
-  // expected time was off by more than the threshold are dropped, so that the next plan()
-  // re-decides with the measured times. Returns the number of sizes whose plan changed.
+  // recheck_interval-th call, and any call at which a size being explored has run each of its
+  // contenders its runs (explore_runs or more), exchanges the observations and agrees on
+  // measured times (median per rank, then the largest over ranks). Then explored sizes settle
+  // on the fastest measured, and the other decisions whose expected time was off by more than
+  // the threshold are dropped, so that the next plan() re-decides with the measured times.
+  // Last, sizes still explored that this submission uses move on to their next contender.
+  // Returns the number of sizes whose plan changed.
   struct Use {
     std::size_t n = 0;
     int threads = 0;
@@ -387,14 +390,21 @@ class Planner {
     int partitions;
     auto operator<=>(const Key&) const = default;
   };
-  // A size being explored: its contenders, the one running now, and how many submissions
-  // have used it.
+  // A size being explored: its contenders, taken in turn one submission each (so that load
+  // from outside the job, which comes in bursts, slows them alike), how many submissions each
+  // has had and gets, and the one of the latest submission.
   struct Exploration {
     std::vector<PlanCandidate> contenders;
+    std::vector<int> uses;
+    std::vector<int> runs;  // runs_for each contender (more where a time is still missing)
     std::size_t current = 0;
-    int uses = 0;
-    int runs = 0;        // uses the current contender gets (runs_for)
-    int unmeasured = 0;  // exchanges after its runs that brought no time for it
+    int unmeasured = 0;  // exchanges after the runs that left a contender without a time
+    bool done() const {
+      for (std::size_t i = 0; i < uses.size(); ++i) {
+        if (uses[i] < runs[i]) return false;
+      }
+      return true;
+    }
   };
   // How many planned allreduces a contender runs while explored (deterministic: the same on
   // every rank).

@@ -127,6 +127,13 @@ namespace {
 using tags::kVerifySignature;
 constexpr int kMaxPartitions = 256;
 
+// A tensor's state under one configuration.
+struct ConfigState {
+  std::uint64_t step = 0;
+  bool verified = false;
+  std::vector<StateSlots> partitions;
+};
+
 // What the engine remembers of a tensor between submissions.
 struct TensorRecord {
   std::string config;  // elements, codec, strategy, partitions, average: a change resets state
@@ -134,6 +141,35 @@ struct TensorRecord {
   bool verified = false;
   bool in_flight = false;
   std::vector<StateSlots> partitions;
+  // While the planner explores a planned tensor's size, its contenders take turns: each one's
+  // state waits here, by config, for its next turn (its residuals, its step, its first-use
+  // check). Dropped once the size is settled.
+  std::map<std::string, ConfigState> parked;
+
+  bool verified_for(const std::string& c) const {
+    if (c == config) return verified;
+    auto p = parked.find(c);
+    return p != parked.end() && p->second.verified;
+  }
+  // Makes `c` the current configuration: its parked state if any, fresh otherwise. The state
+  // left is parked if `keep`; without it, every parked state is dropped too.
+  void use(const std::string& c, bool keep) {
+    if (c != config) {
+      if (keep && !config.empty()) {
+        parked[config] = ConfigState{step, verified, std::move(partitions)};
+      }
+      ConfigState next;
+      if (auto p = parked.find(c); p != parked.end()) {
+        next = std::move(p->second);
+        parked.erase(p);
+      }
+      config = c;
+      step = next.step;
+      verified = next.verified;
+      partitions = std::move(next.partitions);
+    }
+    if (!keep) parked.clear();
+  }
 };
 
 struct Item {
@@ -457,9 +493,7 @@ struct Engine::Impl {
                                           t.name));
       }
       const std::string config = config_of(t, it.plan);
-      if (rec == records.end() || rec->second.config != config || !rec->second.verified) {
-        need_verify = true;
-      }
+      if (rec == records.end() || !rec->second.verified_for(config)) need_verify = true;
       it.ref = std::move(t);
       job->items.push_back(std::move(it));
     }
@@ -474,10 +508,12 @@ struct Engine::Impl {
       Item& it = job->items[i];
       const std::string config = config_of(it.ref, it.plan);
       TensorRecord& rec = records[it.ref.name];
-      if (rec.config != config) {
-        rec = TensorRecord{};  // another size or codec: its old state does not apply
-        rec.config = config;
-      }
+      // Another size or codec: its old state does not apply, unless exploration comes back to
+      // it.
+      const AllreduceOptions& o = it.ref.options;
+      rec.use(config,
+              planned(it) && (rec.config != config || !rec.parked.empty()) &&
+                  auto_planner().exploring(it.ref.data.size(), threads, o.strategy, o.partitions));
       rec.verified = true;
       rec.partitions.resize(it.plan.partitions);
       set_in_flight(rec, true);

@@ -324,7 +324,12 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
   std::lock_guard lock(mu_);
   if (d.contenders.size() > 1 && options_.explore_candidates > 1 && options_.explore_runs > 0) {
     // This submission is the first use of the first contender, which is the choice.
-    exploring_[key] = Exploration{d.contenders, 0, 1, runs_for(d.contenders.front()), 0};
+    Exploration e;
+    e.contenders = d.contenders;
+    e.uses.assign(e.contenders.size(), 0);
+    e.uses[0] = 1;
+    for (const auto& c : e.contenders) e.runs.push_back(runs_for(c));
+    exploring_[key] = std::move(e);
     if (options_.log && comm.rank() == 0) {
       std::string list;
       for (const auto& c : d.contenders) {
@@ -354,7 +359,7 @@ int Planner::advance_explorations(int rank) {
   int changed = 0;
   for (auto it = exploring_.begin(); it != exploring_.end();) {
     Exploration& e = it->second;
-    if (e.uses < e.runs) {
+    if (!e.done()) {
       ++it;
       continue;
     }
@@ -364,25 +369,22 @@ int Planner::advance_explorations(int rank) {
       return m == measured_.end() ? std::nullopt : std::optional<double>(m->second);
     };
     // A contender that ran its runs without a time reaching the exchange (it travelled fused,
-    // say) is not waited for: the next one runs.
-    if (!measured(e.contenders[e.current]) && ++e.unmeasured < 2) {
+    // say) gets one more run; after that it is not waited for.
+    bool missing = false;
+    for (std::size_t i = 0; i < e.contenders.size(); ++i) {
+      if (!measured(e.contenders[i])) {
+        missing = true;
+        e.runs[i] = e.uses[i] + 1;
+      }
+    }
+    if (missing && ++e.unmeasured < 2) {
       ++it;
       continue;
     }
-    e.current += 1;
-    e.uses = 0;
-    e.unmeasured = 0;
     PlanDecision& d = decisions_.at(it->first);
-    if (e.current < e.contenders.size()) {
-      d.chosen = e.contenders[e.current];
-      e.runs = runs_for(d.chosen);
-      ++changed;
-      ++it;
-      continue;
-    }
     // Settle: the fastest measured. The model's choice stands unless measured times overturn
-    // it, and a compressed plan must beat the raw ones measured by min_gain, as predicted
-    // ones must.
+    // it (unmeasured, it stands), and a compressed plan must beat the raw ones measured by
+    // min_gain, as predicted ones must.
     const PlanCandidate* best = &e.contenders.front();
     if (auto first = measured(*best)) {
       double best_time = *first;
@@ -429,25 +431,40 @@ void Planner::observe(std::size_t n, const TensorPlan& plan, double seconds) {
 int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
   std::string mine;
   bool recheck = false;
-  // This submission's uses of explored sizes count once the exchange (if any) has moved them on.
+  // Once the exchange (if any) has settled what it could: each size still explored that this
+  // submission uses runs its next contender that has runs left (the same for all of the
+  // submission's tensors of that size), and that contender's uses count them.
   auto count_uses = [&] {
+    std::map<Key, int> count;
     for (const auto& u : uses) {
-      auto it = exploring_.find(Key{u.n, u.threads, u.strategy, u.partitions});
-      if (it != exploring_.end()) ++it->second.uses;
+      const Key key{u.n, u.threads, u.strategy, u.partitions};
+      if (exploring_.count(key) > 0) ++count[key];
     }
+    int switched = 0;
+    for (const auto& [key, k] : count) {
+      Exploration& e = exploring_.at(key);
+      const std::size_t size = e.contenders.size();
+      for (std::size_t step = 1; step <= size; ++step) {
+        const std::size_t i = (e.current + step) % size;
+        if (e.uses[i] >= e.runs[i]) continue;
+        PlanDecision& d = decisions_.at(key);
+        switched += plan_key(d.chosen.plan) != plan_key(e.contenders[i].plan);
+        d.chosen = e.contenders[i];
+        e.current = i;
+        break;
+      }
+      e.uses[e.current] += k;
+    }
+    return switched;
   };
   {
     std::lock_guard lock(mu_);
     ++submissions_;
     recheck = options_.recheck_interval > 0 &&
                          submissions_ % static_cast<std::uint64_t>(options_.recheck_interval) == 0;
-    const bool explore = std::any_of(exploring_.begin(), exploring_.end(), [&](const auto& e) {
-      return e.second.uses >= e.second.runs;
-    });
-    if (!model_ || !(recheck || explore)) {
-      count_uses();
-      return 0;
-    }
+    const bool explore = std::any_of(exploring_.begin(), exploring_.end(),
+                                     [&](const auto& e) { return e.second.done(); });
+    if (!model_ || !(recheck || explore)) return count_uses();
     for (const auto& [key, samples] : observed_) {
       mine += fmt::format("{} {} {:.9e}\n", key.first, key.second, planner::median(samples));
     }
@@ -489,7 +506,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
         ++it;
       }
     }
-    count_uses();
+    explored += count_uses();
   }
   for (const auto& d : replanned) {
     if (options_.log && comm.rank() == 0) {

@@ -587,48 +587,62 @@ struct Explorer {
   std::unique_ptr<Planner> planner;
 };
 
-TEST(Planner, ExplorationRunsEachContenderThenKeepsTheFastestMeasured) {
+TEST(Planner, ExplorationTakesContendersInTurnThenKeepsTheFastestMeasured) {
   Explorer e(3, 2);
   const std::size_t n = std::size_t{1} << 22;
   const PlanDecision d = e.planner->decide(n, 1, 4);
   ASSERT_EQ(d.contenders.size(), 3u);
   EXPECT_EQ(plan_key(d.contenders[0].plan), plan_key(d.chosen.plan));
-  // Each contender runs explore_runs submissions, in order; the last one measures fastest.
+  // The contenders take turns, one submission each, until each has run explore_runs; the last
+  // one measures fastest.
   const std::vector<double> times = {3e-3, 2e-3, 1e-3};
   int changed = 0;
-  for (std::size_t i = 0; i < 3; ++i) {
-    for (int run = 0; run < 2; ++run) {
+  for (int run = 0; run < 2; ++run) {
+    for (std::size_t i = 0; i < 3; ++i) {
       const TensorPlan p = e.submit(n, &changed);
       ASSERT_EQ(plan_key(p), plan_key(d.contenders[i].plan)) << "contender " << i << " run " << run;
       EXPECT_TRUE(e.planner->exploring(n, 4));
       e.planner->observe(n, p, times[i]);
     }
   }
+  EXPECT_EQ(changed, 5);  // every submission after the first ran another contender
   const TensorPlan settled = e.submit(n, &changed);
   EXPECT_EQ(plan_key(settled), plan_key(d.contenders[2].plan));
   EXPECT_FALSE(e.planner->exploring(n, 4));
-  EXPECT_EQ(changed, 2);  // to the second, to the third; settling on the third changes nothing
+  EXPECT_EQ(changed, 5);  // settling on the third, which ran last, changes nothing
   // Settled for good: the plan stays.
   for (int run = 0; run < 5; ++run) EXPECT_EQ(plan_key(e.submit(n)), plan_key(settled));
 }
 
 TEST(Planner, ExplorationRunsFastContendersLonger) {
   // Contenders expected to take t seconds run ceil(explore_seconds / t) times, at least
-  // explore_runs and at most explore_max_runs (25).
+  // explore_runs and at most explore_max_runs (25); in turn while both have runs left, then
+  // the one with more runs alone.
   for (const std::size_t n : {std::size_t{1} << 14, std::size_t{1} << 18, std::size_t{1} << 24}) {
     Explorer e(2, 3, 0.05);
     const PlanDecision d = e.planner->decide(n, 1, 4);
     ASSERT_EQ(d.contenders.size(), 2u);
-    for (std::size_t i = 0; i < d.contenders.size(); ++i) {
-      const double t = PlanDecision::expected(d.contenders[i]);
-      const int want = static_cast<int>(std::clamp(std::ceil(0.05 / t), 3.0, 25.0));
-      for (int run = 0; run < want; ++run) {
-        const TensorPlan p = e.submit(n);
-        ASSERT_EQ(plan_key(p), plan_key(d.contenders[i].plan))
-            << n << " floats: contender " << i << " run " << run << " of " << want;
-        e.planner->observe(n, p, t);
-      }
+    std::vector<int> want, ran(2, 0);
+    for (const auto& c : d.contenders) {
+      const double t = PlanDecision::expected(c);
+      want.push_back(static_cast<int>(std::clamp(std::ceil(0.05 / t), 3.0, 25.0)));
     }
+    std::string order;
+    for (int run = 0; run < want[0] + want[1]; ++run) {
+      ASSERT_TRUE(e.planner->exploring(n, 4) || run == 0) << n << " floats, run " << run;
+      const TensorPlan p = e.submit(n);
+      const std::size_t i = plan_key(p) == plan_key(d.contenders[0].plan) ? 0 : 1;
+      ASSERT_EQ(plan_key(p), plan_key(d.contenders[i].plan)) << n << " floats, run " << run;
+      const int other = static_cast<int>(1 - i);
+      // In turn while the other has runs left.
+      if (run > 0 && ran[other] < want[other]) {
+        EXPECT_NE(order.back(), static_cast<char>('0' + i)) << n << " floats: " << order;
+      }
+      order += static_cast<char>('0' + i);
+      ++ran[i];
+      e.planner->observe(n, p, PlanDecision::expected(d.contenders[i]));
+    }
+    EXPECT_EQ(ran, want) << n << " floats: " << order;
     e.submit(n);
     EXPECT_FALSE(e.planner->exploring(n, 4)) << n;
   }
@@ -661,9 +675,10 @@ TEST(Planner, ExplorationSkipsAContenderThatIsNeverMeasured) {
   ASSERT_EQ(d.contenders.size(), 2u);
   e.planner->observe(n, e.submit(n), 1e-3);  // the first is measured
   EXPECT_EQ(plan_key(e.submit(n)), plan_key(d.contenders[1].plan));
-  // The second never reports a time (a fused tensor, say): two exchanges later it is given up
-  // and the measured first contender stands.
-  e.submit(n);
+  // The second never reports a time (a fused tensor, say): it runs once more, and at the
+  // exchange after that it is given up and the measured first contender stands.
+  EXPECT_EQ(plan_key(e.submit(n)), plan_key(d.contenders[1].plan));
+  EXPECT_TRUE(e.planner->exploring(n, 4));
   const TensorPlan settled = e.submit(n);
   EXPECT_FALSE(e.planner->exploring(n, 4));
   EXPECT_EQ(plan_key(settled), plan_key(d.contenders[0].plan));

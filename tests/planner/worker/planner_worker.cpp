@@ -76,12 +76,14 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
   for (std::size_t n : sizes) {
     const std::string name = fmt::format("t{}", n);
     TensorPlan plan;
+    std::vector<PlanCandidate> contenders;
     for (std::uint64_t step = 0; step < 3 || planner.exploring(n, kThreads); ++step) {
       check(step < 100, fmt::format("{}: still exploring after 100 steps", name));
       const std::uint64_t key = kit::combine_keys(fnv1a64(name), step);
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; ++i) x[i] = value(comm.rank(), key, i);
       engine.allreduce(name, x, o).wait();
+      if (step == 0) contenders = planner.decide(n, comm.size(), kThreads).contenders;
       // The plan that ran (an exchange before the submission may have moved it on).
       plan = engine.plan(n, o);
       check_same_everywhere(comm, std::to_string(digest(x)), fmt::format("result of {}", name));
@@ -99,6 +101,19 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
       const double bound = plan.codec == "none" ? 1e-5 : 1.5;
       check(rel <= bound,
             fmt::format("{} ({}): relative error {} above {}", name, plan_key(plan), rel, bound));
+    }
+    // Every contender explored has a measured time: the contenders took turns, and the engine
+    // kept each one's state between its turns, so that only its first run went unmeasured.
+    if (contenders.size() > 1) {
+      const PlanDecision d = planner.decide(n, comm.size(), kThreads);
+      for (const auto& c : contenders) {
+        const auto m = std::find_if(d.ranked.begin(), d.ranked.end(), [&](const auto& r) {
+          return plan_key(r.plan) == plan_key(c.plan);
+        });
+        check(
+            m != d.ranked.end() && m->measured.has_value(),
+            fmt::format("{}: contender {} was explored but not measured", name, plan_key(c.plan)));
+      }
     }
     plans += fmt::format("{} {}\n", n, plan_key(plan));
   }
