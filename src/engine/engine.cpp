@@ -134,13 +134,11 @@ struct ConfigState {
   std::vector<StateSlots> partitions;
 };
 
-// What the engine remembers of a tensor between submissions.
-struct TensorRecord {
+// What the engine remembers of a tensor between submissions: the state of its current
+// configuration, and more.
+struct TensorRecord : ConfigState {
   std::string config;  // elements, codec, strategy, partitions, average: a change resets state
-  std::uint64_t step = 0;
-  bool verified = false;
   bool in_flight = false;
-  std::vector<StateSlots> partitions;
   // While the planner explores a planned tensor's size, its contenders take turns: each one's
   // state waits here, by config, for its next turn (its residuals, its step, its first-use
   // check). Dropped once the size is settled.
@@ -155,18 +153,15 @@ struct TensorRecord {
   // left is parked if `keep`; without it, every parked state is dropped too.
   void use(const std::string& c, bool keep) {
     if (c != config) {
-      if (keep && !config.empty()) {
-        parked[config] = ConfigState{step, verified, std::move(partitions)};
-      }
+      ConfigState& current = *this;
+      if (keep && !config.empty()) parked[config] = std::move(current);
       ConfigState next;
       if (auto p = parked.find(c); p != parked.end()) {
         next = std::move(p->second);
         parked.erase(p);
       }
       config = c;
-      step = next.step;
-      verified = next.verified;
-      partitions = std::move(next.partitions);
+      current = std::move(next);
     }
     if (!keep) parked.clear();
   }
