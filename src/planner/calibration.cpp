@@ -538,18 +538,21 @@ std::vector<float> gradient(std::size_t n) {
   return x;
 }
 
-// Median seconds of f over at least 5 runs and 3 ms (at most 60 runs), after one warm-up; a
-// run counts as the lesser of its wall time and its process's CPU time. Ranks sharing a core take
-// turns on it: a run long enough to span the scheduler's turns (PowerSGD or onebit with error
-// feedback at 4 Mi floats, 15-30 ms) counted the other ranks' turns too, about twice its work for 4
-// ranks on 2 cores, while a short one fits in one turn and counts its work alone; and the cost
-// model's host bound adds up every rank's work over the cores itself. CPU time above the wall time
-// is threads of this process working at once (OpenBLAS's), which the wall time counts right.
-double time_op(const std::function<void()>& f) {
+// Median seconds of f over at least 5 runs and 3 ms (at most 60 runs), after one warm-up, each
+// run after `prepare` (not timed); a run counts as the lesser of its wall time and its process's
+// CPU time. Ranks sharing a core take turns on it: a run long enough to span the scheduler's turns
+// (PowerSGD or onebit with error feedback at 4 Mi floats, 15-30 ms) counted the other ranks' turns
+// too, about twice its work for 4 ranks on 2 cores, while a short one fits in one turn and counts
+// its work alone; and the cost model's host bound adds up every rank's work over the cores itself.
+// CPU time above the wall time is threads of this process working at once (OpenBLAS's), which the
+// wall time counts right.
+double time_op(const std::function<void()>& f, const std::function<void()>& prepare = {}) {
+  if (prepare) prepare();
   f();
   std::vector<double> t;
   const auto start = Clock::now();
   while (t.size() < 60 && (t.size() < 5 || seconds_since(start) < 0.003)) {
+    if (prepare) prepare();
     const double cpu0 = kit::process_cpu_seconds();
     const auto t0 = Clock::now();
     f();
@@ -573,10 +576,18 @@ int engine_threads() {
 // kernel offers them (first touches of 4 KiB pages would dominate otherwise; kit/memory.h).
 using Arena = kit::PageArray<float>;
 
+// A tensor reaches the engine just written (by the backward pass, by a benchmark's copy of its
+// input): up to this size its partitions are still in the cache when the codec reads them.
+// Measured in an allreduce on 2 ranks (fp16, allgather, 1 MiB, TERSE_TRACE): encode 0.17 ns an
+// element against 0.33-0.40 from windows not in the cache, and the allreduce 0.47-0.60 ms
+// where the model priced it at 0.72-0.86.
+constexpr std::size_t kWrittenBytes = std::size_t{4} << 20;
+
 // Runs the CPU measurements in lockstep with the other ranks (a barrier before each series),
 // so that every series is measured under the load of all ranks of the host. Each call reads
-// and writes the next window of arenas four times the largest size: the engine's partitions
-// come from tensors that are not in cache, and a repeated window would measure the cache.
+// and writes the next window of arenas four times the largest size, so that no run finds the
+// one before it in the cache; a window up to kWrittenBytes is read before its run (not timed),
+// as the application's writes leave a small tensor, and a larger one comes from memory.
 class CpuMeter {
  public:
   CpuMeter(Communicator* comm, std::size_t max_elements)
@@ -604,15 +615,23 @@ class CpuMeter {
   }
   std::span<const float> x(std::size_t n) const { return x_.all().subspan(at_, n); }
   std::span<float> y(std::size_t n) { return y_.all().subspan(at_, n); }
+  // Reads the windows of n elements (not timed): brings them into the cache.
+  void touch(std::size_t n) {
+    float sum = 0;
+    for (float v : x(n)) sum += v;
+    for (float v : y(n)) sum += v;
+    sink_ = sum;
+  }
 
   // One time per size: f(n) timed by time_op; `times` collects them in order.
   void series(const std::function<void(std::size_t)>& f, std::vector<double>& times) {
     for (std::size_t n : sizes_) {
       if (comm_ != nullptr) comm_->barrier("calibration");
-      times.push_back(time_op([&] {
-        advance(n);
-        f(n);
-      }));
+      times.push_back(time_op([&] { f(n); },
+                              [&] {
+                                advance(n);
+                                if (n * sizeof(float) <= kWrittenBytes) touch(n);
+                              }));
     }
   }
 
@@ -622,6 +641,7 @@ class CpuMeter {
   std::vector<std::size_t> sizes_;
   Arena x_, y_;
   std::size_t at_ = 0;
+  volatile float sink_ = 0;
 };
 
 // Wall time for `threads` threads of this rank to run `iterations` encode+decode passes over n
@@ -994,11 +1014,15 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   };
   AllreduceOptions raw;
   raw.partitions = 1;
-  constexpr int kReps = 5;
   // Each size's runs back to back (the bulk's copies would evict the small one's from the
-  // cache between runs).
+  // cache between runs), the small size first: right after the bulk's runs, the small raw
+  // allreduce ran 1.3-1.5x slower, with as much more CPU, than the same allreduce timed later
+  // in `terse bench planner` (2 ranks on loopback, 1 MiB: the bench's time over the probe's was
+  // 0.67 at the median of 10 processes; 0.91 measured first). Its runs take a millisecond or
+  // less where the cores pace the links, so it gets more of them.
+  constexpr int kReps = 5, kSmallReps = 15;
+  Runs small_runs = time_runs("calibration-small", small, raw, kSmallReps);
   Runs bulk = time_runs("calibration-bulk", elements, raw, kReps);
-  Runs small_runs = time_runs("calibration-small", small, raw, kReps);
   engine.synchronize();
   const double measured = planner::median(planner::agree_max(comm, bulk.wall));
   const double measured_small = planner::median(planner::agree_max(comm, small_runs.wall));
