@@ -71,6 +71,13 @@ LinearFit fit_linear(std::span<const double> x, std::span<const double> y);
 // fit in the cache). x must be sorted.
 LinearFit fit_cost(std::span<const double> x, std::span<const double> y);
 
+// Indices of the points of a cost series (x sorted, all > 0) whose cost per element is more than
+// `factor` times its neighbour's: the point below it, or above it for the first. Leaving the
+// cache raises the cost per element a few times at most; far more is a disturbance, which the
+// calibration measures again.
+std::vector<std::size_t> implausible_steps(std::span<const double> x, std::span<const double> y,
+                                           double factor);
+
 // ---- calibration ----------------------------------------------------------------------------
 
 // One codec's costs on this machine: seconds for n elements, and encoded bytes for n elements

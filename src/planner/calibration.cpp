@@ -129,6 +129,18 @@ LinearFit fit_linear(std::span<const double> x, std::span<const double> y) {
   return f;
 }
 
+std::vector<std::size_t> implausible_steps(std::span<const double> x, std::span<const double> y,
+                                           double factor) {
+  if (x.size() != y.size()) throw InvalidArgument("implausible_steps: x and y differ in size");
+  std::vector<std::size_t> out;
+  auto rate = [&](std::size_t i) { return y[i] / x[i]; };
+  for (std::size_t i = 0; i < x.size() && x.size() > 1; ++i) {
+    const std::size_t neighbour = i == 0 ? 1 : i - 1;
+    if (rate(i) > factor * rate(neighbour)) out.push_back(i);
+  }
+  return out;
+}
+
 LinearFit fit_cost(std::span<const double> x, std::span<const double> y) {
   LinearFit best = fit_linear(x, y);
   LinearFit knee_best;
@@ -583,6 +595,12 @@ using Arena = kit::PageArray<float>;
 // where the model priced it at 0.72-0.86.
 constexpr std::size_t kWrittenBytes = std::size_t{4} << 20;
 
+// A codec's cost per element grows at most 3.6x from one measured size to the next (8x the
+// elements) as its data leave the cache (s47-s49's calibrations; onebit's decode from 512 Ki
+// to 4 Mi floats); points above this factor were disturbed: 6.1x (onebit's encode at 4 Mi
+// floats, 6.0 ns an element against 1.8-2.1 elsewhere), 13.8x, 29x and 92x in s30-s49.
+constexpr double kImplausibleStep = 5;
+
 // Runs the CPU measurements in lockstep with the other ranks (a barrier before each series),
 // so that every series is measured under the load of all ranks of the host. Each call reads
 // and writes the next window of arenas four times the largest size, so that no run finds the
@@ -623,17 +641,39 @@ class CpuMeter {
     sink_ = sum;
   }
 
-  // One time per size: f(n) timed by time_op; `times` collects them in order.
+  // One time per size: f(n) timed by time_op, agreed over the ranks (their median); `times`
+  // collects them in order. A size whose cost per element is implausible against its
+  // neighbour's (implausible_steps) is measured again, at most twice, and keeps the lesser
+  // time. Every rank decides on the same agreed times, so they measure again together.
   void series(const std::function<void(std::size_t)>& f, std::vector<double>& times) {
-    for (std::size_t n : sizes_) {
+    auto measure = [&](std::size_t n) {
       if (comm_ != nullptr) comm_->barrier("calibration");
-      times.push_back(time_op([&] { f(n); },
-                              [&] {
-                                advance(n);
-                                if (n * sizeof(float) <= kWrittenBytes) touch(n);
-                              }));
+      return time_op([&] { f(n); },
+                     [&] {
+                       advance(n);
+                       if (n * sizeof(float) <= kWrittenBytes) touch(n);
+                     });
+    };
+    auto agree = [&](std::vector<double> t) {
+      return comm_ != nullptr ? planner::agree_median(*comm_, std::move(t)) : t;
+    };
+    std::vector<double> t;
+    for (std::size_t n : sizes_) t.push_back(measure(n));
+    t = agree(std::move(t));
+    const std::vector<double> xs(sizes_.begin(), sizes_.end());
+    for (int retry = 0; retry < 2; ++retry) {
+      const std::vector<std::size_t> bad = implausible_steps(xs, t, kImplausibleStep);
+      if (bad.empty()) break;
+      std::vector<double> again;
+      for (std::size_t i : bad) again.push_back(measure(sizes_[i]));
+      again = agree(std::move(again));
+      for (std::size_t j = 0; j < bad.size(); ++j) t[bad[j]] = std::min(t[bad[j]], again[j]);
+      measured_again_ += static_cast<int>(bad.size());
     }
+    times.insert(times.end(), t.begin(), t.end());
   }
+  // Sizes measured again by series().
+  int measured_again() const { return measured_again_; }
 
  private:
   Communicator* comm_;
@@ -642,6 +682,7 @@ class CpuMeter {
   Arena x_, y_;
   std::size_t at_ = 0;
   volatile float sink_ = 0;
+  int measured_again_ = 0;
 };
 
 // Wall time for `threads` threads of this rank to run `iterations` encode+decode passes over n
@@ -796,7 +837,10 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
     }
   }
 
-  log_line(options.quiet, rank, fmt::format("  series measured at {:.2f} s", seconds_since(start)));
+  log_line(options.quiet, rank,
+           fmt::format("  series measured at {:.2f} s ({} sizes measured again: implausible "
+                       "steps)",
+                       seconds_since(start), meter.measured_again()));
   // CPU contention: encode+decode with 1, 2, 4 threads per rank at once.
   // A codec with a payload: multi-round codecs have no encode+decode pass to run.
   auto first = std::find_if(codecs.begin(), codecs.end(),

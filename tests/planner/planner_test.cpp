@@ -89,6 +89,28 @@ TEST(Fit, FindsTheKneeWhereDataLeavesTheCache) {
   EXPECT_EQ(fit_cost(x, straight).knee, 0);
 }
 
+TEST(Fit, FlagsAStepInCostPerElementNoCacheExplains) {
+  const std::vector<double> x = {1024, 8192, 65536, 524288, 4194304};
+  auto times = [&](std::vector<double> ns_per_element) {
+    std::vector<double> y;
+    for (std::size_t i = 0; i < x.size(); ++i) y.push_back(x[i] * ns_per_element[i] * 1e-9);
+    return y;
+  };
+  // Measured series: per-call costs at the smallest size, 3.6x when the data leave the cache.
+  EXPECT_TRUE(implausible_steps(x, times({0.26, 0.15, 0.13, 0.18, 0.34}), 5).empty());
+  EXPECT_TRUE(implausible_steps(x, times({0.33, 0.31, 0.37, 0.10, 0.36}), 5).empty());
+  EXPECT_TRUE(implausible_steps(x, times({7.5, 3.8, 3.2, 4.2, 4.4}), 5).empty());
+  // Disturbed points: fp16's decode at 4 Mi floats (s48), onebit's encode (s49), one in the
+  // middle, and the smallest size.
+  EXPECT_EQ(implausible_steps(x, times({0.26, 0.13, 0.17, 0.19, 17.5}), 5),
+            std::vector<std::size_t>{4});
+  EXPECT_EQ(implausible_steps(x, times({0.73, 0.70, 0.88, 0.98, 6.0}), 5),
+            std::vector<std::size_t>{4});
+  EXPECT_EQ(implausible_steps(x, times({0.3, 0.3, 2.0, 0.3, 0.4}), 5), std::vector<std::size_t>{2});
+  EXPECT_EQ(implausible_steps(x, times({2.0, 0.3, 0.3, 0.3, 0.4}), 5), std::vector<std::size_t>{0});
+  EXPECT_THROW(implausible_steps(x, std::vector<double>{1.0}, 5), InvalidArgument);
+}
+
 using testing::line;
 using testing::synthetic;
 
