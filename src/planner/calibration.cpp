@@ -634,12 +634,7 @@ class CpuMeter {
   std::span<const float> x(std::size_t n) const { return x_.all().subspan(at_, n); }
   std::span<float> y(std::size_t n) { return y_.all().subspan(at_, n); }
   // Reads the windows of n elements (not timed): brings them into the cache.
-  void touch(std::size_t n) {
-    float sum = 0;
-    for (float v : x(n)) sum += v;
-    for (float v : y(n)) sum += v;
-    sink_ = sum;
-  }
+  void touch(std::size_t n) { sink_ = kit::sum(x(n)) + kit::sum(y(n)); }
 
   // One time per size: f(n) timed by time_op, agreed over the ranks (their median); `times`
   // collects them in order. A size whose cost per element is implausible against its
@@ -681,7 +676,7 @@ class CpuMeter {
   std::vector<std::size_t> sizes_;
   Arena x_, y_;
   std::size_t at_ = 0;
-  volatile float sink_ = 0;
+  volatile double sink_ = 0;
   int measured_again_ = 0;
 };
 
