@@ -136,7 +136,8 @@ void run_rank(const Options& opt) {
       std::copy(input.begin(), input.end(), data.begin());
       engine.allreduce(explore_name, data, auto_options).wait();
       ++explored;
-    } while (planner->exploring(n, threads) && explored < 200);
+      // A guard only: two rounds of (explore_candidates + raw) x explore_max_runs are 450.
+    } while (planner->exploring(n, threads) && explored < 1000);
     const TensorPlan settled = engine.plan(n, auto_options);
     // What exploration measured of each contender (the agreed times it settled on), to set
     // against this benchmark's own timing of the same configurations.

@@ -288,15 +288,21 @@ struct PlannerOptions {
   // contenders take turns, one submission each, so that a burst of load from outside the job
   // slows them alike. The measured times are exchanged as in a re-check: a collective at the
   // same submission on every rank. It costs each size some slower allreduces once (at most
-  // about explore_candidates * max(explore_seconds, explore_runs runs)); the engine keeps each
+  // about explore_candidates * max(explore_seconds, explore_runs runs), and as much again for
+  // the close ones of explore_close's second round); the engine keeps each
   // contender's codec state (error-feedback residuals) while it explores, and drops all but
   // the settled one's after. explore_candidates <= 1 disables it; TERSE_PLAN_EXPLORE=K sets
   // explore_candidates (0 or 1: off).
-  int explore_candidates = 4;
-  double explore_within = 1.25;
+  int explore_candidates = 8;
+  double explore_within = 1.5;
   int explore_runs = 5;
   double explore_seconds = 0.1;
   int explore_max_runs = 25;
+  // A second round: where two or more contenders measured within `explore_close` (relative)
+  // of the fastest, those run their runs again, in turn, and each is judged by the mean of its
+  // two rounds' agreed times, so that the gaps of a few percent that decide between them are
+  // not left to one round's noise (the rest were not close and are dropped). 0 disables.
+  double explore_close = 0.1;
   // When the choice is compressed and the best raw plan is expected within this many times its
   // time, that raw plan is explored too (after the others, beyond explore_candidates), so the
   // settled plan beats raw by min_gain in measured time. 0 disables.
@@ -406,6 +412,8 @@ class Planner {
     std::vector<int> runs;  // runs_for each contender (more where a time is still missing)
     std::size_t current = 0;
     int unmeasured = 0;  // exchanges after the runs that left a contender without a time
+    // The first round's agreed time per contender once a second round (explore_close) runs.
+    std::vector<std::optional<double>> first_round;
     bool done() const {
       for (std::size_t i = 0; i < uses.size(); ++i) {
         if (uses[i] < runs[i]) return false;
@@ -420,6 +428,11 @@ class Planner {
   void log_decision(const PlanDecision& d, int rank, const char* why) const;
   // After an exchange: moves explored sizes on (mu_ held). Returns how many changed plan.
   int advance_explorations(int rank);
+  // At the end of an exploration's first round: narrows it to the contenders measured within
+  // explore_close of the fastest and starts their second round; false (nothing changed) where
+  // fewer than two are that close or the option is off.
+  template <typename Measured>
+  bool start_second_round(Exploration& e, const Measured& measured, std::size_t n, int rank) const;
 
   PlannerOptions options_;
   std::vector<std::string> allowed_;

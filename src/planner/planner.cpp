@@ -355,6 +355,40 @@ int Planner::runs_for(const PlanCandidate& c) const {
       std::clamp<double>(wanted, least, std::max(least, options_.explore_max_runs)));
 }
 
+template <typename Measured>
+bool Planner::start_second_round(Exploration& e, const Measured& measured, std::size_t n,
+                                 int rank) const {
+  if (options_.explore_close <= 0) return false;
+  std::optional<double> fastest;
+  for (const auto& c : e.contenders) {
+    const auto t = measured(c);
+    if (t && (!fastest || *t < *fastest)) fastest = t;
+  }
+  if (!fastest) return false;
+  Exploration next;
+  for (const auto& c : e.contenders) {
+    const auto t = measured(c);
+    if (!t || *t > (1 + options_.explore_close) * *fastest) continue;
+    next.contenders.push_back(c);
+    next.first_round.push_back(t);
+    next.runs.push_back(runs_for(c));
+  }
+  if (next.contenders.size() < 2) return false;
+  next.uses.assign(next.contenders.size(), 0);
+  next.current = next.contenders.size() - 1;  // the next submission runs the first
+  if (options_.log && rank == 0) {
+    std::string list;
+    for (std::size_t i = 0; i < next.contenders.size(); ++i) {
+      list += fmt::format(" {} {:.3f} ms", plan_key(next.contenders[i].plan),
+                          *next.first_round[i] * 1e3);
+    }
+    std::fprintf(stderr, "terse plan: exploring %zu floats again, within %.0f%%:%s\n", n,
+                 options_.explore_close * 100, list.c_str());
+  }
+  e = std::move(next);
+  return true;
+}
+
 int Planner::advance_explorations(int rank) {
   int changed = 0;
   for (auto it = exploring_.begin(); it != exploring_.end();) {
@@ -380,6 +414,21 @@ int Planner::advance_explorations(int rank) {
     if (missing && ++e.unmeasured < 2) {
       ++it;
       continue;
+    }
+    if (e.first_round.empty() && start_second_round(e, measured, n, rank)) {
+      ++it;
+      continue;
+    }
+    if (!e.first_round.empty()) {
+      // Each contender's time: the mean of its two rounds' (the second round's alone where the
+      // first has none; the first's where the second has none).
+      for (std::size_t i = 0; i < e.contenders.size(); ++i) {
+        const std::string key = plan_key(e.contenders[i].plan);
+        const auto second = measured(e.contenders[i]);
+        const auto first = e.first_round[i];
+        if (first && second) measured_[{n, key}] = (*first + *second) / 2;
+        if (first && !second) measured_[{n, key}] = *first;
+      }
     }
     PlanDecision& d = decisions_.at(it->first);
     // Settle: the fastest measured. The model's choice stands unless measured times overturn
