@@ -131,9 +131,13 @@ void run_rank(const Options& opt) {
     const bool interleave = n * sizeof(float) * tensors <= (std::size_t{1} << 30);
     const std::string explore_name =
         interleave ? fmt::format("gradient-{}-explore", n) : fmt::format("gradient-{}", n);
+    // Each run starts at a barrier, as this benchmark's timed runs do (time_allreduce), so that
+    // exploration ranks the contenders under the conditions they are timed in below: run back
+    // to back, a rank's span would also hold its wait for the slowest rank's previous run.
     int explored = 0;
     do {
       std::copy(input.begin(), input.end(), data.begin());
+      comm->barrier("explore");
       engine.allreduce(explore_name, data, auto_options).wait();
       ++explored;
       // A guard only: two rounds of (explore_candidates + raw) x explore_max_runs are 450.
