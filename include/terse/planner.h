@@ -80,6 +80,19 @@ std::vector<std::size_t> implausible_steps(std::span<const double> x, std::span<
 
 // ---- calibration ----------------------------------------------------------------------------
 
+struct Calibration;
+
+// How disturbed the engine probe of calibration `c` looks, as the largest of two ratios to
+// their thresholds (above 1: measure it again; calibrate() keeps the least disturbed run):
+// - its round latency (alpha) against 4x the links' exchange latency plus 1 ms (link_latency 0
+//   leaves this one out);
+// - on links the cores pace (engine_link measured), the small raw allreduce's cost per byte
+//   against 0.8x the bulk's (engine_beta): a 1 MiB allreduce's bytes, copied in the cache, cost
+//   0.19-0.56x the bulk's in s42-s51; the two probes that came out at 1.1x and 1.3x (s44 and s52,
+//   unshaped N = 2) ran everything about twice as slow, and their grids' unshaped N = 2
+//   predictions were off by 128% and 39%.
+double engine_probe_disturbance(const Calibration& c, double link_latency);
+
 // One codec's costs on this machine: seconds for n elements, and encoded bytes for n elements
 // (measured on gradient-like data).
 // A multi-round codec (PowerSGD, a RoundCodec) has no payload to decode or merge: `encode` is

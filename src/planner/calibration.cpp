@@ -901,6 +901,8 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
 // An engine round latency above this multiple of the links' exchange latency (plus 1 ms) is
 // taken for a disturbance and measured again (calibrate()).
 constexpr double kImplausibleAlpha = 4;
+// The small raw probe's cost per byte at or above this share of the bulk's is a disturbance.
+constexpr double kImplausibleSmallShare = 0.8;
 
 // What a message round and the engine's own hand-offs cost inside the engine, which no formula
 // knows: the engine runs three tiny allreduces, alternating rep by rep so that they share the
@@ -1182,6 +1184,15 @@ void check_link_probes(Communicator& comm, const CalibrationOptions& options, Ca
 
 }  // namespace planner
 
+double engine_probe_disturbance(const Calibration& c, double link_latency) {
+  double worst = 0;
+  if (link_latency > 0) worst = c.alpha / (kImplausibleAlpha * link_latency + 1e-3);
+  if (c.engine_link.points >= 2 && c.engine_beta > 0) {
+    worst = std::max(worst, c.engine_link.b / (kImplausibleSmallShare * c.engine_beta));
+  }
+  return worst;
+}
+
 Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) {
   CalibrationOptions options = options_in;
   options.codecs = with_canonical_specs(options.codecs);
@@ -1214,16 +1225,20 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   for (const auto& row : c.peer_alpha) {
     for (double a : row) link_latency = std::max(link_latency, a);
   }
-  for (int retry = 0;
-       retry < 2 && link_latency > 0 && c.alpha > kImplausibleAlpha * link_latency + 1e-3;
-       ++retry) {
+  // The same for the small raw probe's byte cost on links the cores pace, which such a burst
+  // raises to the bulk's (engine_probe_disturbance). Both figures are agreed over the ranks.
+  for (int retry = 0; retry < 2 && engine_probe_disturbance(c, link_latency) > 1; ++retry) {
     Calibration again = c;
     const bool paced_again = measure_engine(comm, again);
     log_line(options.quiet, comm.rank(),
-             fmt::format("engine round latency {:.1f} us is implausible against the links' "
-                         "{:.1f} us; measured again: {:.1f} us",
-                         c.alpha * 1e6, link_latency * 1e6, again.alpha * 1e6));
-    if (again.alpha < c.alpha) c = again, paced = paced_again;
+             fmt::format("engine probe looks disturbed (round latency {:.1f} us against the "
+                         "links' {:.1f} us; small allreduce {:.3f} ns/B against the bulk's "
+                         "{:.3f}); measured again: {:.1f} us, {:.3f} ns/B",
+                         c.alpha * 1e6, link_latency * 1e6, c.engine_link.b * 1e9,
+                         c.engine_beta * 1e9, again.alpha * 1e6, again.engine_link.b * 1e9));
+    if (engine_probe_disturbance(again, link_latency) < engine_probe_disturbance(c, link_latency)) {
+      c = again, paced = paced_again;
+    }
   }
   if (options.measure_links) planner::check_link_probes(comm, options, c, paced);
   c.seconds = planner::agree_max(comm, {seconds_since(start)})[0];
