@@ -1184,10 +1184,10 @@ void check_link_probes(Communicator& comm, const CalibrationOptions& options, Ca
 
 }  // namespace planner
 
-double engine_probe_disturbance(const Calibration& c, double link_latency) {
+double engine_probe_disturbance(const Calibration& c, double link_latency, bool own_cores) {
   double worst = 0;
   if (link_latency > 0) worst = c.alpha / (kImplausibleAlpha * link_latency + 1e-3);
-  if (c.engine_link.points >= 2 && c.engine_beta > 0) {
+  if (own_cores && c.engine_link.points >= 2 && c.engine_beta > 0) {
     worst = std::max(worst, c.engine_link.b / (kImplausibleSmallShare * c.engine_beta));
   }
   return worst;
@@ -1226,8 +1226,15 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
     for (double a : row) link_latency = std::max(link_latency, a);
   }
   // The same for the small raw probe's byte cost on links the cores pace, which such a burst
-  // raises to the bulk's (engine_probe_disturbance). Both figures are agreed over the ranks.
-  for (int retry = 0; retry < 2 && engine_probe_disturbance(c, link_latency) > 1; ++retry) {
+  // raises to the bulk's (engine_probe_disturbance). Both figures are agreed over the ranks,
+  // and so is whether every machine has a core for each of its ranks.
+  const bool own_cores =
+      planner::agree_max(comm, {static_cast<double>(share.ranks_on_host) /
+                                std::max(1u, std::thread::hardware_concurrency())})[0] <= 1;
+  auto disturbance = [&](const Calibration& x) {
+    return engine_probe_disturbance(x, link_latency, own_cores);
+  };
+  for (int retry = 0; retry < 2 && disturbance(c) > 1; ++retry) {
     Calibration again = c;
     const bool paced_again = measure_engine(comm, again);
     log_line(options.quiet, comm.rank(),
@@ -1236,7 +1243,7 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
                          "{:.3f}); measured again: {:.1f} us, {:.3f} ns/B",
                          c.alpha * 1e6, link_latency * 1e6, c.engine_link.b * 1e9,
                          c.engine_beta * 1e9, again.alpha * 1e6, again.engine_link.b * 1e9));
-    if (engine_probe_disturbance(again, link_latency) < engine_probe_disturbance(c, link_latency)) {
+    if (disturbance(again) < disturbance(c)) {
       c = again, paced = paced_again;
     }
   }
