@@ -426,8 +426,9 @@ class Planner {
     std::vector<int> runs;  // runs_for each contender (more where a time is still missing)
     std::size_t current = 0;
     int unmeasured = 0;  // exchanges after the runs that left a contender without a time
-    // The first round's agreed time per contender once a second round (explore_close) runs.
-    std::vector<std::optional<double>> first_round;
+    // The first round's agreed time per contender once a second round (explore_close) runs;
+    // empty in the first round.
+    std::vector<double> first_round;
     bool done() const {
       for (std::size_t i = 0; i < uses.size(); ++i) {
         if (uses[i] < runs[i]) return false;

@@ -370,7 +370,7 @@ bool Planner::start_second_round(Exploration& e, const Measured& measured, std::
     const auto t = measured(c);
     if (!t || *t > (1 + options_.explore_close) * *fastest) continue;
     next.contenders.push_back(c);
-    next.first_round.push_back(t);
+    next.first_round.push_back(*t);
     next.runs.push_back(runs_for(c));
   }
   if (next.contenders.size() < 2) return false;
@@ -380,7 +380,7 @@ bool Planner::start_second_round(Exploration& e, const Measured& measured, std::
     std::string list;
     for (std::size_t i = 0; i < next.contenders.size(); ++i) {
       list += fmt::format(" {} {:.3f} ms", plan_key(next.contenders[i].plan),
-                          *next.first_round[i] * 1e3);
+                          next.first_round[i] * 1e3);
     }
     std::fprintf(stderr, "terse plan: exploring %zu floats again, within %.0f%%:%s\n", n,
                  options_.explore_close * 100, list.c_str());
@@ -419,16 +419,11 @@ int Planner::advance_explorations(int rank) {
       ++it;
       continue;
     }
-    if (!e.first_round.empty()) {
-      // Each contender's time: the mean of its two rounds' (the second round's alone where the
-      // first has none; the first's where the second has none).
-      for (std::size_t i = 0; i < e.contenders.size(); ++i) {
-        const std::string key = plan_key(e.contenders[i].plan);
-        const auto second = measured(e.contenders[i]);
-        const auto first = e.first_round[i];
-        if (first && second) measured_[{n, key}] = (*first + *second) / 2;
-        if (first && !second) measured_[{n, key}] = *first;
-      }
+    // After a second round, each contender's time is the mean of its two rounds' (a contender
+    // with no time in the second keeps its first's: measured_ still holds it).
+    for (std::size_t i = 0; i < e.first_round.size(); ++i) {
+      const double second = measured(e.contenders[i]).value_or(e.first_round[i]);
+      measured_[{n, plan_key(e.contenders[i].plan)}] = (e.first_round[i] + second) / 2;
     }
     PlanDecision& d = decisions_.at(it->first);
     // Settle: the fastest measured. The model's choice stands unless measured times overturn
