@@ -87,12 +87,12 @@ struct Calibration;
 // - its round latency (alpha) against 4x the links' exchange latency plus 1 ms (link_latency 0
 //   leaves this one out);
 // - on links the cores pace (engine_link measured) where no more ranks share a machine than it
-//   has cores (own_cores), the small raw allreduce's cost per byte against 0.8x the bulk's
-//   (engine_beta): 2 ranks on 2 cores copy a 1 MiB allreduce's bytes in the cache at 0.19-0.57x
-//   the bulk's (s42-s53); the two probes that came out at 1.1x and 1.3x (s44 and s52) ran
-//   everything about twice as slow, and their grids' unshaped N = 2 predictions were off by
+//   has cores (ranks_on_host <= cores), the small raw allreduce's cost per byte against 0.8x the
+//   bulk's (engine_beta): 2 ranks on 2 cores copy a 1 MiB allreduce's bytes in the cache at
+//   0.19-0.57x the bulk's (s42-s53); the two probes that came out at 1.1x and 1.3x (s44 and s52)
+//   ran everything about twice as slow, and their grids' unshaped N = 2 predictions were off by
 //   128% and 39%. 4 ranks on 2 cores range 0.40-1.71x undisturbed: there it is left out.
-double engine_probe_disturbance(const Calibration& c, double link_latency, bool own_cores);
+double engine_probe_disturbance(const Calibration& c, double link_latency);
 
 // One codec's costs on this machine: seconds for n elements, and encoded bytes for n elements
 // (measured on gradient-like data).

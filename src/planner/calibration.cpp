@@ -1184,9 +1184,10 @@ void check_link_probes(Communicator& comm, const CalibrationOptions& options, Ca
 
 }  // namespace planner
 
-double engine_probe_disturbance(const Calibration& c, double link_latency, bool own_cores) {
+double engine_probe_disturbance(const Calibration& c, double link_latency) {
   double worst = 0;
   if (link_latency > 0) worst = c.alpha / (kImplausibleAlpha * link_latency + 1e-3);
+  const bool own_cores = c.ranks_on_host <= c.cores;  // the most ranks, the fewest cores
   if (own_cores && c.engine_link.points >= 2 && c.engine_beta > 0) {
     worst = std::max(worst, c.engine_link.b / (kImplausibleSmallShare * c.engine_beta));
   }
@@ -1227,12 +1228,9 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   }
   // The same for the small raw probe's byte cost on links the cores pace, which such a burst
   // raises to the bulk's (engine_probe_disturbance). Both figures are agreed over the ranks,
-  // and so is whether every machine has a core for each of its ranks.
-  const bool own_cores =
-      planner::agree_max(comm, {static_cast<double>(share.ranks_on_host) /
-                                std::max(1u, std::thread::hardware_concurrency())})[0] <= 1;
+  // and so are the machine share's counts it reads.
   auto disturbance = [&](const Calibration& x) {
-    return engine_probe_disturbance(x, link_latency, own_cores);
+    return engine_probe_disturbance(x, link_latency);
   };
   for (int retry = 0; retry < 2 && disturbance(c) > 1; ++retry) {
     Calibration again = c;

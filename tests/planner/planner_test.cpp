@@ -116,8 +116,10 @@ using testing::synthetic;
 
 TEST(Calibration, AnEngineProbeWhoseSmallAllreduceCostsTheBulksBytesIsDisturbed) {
   // Unshaped, 2 ranks (ns a byte, us): the small probe's byte against the bulk's, and alpha.
-  auto probe = [](double small_b, double bulk_b, double alpha_us) {
+  auto probe = [](double small_b, double bulk_b, double alpha_us, int ranks_on_host = 2) {
     Calibration c = synthetic(1e9, alpha_us * 1e-6, 2);
+    c.ranks_on_host = ranks_on_host;
+    c.cores = 2;
     c.engine_beta = bulk_b * 1e-9;
     c.engine_link.b = small_b * 1e-9;
     c.engine_link.b2 = bulk_b * 1e-9;
@@ -128,20 +130,20 @@ TEST(Calibration, AnEngineProbeWhoseSmallAllreduceCostsTheBulksBytesIsDisturbed)
   // s47-s51's probes on 2 ranks: 0.19-0.52x.
   for (const auto& [small, bulk] : std::vector<std::pair<double, double>>{
            {0.44, 0.92}, {0.22, 0.71}, {0.17, 0.89}, {0.46, 0.89}, {0.25, 0.61}}) {
-    EXPECT_LT(engine_probe_disturbance(probe(small, bulk, 100), latency, true), 1) << small;
+    EXPECT_LT(engine_probe_disturbance(probe(small, bulk, 100), latency), 1) << small;
   }
   // s52 and s44: the small probe's byte at 1.1-1.3x the bulk's.
-  EXPECT_GT(engine_probe_disturbance(probe(1.68, 1.51, 90), latency, true), 1);
-  EXPECT_GT(engine_probe_disturbance(probe(1.90, 1.46, 488), latency, true), 1);
+  EXPECT_GT(engine_probe_disturbance(probe(1.68, 1.51, 90), latency), 1);
+  EXPECT_GT(engine_probe_disturbance(probe(1.90, 1.46, 488), latency), 1);
   // 4 ranks on 2 cores: undisturbed probes reach 1.71x (s46), so the small probe is not judged.
-  EXPECT_LT(engine_probe_disturbance(probe(1.45, 1.25, 110), latency, false), 1);
+  EXPECT_LT(engine_probe_disturbance(probe(1.45, 1.25, 110, 4), latency), 1);
   // An implausible round latency alone (2.5 ms against links of 30 us) is one too.
-  EXPECT_GT(engine_probe_disturbance(probe(0.2, 0.9, 2500), latency, false), 1);
+  EXPECT_GT(engine_probe_disturbance(probe(0.2, 0.9, 2500, 4), latency), 1);
   // On a paced link (no small probe) only alpha counts, and no link latency leaves it out too.
   Calibration paced = probe(1.68, 1.51, 90);
   paced.engine_link = LinearFit{};
-  EXPECT_LT(engine_probe_disturbance(paced, latency, true), 1);
-  EXPECT_NEAR(engine_probe_disturbance(probe(0.2, 0.9, 2500), 0, true), 0.2 / (0.8 * 0.9), 1e-12);
+  EXPECT_LT(engine_probe_disturbance(paced, latency), 1);
+  EXPECT_NEAR(engine_probe_disturbance(probe(0.2, 0.9, 2500), 0), 0.2 / (0.8 * 0.9), 1e-12);
 }
 
 TEST(CostModel, RawRingFollowsItsFormula) {
