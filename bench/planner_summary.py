@@ -31,19 +31,24 @@ def main(paths):
     errors_all = []
     print("## Prediction error: |predicted / measured - 1|, median over the configurations measured\n")
     sizes = [s["size"] for s in runs[0]["sizes"]] if runs else []
-    print("| link | N | " + " | ".join(sizes) + " | all sizes | configurations |")
-    print("|---|---|" + "---|" * (len(sizes) + 2))
+    # The signed median (predicted / measured - 1) tells a bias of the whole point (every
+    # configuration predicted fast or slow: the calibration against the runs) from scatter.
+    print("| link | N | " + " | ".join(sizes) + " | all sizes | signed | configurations |")
+    print("|---|---|" + "---|" * (len(sizes) + 3))
     for run in runs:
         link, n = label_of(None, run)
-        cells, point = [], []
+        cells, point, signed = [], [], []
         for size in run["sizes"]:
-            errs = [abs(c["predicted_s"] / c["median_s"] - 1) for c in size["configs"]
+            errs = [c["predicted_s"] / c["median_s"] - 1 for c in size["configs"]
                     if c["median_s"] > 0]
+            signed += errs
+            errs = [abs(e) for e in errs]
             point += errs
             cells.append(f"{100 * statistics.median(errs):.0f}%" if errs else "-")
         errors_all += point
         print(f"| {link} | {n} | " + " | ".join(cells) +
-              f" | {100 * statistics.median(point):.1f}% | {len(point)} |")
+              f" | {100 * statistics.median(point):.1f}% | "
+              f"{100 * statistics.median(signed):+.1f}% | {len(point)} |")
     if errors_all:
         print(f"\nOverall median |error|: {100 * statistics.median(errors_all):.1f}% over "
               f"{len(errors_all)} measured configurations; within 15%: "

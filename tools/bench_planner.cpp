@@ -350,25 +350,44 @@ void run_rank(const Options& opt) {
   comm->barrier("end");
 }
 
+nlohmann::json read_json(const std::string& what, const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw InvalidArgument(fmt::format("{}: cannot read {}", what, path));
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("{} {}: not JSON: {}", what, path, e.what()));
+  }
+}
+
 // --replay: the predictions of the current cost model for the configurations a recorded run
 // measured, from that run's own calibration, so that a change to the model can be judged on
 // recorded grids (bench/planner_accuracy.sh) before a new one is run. Writes the record with
 // predicted_s replaced (--json, for bench/planner_summary.py) and prints the median error.
+// With --cache FILE (a calibration cache, or another record, whose calibration is taken), the
+// predictions come from that calibration instead: how much a prediction depends on which
+// calibration the job happened to measure (the same machine, minutes apart).
 void replay(const Options& opt) {
-  std::ifstream f(opt.replay);
-  if (!f) throw InvalidArgument(fmt::format("--replay: cannot read {}", opt.replay));
-  nlohmann::json report;
-  try {
-    report = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(fmt::format("--replay {}: not JSON: {}", opt.replay, e.what()));
-  }
-  if (!report.contains("calibration") || !report.contains("sizes") || !report.contains("ranks")) {
+  nlohmann::json report = read_json("--replay", opt.replay);
+  if (!report.is_object() || !report.contains("calibration") || !report.contains("sizes") ||
+      !report.contains("ranks")) {
     throw InvalidArgument(
         fmt::format("--replay {}: not a record of `terse bench planner --json`", opt.replay));
   }
-  const CostModel model(Calibration::from_json(report["calibration"].dump()));
   const int ranks = report["ranks"].get<int>();
+  std::string calibration = report["calibration"].dump();
+  if (opt.cache != "-") {
+    nlohmann::json other = read_json("--cache", opt.cache);
+    if (other.is_object() && other.contains("calibration")) other = other["calibration"];
+    const Calibration c = Calibration::from_json(other.dump());
+    if (c.world_size != ranks) {
+      throw InvalidArgument(
+          fmt::format("--cache {}: a calibration of {} ranks cannot predict {}'s {} ranks",
+                      opt.cache, c.world_size, opt.replay, ranks));
+    }
+    calibration = other.dump();
+  }
+  const CostModel model(Calibration::from_json(calibration));
   const int threads = report.value("threads", 4);
   std::vector<double> before, after;
   for (auto& size : report["sizes"]) {
@@ -388,8 +407,9 @@ void replay(const Options& opt) {
       c["predicted_s"] = predicted;
     }
   }
-  fmt::print("{}: {} configurations, median |error| {:.1f}% as recorded, {:.1f}% now\n",
-             opt.replay, after.size(), 100 * median(before), 100 * median(after));
+  fmt::print("{}: {} configurations, median |error| {:.1f}% as recorded, {:.1f}% now{}\n",
+             opt.replay, after.size(), 100 * median(before), 100 * median(after),
+             opt.cache == "-" ? std::string() : fmt::format(" (calibration of {})", opt.cache));
   if (!opt.json.empty()) {
     std::ofstream(opt.json) << report.dump(1) << "\n";
     fmt::print("wrote {}\n", opt.json);
@@ -422,11 +442,12 @@ void add_bench_planner_command(CLI::App& bench) {
   cmd->add_option("--link", opt->link, "Link rate of the emulated cluster (a label)");
   cmd->add_option("--json", opt->json, "Write results as JSON to this file (rank 0)");
   cmd->add_option("--cache", opt->cache,
-                  "Calibration cache file ('-': calibrate in this run, the default)")
+                  "Calibration cache file ('-': calibrate in this run, the default; with "
+                  "--replay, predict from it, or from another record's calibration)")
       ->capture_default_str();
   cmd->add_option("--replay", opt->replay,
                   "Predict a recorded run's configurations again with this build's cost model "
-                  "and that run's calibration (no ranks, no measuring)");
+                  "and that run's calibration, or --cache's (no ranks, no measuring)");
   cmd->callback([opt] {
     if (!opt->replay.empty()) {
       replay(*opt);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -901,6 +902,92 @@ TEST(PlanCommand, PredictsEveryTensorAndTheStep) {
       testing::shell(fmt::format("{} plan --model nosuch --ranks 4 --bandwidth 1gbit", kCli));
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.output.find("mlp, cnn, vgg"), std::string::npos) << bad.output;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PlanCommand, ReplayPredictsARecordAgainWithItsOwnCalibrationOrAnothers) {
+  const std::string dir = testing::temp_dir();
+  const Calibration own = synthetic(125e6, 100e-6);   // 1 Gbit/s
+  const Calibration other = synthetic(12.5e6, 1e-3);  // 100 Mbit/s
+  const std::size_t n = std::size_t{1} << 20;
+  struct Config {
+    std::string codec;  // canonical, as the records hold it
+    const char* strategy;
+    Strategy s;
+    int partitions;
+  };
+  const Config configs[] = {
+      {"none", "raw", Strategy::kRaw, 1},
+      {"fp16", "sharded", Strategy::kSharded, 4},
+      {make_codec("onebit:ef=1")->spec(), "allgather", Strategy::kAllgather, 2}};
+  auto predict = [&](const Calibration& c, const Config& k) {
+    return CostModel(c).predict(n, k.codec, k.s, k.partitions, 4, 4).seconds;
+  };
+  // A record as `terse bench planner --json` writes it: each configuration measured at twice
+  // its prediction from the record's own calibration.
+  std::string record = fmt::format(
+      R"({{"ranks": 4, "threads": 4, "calibration": {}, "sizes": [{{"elements": {}, "configs": [)",
+      own.to_json(), n);
+  for (const auto& k : configs) {
+    record += fmt::format(
+        R"({}{{"codec": "{}", "strategy": "{}", "partitions": {}, "predicted_s": {}, )"
+        R"("median_s": {}}})",
+        &k == configs ? "" : ", ", k.codec, k.strategy, k.partitions, 0.0, 2 * predict(own, k));
+  }
+  record += "]}]}";
+  std::ofstream(dir + "/record.json") << record;
+  std::ofstream(dir + "/other.json") << other.to_json();
+  std::ofstream(dir + "/two-ranks.json") << synthetic(125e6, 100e-6, 2).to_json();
+  auto replayed = [&](const std::string& json) {
+    std::ifstream in(json);
+    std::stringstream text;
+    text << in.rdbuf();
+    const auto j = nlohmann::json::parse(text.str());
+    std::vector<double> out;
+    for (const auto& c : j["sizes"][0]["configs"]) {
+      out.push_back(c["predicted_s"].get<double>());
+    }
+    return out;
+  };
+  auto mine =
+      testing::shell(fmt::format("{0} bench planner --replay {1}/record.json --json "
+                                 "{1}/mine.json",
+                                 kCli, dir));
+  ASSERT_EQ(mine.code, 0) << mine.output;
+  // Every prediction at half the measured time: 50% off, and 100% as recorded (predicted 0).
+  EXPECT_NE(mine.output.find("3 configurations, median |error| 100.0% as recorded, 50.0% now\n"),
+            std::string::npos)
+      << mine.output;
+  auto theirs =
+      testing::shell(fmt::format("{0} bench planner --replay {1}/record.json --cache "
+                                 "{1}/other.json --json {1}/theirs.json",
+                                 kCli, dir));
+  ASSERT_EQ(theirs.code, 0) << theirs.output;
+  EXPECT_NE(theirs.output.find("(calibration of " + dir + "/other.json)"), std::string::npos)
+      << theirs.output;
+  const auto a = replayed(dir + "/mine.json"), b = replayed(dir + "/theirs.json");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(a[i], predict(own, configs[i]), 1e-12 + 1e-9 * a[i]) << configs[i].codec;
+    EXPECT_NEAR(b[i], predict(other, configs[i]), 1e-12 + 1e-9 * b[i]) << configs[i].codec;
+    EXPECT_GT(b[i], a[i]) << configs[i].codec;  // slower links, longer latency
+  }
+  // Another record's calibration is taken from its "calibration" field.
+  auto from_record = testing::shell(
+      fmt::format("{0} bench planner --replay {1}/record.json --cache {1}/record.json", kCli, dir));
+  EXPECT_EQ(from_record.code, 0) << from_record.output;
+  EXPECT_NE(from_record.output.find("50.0% now"), std::string::npos) << from_record.output;
+  // A calibration of another world size cannot predict the record's configurations.
+  auto mismatch = testing::shell(fmt::format(
+      "{0} bench planner --replay {1}/record.json --cache {1}/two-ranks.json", kCli, dir));
+  EXPECT_NE(mismatch.code, 0);
+  EXPECT_NE(mismatch.output.find("a calibration of 2 ranks cannot predict"), std::string::npos)
+      << mismatch.output;
+  auto missing = testing::shell(
+      fmt::format("{0} bench planner --replay {1}/record.json --cache {1}/nosuch.json", kCli, dir));
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.output.find("cannot read"), std::string::npos) << missing.output;
   std::filesystem::remove_all(dir);
 }
 
