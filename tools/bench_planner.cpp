@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_util.h"
@@ -375,19 +376,18 @@ void replay(const Options& opt) {
         fmt::format("--replay {}: not a record of `terse bench planner --json`", opt.replay));
   }
   const int ranks = report["ranks"].get<int>();
-  std::string calibration = report["calibration"].dump();
+  Calibration calibration = Calibration::from_json(report["calibration"].dump());
   if (opt.cache != "-") {
     nlohmann::json other = read_json("--cache", opt.cache);
     if (other.is_object() && other.contains("calibration")) other = other["calibration"];
-    const Calibration c = Calibration::from_json(other.dump());
-    if (c.world_size != ranks) {
+    calibration = Calibration::from_json(other.dump());
+    if (calibration.world_size != ranks) {
       throw InvalidArgument(
           fmt::format("--cache {}: a calibration of {} ranks cannot predict {}'s {} ranks",
-                      opt.cache, c.world_size, opt.replay, ranks));
+                      opt.cache, calibration.world_size, opt.replay, ranks));
     }
-    calibration = other.dump();
   }
-  const CostModel model(Calibration::from_json(calibration));
+  const CostModel model(std::move(calibration));
   const int threads = report.value("threads", 4);
   std::vector<double> before, after;
   for (auto& size : report["sizes"]) {

@@ -940,9 +940,7 @@ TEST(PlanCommand, ReplayPredictsARecordAgainWithItsOwnCalibrationOrAnothers) {
   std::ofstream(dir + "/two-ranks.json") << synthetic(125e6, 100e-6, 2).to_json();
   auto replayed = [&](const std::string& json) {
     std::ifstream in(json);
-    std::stringstream text;
-    text << in.rdbuf();
-    const auto j = nlohmann::json::parse(text.str());
+    const auto j = nlohmann::json::parse(in);
     std::vector<double> out;
     for (const auto& c : j["sizes"][0]["configs"]) {
       out.push_back(c["predicted_s"].get<double>());
