@@ -155,14 +155,19 @@ struct Calibration {
   // transport's calls, the thread hand-offs and wake-ups (0: not measured). Measured from the
   // CPU of the round-latency probes (measure_engine in calibration.cpp).
   double cpu_per_message = 0;
-  // How much longer than its CPU work over the cores an allreduce takes where ranks share the
-  // cores and the cores decide (>= 1; 1: not measured, or the cores are not shared, or the
-  // links decide): ranks wait on each other's sends, so the cores idle part of the time. The
-  // wall time of a compressed allreduce (the first calibrated codec with a payload, sharded on
-  // two partitions) over ranks_on_host / cores times its median rank's CPU, where that and the
-  // engine_beta probe's raw ratio are at most 2 (beyond, a link set the probe's pace); the raw
-  // ratio where no codec was calibrated. It scales the host's CPU bound (CostModel::predict).
+  // How much longer than the model's CPU work over the cores an allreduce takes where ranks
+  // share the cores and the cores decide (>= 1; 1: not measured, or the cores are not shared,
+  // or the links decide): ranks wait on each other's sends, so the cores idle part of the
+  // time, and they run slower together than the fits' operations alone. The wall time of a
+  // compressed allreduce (the first calibrated codec with a payload, sharded on two
+  // partitions) over ranks_on_host / cores times the CPU the model counts for it, where its
+  // wall over its median rank's CPU, and the engine_beta probe's raw ratio, are at most 2
+  // (beyond, a link set the probe's pace); the raw ratio where no codec was calibrated. It
+  // scales the host's CPU bound (CostModel::predict).
   double host_efficiency = 1;
+  // That probe's median rank's process CPU over the model's CPU for it (1: not measured, or
+  // outside 0.5-2, where the process's CPU stands in for the model's in host_efficiency).
+  double host_cpu_ratio = 1;
 
   // fp32 element-wise work of the raw strategy (sum of two arrays, division), and per-codec
   // costs, all measured with every rank of this host running at once (one thread each).

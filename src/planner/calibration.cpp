@@ -264,6 +264,7 @@ std::string Calibration::to_json() const {
   j["transport_cpu"] = fit_json(transport_cpu);
   j["cpu_per_message"] = cpu_per_message;
   j["host_efficiency"] = host_efficiency;
+  j["host_cpu_ratio"] = host_cpu_ratio;
   j["peer_alpha"] = peer_alpha;
   j["peer_beta"] = peer_beta;
   j["add"] = fit_json(add);
@@ -305,6 +306,7 @@ Calibration Calibration::from_json(std::string_view text) {
     if (j.contains("transport_cpu")) c.transport_cpu = fit_from(j.at("transport_cpu"));
     c.cpu_per_message = j.value("cpu_per_message", 0.0);
     c.host_efficiency = j.value("host_efficiency", 1.0);
+    c.host_cpu_ratio = j.value("host_cpu_ratio", 1.0);
     c.peer_alpha = j.at("peer_alpha").get<std::vector<std::vector<double>>>();
     c.peer_beta = j.at("peer_beta").get<std::vector<std::vector<double>>>();
     c.add = fit_from(j.at("add"));
@@ -999,8 +1001,10 @@ std::vector<std::string> with_canonical_specs(const std::vector<std::string>& sp
 
 namespace planner {
 
-// The largest host_efficiency believed (see the end of measure_engine_beta).
+// The largest wall / (share x CPU) ratio of the host probe believed (see the end of
+// measure_engine_beta), and the range of its process CPU over the model's CPU for it.
 constexpr double kMaxHostEfficiency = 2;
+constexpr double kMinCpuRatio = 0.5, kMaxCpuRatio = 2;
 // A raw allreduce paced by the links moves a byte in 0.81-0.99 of the time the links' exchange
 // probe measured (its slowest pair; 46 shaped calibrations of the planner's grids); below
 // this fraction the probe was disturbed (twice: 0.54 and 0.61 of it, the links measured 38-46%
@@ -1015,6 +1019,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   c.engine_link = LinearFit{};
   c.transport_cpu = LinearFit{};
   c.host_efficiency = 1;
+  c.host_cpu_ratio = 1;
   const int n = comm.size();
   if (n == 1 || c.beta <= 0) return false;
   EngineOptions eo;
@@ -1150,7 +1155,23 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   const double compressed_cpu =
       planner::agree_median(comm, {planner::median(std::move(host.cpu))})[0];
   const double host_ratio = compressed_cpu > 0 ? compressed_wall / (share * compressed_cpu) : 0;
-  if (host_ratio <= kMaxHostEfficiency) c.host_efficiency = std::max(1.0, host_ratio);
+  if (host_ratio > kMaxHostEfficiency) return paced;
+  // The bound multiplies the model's CPU, not the process's: the factor is the probe's wall
+  // time over the model's CPU for the same allreduce (times the share), so that the bound
+  // prices the probe at what it took. On 2 ranks on 2 cores the two CPU figures agreed
+  // (model / process 0.93-1.0); on 4 the model counted 0.53-0.75 of the process's CPU (its
+  // fits time each operation on a 2 MiB shard in the cache, while 4 ranks on 2 cores, each
+  // through a 16 MiB tensor, evict each other's), and the unshaped 4-rank points of s54 and
+  // s55 ran a median 20-32% slower than predicted at every size. The ratio of the two is
+  // believed between kMinCpuRatio and kMaxCpuRatio; beyond, the fits are off by more than one
+  // factor should stand for, and the process's CPU is used as before.
+  CostModel model_now(c);
+  model_now.set_gather_bytes(eo.gather_bytes);
+  const double model_cpu =
+      model_now.predict(elements, codec->spec, Strategy::kSharded, 2, n, engine_threads()).host_cpu;
+  const double cpu_ratio = model_cpu > 0 ? compressed_cpu / model_cpu : 0;
+  if (cpu_ratio >= kMinCpuRatio && cpu_ratio <= kMaxCpuRatio) c.host_cpu_ratio = cpu_ratio;
+  c.host_efficiency = std::max(1.0, host_ratio * c.host_cpu_ratio);
   return paced;
 }
 
