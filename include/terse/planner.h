@@ -161,9 +161,10 @@ struct Calibration {
   // time, and they run slower together than the fits' operations alone. The wall time of a
   // compressed allreduce (the first calibrated codec with a payload, sharded on two
   // partitions) over ranks_on_host / cores times the CPU the model counts for it, where its
-  // wall over its median rank's CPU, and the engine_beta probe's raw ratio, are at most 2
-  // (beyond, a link set the probe's pace); the raw ratio where no codec was calibrated. It
-  // scales the host's CPU bound (CostModel::predict).
+  // wall over its median rank's CPU, and the engine_beta probe's raw ratio, are at most 2;
+  // beyond, a link set the probe's pace and the cores' idling is unknown: then its median
+  // rank's CPU over the model's (host_cpu_ratio) alone. The raw ratio where no codec was
+  // calibrated. It scales the host's CPU bound (CostModel::predict).
   double host_efficiency = 1;
   // That probe's median rank's process CPU over the model's CPU for it (1: not measured, or
   // outside 0.5-2, where the process's CPU stands in for the model's in host_efficiency).

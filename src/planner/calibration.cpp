@@ -1130,7 +1130,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
     l.ys = {small_link, bulk_link};
     l.points = 2;
   }
-  if (share < 1 || ratio > kMaxHostEfficiency) return paced;
+  if (share < 1) return paced;
   // The raw probe's ratio is not a compressed allreduce's: there the codec's work fills the
   // cores while the ranks wait on each other's sends (2 and 4 ranks on 2 cores, 16 MiB:
   // 1.17-1.22 for raw, 0.92-1.15 for fp16 and onebit, sharded, allgather and ring, K = 1 and
@@ -1138,10 +1138,11 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // measured again on the first calibrated codec that sends a payload, sharded on two
   // partitions, the same elements (fewer bytes than the raw probe's on any link); the raw
   // probe's ratio stands where no codec was calibrated.
+  const bool links_paced_raw = ratio > kMaxHostEfficiency;
   const auto codec = std::find_if(c.codecs.begin(), c.codecs.end(),
                                   [](const CodecCosts& k) { return !k.multi_round; });
   if (codec == c.codecs.end()) {
-    c.host_efficiency = std::max(1.0, ratio);
+    if (!links_paced_raw) c.host_efficiency = std::max(1.0, ratio);
     return paced;
   }
   AllreduceOptions compressed;
@@ -1155,7 +1156,6 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   const double compressed_cpu =
       planner::agree_median(comm, {planner::median(std::move(host.cpu))})[0];
   const double host_ratio = compressed_cpu > 0 ? compressed_wall / (share * compressed_cpu) : 0;
-  if (host_ratio > kMaxHostEfficiency) return paced;
   // The bound multiplies the model's CPU, not the process's: the factor is the probe's wall
   // time over the model's CPU for the same allreduce (times the share), so that the bound
   // prices the probe at what it took. On 2 ranks on 2 cores the two CPU figures agreed
@@ -1171,7 +1171,10 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
       model_now.predict(elements, codec->spec, Strategy::kSharded, 2, n, engine_threads()).host_cpu;
   const double cpu_ratio = model_cpu > 0 ? compressed_cpu / model_cpu : 0;
   if (cpu_ratio >= kMinCpuRatio && cpu_ratio <= kMaxCpuRatio) c.host_cpu_ratio = cpu_ratio;
-  c.host_efficiency = std::max(1.0, host_ratio * c.host_cpu_ratio);
+  // Where a link set either probe's pace, the cores idled for it, and the wall time says
+  // nothing about how busy ranks keep them: the bound is then the CPU alone, the process's.
+  const bool idle_unknown = links_paced_raw || host_ratio > kMaxHostEfficiency;
+  c.host_efficiency = std::max(1.0, (idle_unknown ? 1.0 : host_ratio) * c.host_cpu_ratio);
   return paced;
 }
 
