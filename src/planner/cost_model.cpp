@@ -30,8 +30,9 @@
 // about the same time, and its cores cannot do more than their number of seconds a second:
 //   T = max(T, ranks_on_host / cores * u * K * (C + X(W) + M * cpu_per_message))
 // (M: messages this rank sends per partition, 2(N-1), or N-1 for allgather and gathered raw;
-// X: the transport's measured CPU for W bytes sent; u >= 1: host_efficiency, the measured
-// share of time the cores idle while ranks wait on each other).
+// X: the transport's measured CPU for W bytes sent; u >= 1: host_efficiency, measured on a
+// compressed allreduce: how much longer it took than this model's CPU for it over the cores,
+// the cores' idling while ranks wait on each other and the CPU the fits do not see).
 #include <fmt/format.h>
 
 #include <algorithm>
