@@ -1149,13 +1149,6 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   compressed.codec = codec->spec;
   compressed.strategy = Strategy::kSharded;
   compressed.partitions = 2;
-  constexpr int kCompressedReps = 7;
-  Runs host = time_runs("calibration-host", elements, compressed, kCompressedReps);
-  engine.synchronize();
-  const double compressed_wall = planner::median(planner::agree_max(comm, host.wall));
-  const double compressed_cpu =
-      planner::agree_median(comm, {planner::median(std::move(host.cpu))})[0];
-  const double host_ratio = compressed_cpu > 0 ? compressed_wall / (share * compressed_cpu) : 0;
   // The bound multiplies the model's CPU, not the process's: the factor is the probe's wall
   // time over the model's CPU for the same allreduce (times the share), so that the bound
   // prices the probe at what it took. On 2 ranks on 2 cores the two CPU figures nearly agree
@@ -1169,12 +1162,30 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   model_now.set_gather_bytes(eo.gather_bytes);
   const double model_cpu =
       model_now.predict(elements, codec->spec, Strategy::kSharded, 2, n, engine_threads()).host_cpu;
-  const double cpu_ratio = model_cpu > 0 ? compressed_cpu / model_cpu : 0;
-  if (cpu_ratio >= kMinCpuRatio && cpu_ratio <= kMaxCpuRatio) c.host_cpu_ratio = cpu_ratio;
-  // Where a link set either probe's pace, the cores idled for it, and the wall time says
-  // nothing about how busy ranks keep them: the bound is then the CPU alone, the process's.
-  const bool idle_unknown = links_paced_raw || host_ratio > kMaxHostEfficiency;
-  c.host_efficiency = std::max(1.0, (idle_unknown ? 1.0 : host_ratio) * c.host_cpu_ratio);
+  // Two series of runs, the lesser factor kept: a burst of work from outside the job during
+  // one raises its wall time and not the job's CPU (s57, 2 ranks on loopback: the wall over
+  // the process's CPU came out at 1.68, against 1.05-1.38 in every other calibration of the
+  // idle machine, and the point was over-predicted by a median 36%).
+  constexpr int kCompressedReps = 7, kSeries = 2;
+  c.host_efficiency = 0;
+  for (int series = 0; series < kSeries; ++series) {
+    Runs host = time_runs("calibration-host", elements, compressed, kCompressedReps);
+    engine.synchronize();
+    const double wall = planner::median(planner::agree_max(comm, host.wall));
+    const double cpu = planner::agree_median(comm, {planner::median(std::move(host.cpu))})[0];
+    const double host_ratio = cpu > 0 ? wall / (share * cpu) : 0;
+    const double cpu_ratio = model_cpu > 0 ? cpu / model_cpu : 0;
+    const double believed =
+        cpu_ratio >= kMinCpuRatio && cpu_ratio <= kMaxCpuRatio ? cpu_ratio : 1.0;
+    // Where a link set either probe's pace, the cores idled for it, and the wall time says
+    // nothing about how busy ranks keep them: the bound is then the CPU alone, the process's.
+    const bool idle_unknown = links_paced_raw || host_ratio > kMaxHostEfficiency;
+    const double factor = std::max(1.0, (idle_unknown ? 1.0 : host_ratio) * believed);
+    if (series == 0 || factor < c.host_efficiency) {
+      c.host_efficiency = factor;
+      c.host_cpu_ratio = believed;
+    }
+  }
   return paced;
 }
 
