@@ -63,10 +63,11 @@ void print(const Calibration& c, const std::string& path) {
     const LinearFit& x = c.transport_cpu;
     t += fmt::format(
         "  host CPU (median rank, every thread): {:.1f} us a message; the transport {:.3f} ns/B "
-        "sent up to {:.0f} KB, {:.3f} ns/B beyond; allreduces take {:.2f}x the model's CPU over "
-        "the cores (the process's CPU is {:.2f}x the model's)\n",
+        "sent up to {:.0f} KB, {:.3f} ns/B beyond; allreduces take {:.2f}x the CPU the bound "
+        "counts over the cores (the process's CPU is {:.2f}x the model's{})\n",
         c.cpu_per_message * 1e6, x.b * 1e9, x.knee / 1e3, x.b2 * 1e9, c.host_efficiency,
-        c.host_cpu_ratio);
+        c.host_cpu_ratio,
+        c.host_share() > 1 ? "" : "; the bound counts the process's: a core a rank");
   }
   t += "CPU costs t(n) = A + B*n, n floats, every rank of the machine at once (fit error on the "
        "measured sizes):\n";

@@ -163,11 +163,13 @@ struct Calibration {
   // partitions) over ranks_on_host / cores times the CPU the model counts for it, where its
   // wall over its median rank's CPU, and the engine_beta probe's raw ratio, are at most 2;
   // beyond, a link set the probe's pace and the cores' idling is unknown: then its median
-  // rank's CPU over the model's (host_cpu_ratio) alone. The raw ratio where no codec was
-  // calibrated. It scales the host's CPU bound (CostModel::predict).
+  // rank's CPU over the model's (host_cpu_ratio) alone. Where each rank has a core, the
+  // process's CPU in place of the model's. The raw ratio where no codec was calibrated. It
+  // scales the host's CPU bound (CostModel::predict).
   double host_efficiency = 1;
   // That probe's median rank's process CPU over the model's CPU for it (1: not measured, or
-  // outside 0.5-2, where the process's CPU stands in for the model's in host_efficiency).
+  // outside 0.5-2). host_efficiency counts it only where ranks outnumber the cores; elsewhere
+  // the process's CPU stands in for the model's there.
   double host_cpu_ratio = 1;
 
   // fp32 element-wise work of the raw strategy (sum of two arrays, division), and per-codec

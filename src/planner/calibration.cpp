@@ -1157,7 +1157,12 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // through a 16 MiB tensor, evict each other's), and the unshaped 4-rank points of s54 and
   // s55 ran a median 20-32% slower than predicted at every size. The ratio of the two is
   // believed between kMinCpuRatio and kMaxCpuRatio; beyond, the fits are off by more than one
-  // factor should stand for, and the process's CPU is used as before.
+  // factor should stand for, and the process's CPU is used as before. It is used only where
+  // ranks outnumber the cores: with a core to each rank (2 ranks bound to 2 cores) the ranks
+  // do not evict each other's caches, and in grids s57 and s58 the ratio (1.23 in both) made
+  // those points worse (unshaped 22.7% -> 36.6% and 14.9% -> 18.1%, 1 Gbit/s 23.9% -> 26.1%
+  // and 12.8% -> 18.7%, replayed) where it made the 4-rank points better (12.6% against 30.3%
+  // and 14.3% against 22.6% unshaped, 18.2% against 40.2% at 1 Gbit/s in s57).
   CostModel model_now(c);
   model_now.set_gather_bytes(eo.gather_bytes);
   const double model_cpu =
@@ -1177,10 +1182,11 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
     const double cpu_ratio = model_cpu > 0 ? cpu / model_cpu : 0;
     const double believed =
         cpu_ratio >= kMinCpuRatio && cpu_ratio <= kMaxCpuRatio ? cpu_ratio : 1.0;
+    const double used = share > 1 ? believed : 1.0;
     // Where a link set either probe's pace, the cores idled for it, and the wall time says
     // nothing about how busy ranks keep them: the bound is then the CPU alone, the process's.
     const bool idle_unknown = links_paced_raw || host_ratio > kMaxHostEfficiency;
-    const double factor = std::max(1.0, (idle_unknown ? 1.0 : host_ratio) * believed);
+    const double factor = std::max(1.0, (idle_unknown ? 1.0 : host_ratio) * used);
     if (series == 0 || factor < c.host_efficiency) {
       c.host_efficiency = factor;
       c.host_cpu_ratio = believed;
