@@ -1152,7 +1152,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // The bound multiplies the model's CPU, not the process's: the factor is the probe's wall
   // time over the model's CPU for the same allreduce (times the share), so that the bound
   // prices the probe at what it took. On 2 ranks on 2 cores the two CPU figures nearly agree
-  // (model / process 0.83-1.01); on 4 the model counted 0.58-0.86 of the process's CPU (its
+  // (model / process 0.83-1.04); on 4 the model counted 0.58-0.88 of the process's CPU (its
   // fits time each operation on a 2 MiB shard in the cache, while 4 ranks on 2 cores, each
   // through a 16 MiB tensor, evict each other's), and the unshaped 4-rank points of s54 and
   // s55 ran a median 20-32% slower than predicted at every size. The ratio of the two is
