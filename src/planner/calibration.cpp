@@ -1139,6 +1139,9 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // partitions, the same elements (fewer bytes than the raw probe's on any link); the raw
   // probe's ratio stands where no codec was calibrated.
   const bool links_paced_raw = ratio > kMaxHostEfficiency;
+  // With a core to each rank and a link setting the pace, the factor is 1 whatever the
+  // compressed probe measures (below): not run.
+  if (links_paced_raw && share <= 1) return paced;
   const auto codec = std::find_if(c.codecs.begin(), c.codecs.end(),
                                   [](const CodecCosts& k) { return !k.multi_round; });
   if (codec == c.codecs.end()) {
