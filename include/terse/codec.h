@@ -80,6 +80,7 @@ class Workspace {
   std::byte* raw(std::size_t slot, std::size_t bytes, std::size_t align);
   struct Block {
     struct Free {  // blocks come from kit::allocate_bytes (huge pages when large)
+      std::size_t bytes;  // what was asked for (large blocks are kept for reuse); 0 if none
       void operator()(std::byte* p) const noexcept;
     };
     std::unique_ptr<std::byte[], Free> data;

@@ -16,7 +16,7 @@ namespace terse {
 
 // ---- Workspace ----------------------------------------------------------------------------
 
-void Workspace::Block::Free::operator()(std::byte* p) const noexcept { kit::FreeBytes{}(p); }
+void Workspace::Block::Free::operator()(std::byte* p) const noexcept { kit::FreeBytes{bytes}(p); }
 
 std::byte* Workspace::raw(std::size_t slot, std::size_t bytes, std::size_t align) {
   if (slot >= blocks_.size()) blocks_.resize(slot + 1);
@@ -25,7 +25,7 @@ std::byte* Workspace::raw(std::size_t slot, std::size_t bytes, std::size_t align
   if (b.size < need) {
     // Grow geometrically so a tensor that grows a little does not reallocate every call.
     std::size_t size = std::max(need, b.size + b.size / 2);
-    b.data.reset(kit::allocate_bytes(size).release());
+    b.data = {kit::allocate_bytes(size).release(), Block::Free{size}};
     b.size = size;
   }
   auto addr = reinterpret_cast<std::uintptr_t>(b.data.get());

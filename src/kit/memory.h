@@ -16,14 +16,35 @@ namespace terse::kit {
 
 inline constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
+// Frees a block of allocate_bytes(bytes); `bytes` 0 frees without keeping it (see below).
 struct FreeBytes {
+  std::size_t bytes = 0;
   void operator()(std::byte* p) const noexcept;
 };
 using Bytes = std::unique_ptr<std::byte[], FreeBytes>;
 
 // At least `bytes` bytes (at least one), 64-byte aligned, as described above; contents
 // unspecified. Throws std::bad_alloc.
+//
+// Large blocks are kept for reuse when freed: memory given back to the kernel is fresh again
+// when next touched, and on the virtual machines this project runs on a freed page is also
+// handed back to the hypervisor (free page reporting), so the kernel's next use of it, a socket
+// buffer included, faults it in again from the host. A job that switches configurations (the
+// planner exploring, a benchmark) frees and allocates the same sizes over and over; at 256 MiB
+// that churn made allreduces 2-4x slower than the same configuration run steadily (stop 34,
+// docs/planner.md). A freed block of at least kHugePage bytes is therefore kept, up to
+// retained_budget() bytes in all, and handed out again for a request of the same rounded size;
+// when the budget is full, the blocks kept longest are freed first, and a block kept for more
+// than a minute is freed at the next allocation or free. Not under AddressSanitizer, which
+// must see every free.
 Bytes allocate_bytes(std::size_t bytes);
+
+// Bytes of freed blocks kept for reuse, and the most that are kept: TERSE_RETAIN_MB if set (0
+// keeps none), else the lesser of 1 GiB and 1/16 of the machine's memory.
+std::size_t retained_bytes();
+std::size_t retained_budget();
+// Frees every kept block now.
+void release_retained();
 
 // A fixed-size array of n trivially copyable T in such memory.
 template <typename T>

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace terse::kit {
 namespace {
@@ -73,6 +74,48 @@ TEST(Memory, PageArraysAreZeroedUnlessAskedNotTo) {
   EXPECT_EQ(raw.size(), 10u);
   EXPECT_EQ(PageArray<float>().size(), 0u);
 }
+
+#if !defined(__SANITIZE_ADDRESS__)
+TEST(Memory, FreedLargeBlocksAreReusedForTheSameSize) {
+  if (retained_budget() < 4 * kHugePage) GTEST_SKIP() << "TERSE_RETAIN_MB keeps too little";
+  release_retained();
+  std::byte* first = nullptr;
+  {
+    Bytes b = allocate_bytes(kHugePage + 1);  // rounds to 2 huge pages
+    first = b.get();
+    b[0] = std::byte{7};
+  }
+  EXPECT_EQ(retained_bytes(), 2 * kHugePage);
+  {
+    Bytes other = allocate_bytes(3 * kHugePage);  // another size: not the kept block
+    EXPECT_NE(other.get(), first);
+    EXPECT_EQ(retained_bytes(), 2 * kHugePage);
+  }
+  EXPECT_EQ(retained_bytes(), 5 * kHugePage);
+  Bytes again = allocate_bytes(2 * kHugePage);  // the same rounded size
+  EXPECT_EQ(again.get(), first);
+  EXPECT_EQ(retained_bytes(), 3 * kHugePage);
+  EXPECT_EQ(address(again.get()) % kHugePage, 0u);
+  release_retained();
+  EXPECT_EQ(retained_bytes(), 0u);
+}
+
+TEST(Memory, SmallBlocksAndBlocksOverTheBudgetAreNotKept) {
+  release_retained();
+  { Bytes small = allocate_bytes(kHugePage - 1); }
+  EXPECT_EQ(retained_bytes(), 0u);
+  { Bytes big = allocate_bytes(retained_budget() + kHugePage); }
+  EXPECT_EQ(retained_bytes(), 0u);
+  // Filling the budget frees the oldest blocks first: what is kept never exceeds it.
+  {
+    std::vector<Bytes> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(allocate_bytes(retained_budget() / 2));
+  }
+  EXPECT_LE(retained_bytes(), retained_budget());
+  EXPECT_GT(retained_bytes(), 0u);
+  release_retained();
+}
+#endif
 
 }  // namespace
 }  // namespace terse::kit
