@@ -84,7 +84,7 @@ class Workspace {
       void operator()(std::byte* p) const noexcept;
     };
     std::unique_ptr<std::byte[], Free> data;
-    std::size_t size = 0;
+    std::size_t size() const { return data.get_deleter().bytes; }
   };
   std::vector<Block> blocks_;
 };

@@ -22,11 +22,10 @@ std::byte* Workspace::raw(std::size_t slot, std::size_t bytes, std::size_t align
   if (slot >= blocks_.size()) blocks_.resize(slot + 1);
   Block& b = blocks_[slot];
   std::size_t need = bytes + align;
-  if (b.size < need) {
+  if (b.size() < need) {
     // Grow geometrically so a tensor that grows a little does not reallocate every call.
-    std::size_t size = std::max(need, b.size + b.size / 2);
+    const std::size_t size = std::max(need, b.size() + b.size() / 2);
     b.data = {kit::allocate_bytes(size).release(), Block::Free{size}};
-    b.size = size;
   }
   auto addr = reinterpret_cast<std::uintptr_t>(b.data.get());
   std::uintptr_t aligned = (addr + align - 1) / align * align;
