@@ -111,7 +111,7 @@ void run_rank(const Options& opt) {
   Engine engine(comm, eo);
 
   // A gradient-like input, different on every rank: normal values with rare large outliers.
-  std::vector<float> input = touched<float>(n), data = touched<float>(n);
+  auto input = touched<float>(n), data = touched<float>(n);
   {
     std::mt19937_64 gen(1000 + r);
     std::normal_distribution<float> normal(0.0f, 1e-3f);

@@ -51,13 +51,13 @@ void run(const Options& opt) {
   std::vector<std::string> specs = opt.codecs.empty() ? default_specs() : opt.codecs;
 
   // A gradient-like input: normal values with a few large outliers.
-  std::vector<float> x = touched<float>(n);
+  auto x = touched<float>(n);
   std::mt19937_64 gen(42);
   std::normal_distribution<float> normal(0.0f, 1e-3f);
   for (auto& v : x) v = normal(gen);
   for (std::size_t i = 0; i < n; i += 9973) x[i] *= 50.0f;
 
-  std::vector<float> copy = touched<float>(n);
+  auto copy = touched<float>(n);
   const double bytes_in = static_cast<double>(n) * sizeof(float);
   double t_copy = median_seconds(opt.reps, [&] {
     std::memcpy(copy.data(), x.data(), bytes_in);
@@ -76,10 +76,10 @@ void run(const Options& opt) {
   report["memcpy_gbs"] = copy_gbs;
   report["codecs"] = nlohmann::json::array();
 
-  std::vector<float> y = touched<float>(n);
+  auto y = touched<float>(n);
   for (const auto& text : specs) {
     auto codec = make_codec(text);
-    std::vector<std::byte> out = touched<std::byte>(codec->max_encoded_bytes(n));
+    auto out = touched<std::byte>(codec->max_encoded_bytes(n));
     auto state = codec->make_state(n);
     Workspace ws;
     EncodeContext ctx;

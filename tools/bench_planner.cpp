@@ -106,7 +106,7 @@ void run_rank(const Options& opt) {
 
   for (const auto& size_text : opt.sizes) {
     const std::size_t n = parse_size(size_text) / sizeof(float);
-    std::vector<float> input = touched<float>(n), data = touched<float>(n);
+    auto input = touched<float>(n), data = touched<float>(n);
     {
       std::mt19937_64 gen(1000 + r);
       std::normal_distribution<float> normal(0.0f, 1e-3f);

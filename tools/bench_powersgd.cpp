@@ -50,7 +50,7 @@ void run(const Options& opt) {
 
   // The BLAS's own throughput on a square product: the peak the step is compared against.
   const std::size_t s = opt.peak_size;
-  std::vector<float> a = touched<float>(s * s), b = touched<float>(s * s), c = touched<float>(s * s);
+  auto a = touched<float>(s * s), b = touched<float>(s * s), c = touched<float>(s * s);
   std::mt19937_64 gen(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto& v : a) v = normal(gen);
@@ -78,15 +78,15 @@ void run(const Options& opt) {
   for (const auto& text : opt.shapes) {
     Shape sh = parse_shape(text);
     const std::size_t n = sh.rows * sh.cols;
-    std::vector<float> x = touched<float>(n), y = touched<float>(n);
+    auto x = touched<float>(n), y = touched<float>(n);
     std::normal_distribution<float> grad(0.0f, 1e-3f);
     for (auto& v : x) v = grad(gen);
     for (int rank : opt.ranks) {
       auto codec = make_codec(fmt::format("powersgd:rank={},rows={}", rank, sh.rows));
       auto* rc = dynamic_cast<const RoundCodec*>(codec.get());
       auto state = codec->make_state(n);
-      std::vector<float> c0 = touched<float>(rc->round_elements(0, n));
-      std::vector<float> c1 = touched<float>(rc->round_elements(1, n));
+      auto c0 = touched<float>(rc->round_elements(0, n));
+      auto c1 = touched<float>(rc->round_elements(1, n));
       EncodeContext ctx;
       ctx.seed = 7;
       ctx.tensor = 1;

@@ -1,8 +1,6 @@
 // Helpers shared by the `terse bench` commands: pre-touched buffers and medians of timed runs.
 #pragma once
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -11,19 +9,19 @@
 #include <vector>
 
 #include "kit/cpu_time.h"
+#include "kit/memory.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
 
 namespace terse::tools {
 
-// A buffer whose pages are touched once before timing, so figures exclude first-touch faults
-// (about 10 µs per 4 KiB page on the machines we target; see shared/CLUSTER.md).
+// A zeroed buffer whose pages are touched once before timing, so figures exclude first-touch
+// faults (about 10 µs per 4 KiB page on the machines we target; see shared/CLUSTER.md). Large
+// ones are in transparent huge pages, advised before that first touch (kit/memory.h), as the
+// engine's own buffers and the calibration's are.
 template <typename T>
-std::vector<T> touched(std::size_t n) {
-  std::vector<T> v(n);
-  if (n * sizeof(T) >= (2u << 20)) madvise(v.data(), n * sizeof(T), MADV_HUGEPAGE);
-  std::memset(static_cast<void*>(v.data()), 0, n * sizeof(T));
-  return v;
+kit::PageArray<T> touched(std::size_t n) {
+  return kit::PageArray<T>(n);
 }
 
 // The median of a sample (the upper middle one for an even count); 0 for an empty sample.

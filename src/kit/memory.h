@@ -65,6 +65,8 @@ class PageArray {
   operator std::span<T>() const { return all(); }        // NOLINT: a view of the array
   operator std::span<const T>() const { return all(); }  // NOLINT
   T& operator[](std::size_t i) const { return data()[i]; }
+  T* begin() const { return data(); }
+  T* end() const { return data() + n_; }
 
  private:
   Bytes data_;

@@ -70,6 +70,12 @@ TEST(Memory, PageArraysAreZeroedUnlessAskedNotTo) {
   a[a.size() - 1] = 2.5f;
   std::span<const float> view = a;
   EXPECT_EQ(view.back(), 2.5f);
+  // Iterable like a container, over all of its elements.
+  EXPECT_EQ(a.begin(), a.data());
+  EXPECT_EQ(a.end() - a.begin(), static_cast<std::ptrdiff_t>(a.size()));
+  std::size_t seen = 0;
+  for (float& v : a) seen += v == 2.5f;
+  EXPECT_EQ(seen, 1u);
   PageArray<std::uint8_t> raw(10, PageArray<std::uint8_t>::Init::kNone);
   EXPECT_EQ(raw.size(), 10u);
   EXPECT_EQ(PageArray<float>().size(), 0u);
