@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,7 +17,7 @@ namespace terse::tools {
 // A zeroed buffer whose pages are touched once before timing, so figures exclude first-touch
 // faults (about 10 µs per 4 KiB page on the machines we target; see shared/CLUSTER.md). Large
 // ones are in transparent huge pages, advised before that first touch (kit/memory.h), as the
-// engine's own buffers and the calibration's are.
+// engine's own buffers are.
 template <typename T>
 kit::PageArray<T> touched(std::size_t n) {
   return kit::PageArray<T>(n);
