@@ -50,6 +50,7 @@ struct Options {
   std::string json;
   std::string cache = "-";
   std::string replay;
+  bool partition_rates = false;
 };
 
 struct Measured {
@@ -387,19 +388,26 @@ void replay(const Options& opt) {
                       opt.cache, calibration.world_size, opt.replay, ranks));
     }
   }
-  const CostModel model(std::move(calibration));
   const int threads = report.value("threads", 4);
+  // The model's pricing (or the one before stop 37, --partition-rates), the calibration's host
+  // factor rebased onto it.
+  const bool tensor_rates = !opt.partition_rates;
+  CostModel model(rebase_host_factor(std::move(calibration), tensor_rates));
+  model.set_tensor_rates(tensor_rates);
   std::vector<double> before, after;
   for (auto& size : report["sizes"]) {
     const auto n = size["elements"].get<std::size_t>();
     for (auto& c : size["configs"]) {
       const double measured = c["median_s"].get<double>();
-      const double predicted =
-          model
-              .predict(n, c["codec"].get<std::string>(),
-                       parse_strategy(c["strategy"].get<std::string>()),
-                       c["partitions"].get<int>(), ranks, threads)
-              .seconds;
+      const Prediction p = model.predict(n, c["codec"].get<std::string>(),
+                                         parse_strategy(c["strategy"].get<std::string>()),
+                                         c["partitions"].get<int>(), ranks, threads);
+      const double predicted = p.seconds;
+      // The host's CPU bound as the model set it (CostModel::predict): where it equals the
+      // prediction, the cores decided, and measured / host_cpu_s is the host's efficiency.
+      c["host_cpu_s"] = p.host_cpu;
+      c["host_bound_s"] =
+          model.calibration().host_share() * model.calibration().host_efficiency * p.host_cpu;
       if (measured > 0) {
         before.push_back(std::abs(c["predicted_s"].get<double>() / measured - 1));
         after.push_back(std::abs(predicted / measured - 1));
@@ -448,6 +456,9 @@ void add_bench_planner_command(CLI::App& bench) {
   cmd->add_option("--replay", opt->replay,
                   "Predict a recorded run's configurations again with this build's cost model "
                   "and that run's calibration, or --cache's (no ranks, no measuring)");
+  cmd->add_flag("--partition-rates", opt->partition_rates,
+                "With --replay: price each partition's work at its own size's rate (the model "
+                "before stop 37) instead of the tensor's");
   cmd->callback([opt] {
     if (!opt->replay.empty()) {
       replay(*opt);

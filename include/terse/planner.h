@@ -171,6 +171,9 @@ struct Calibration {
   // outside 0.5-2). host_efficiency counts it only where ranks outnumber the cores; elsewhere
   // the process's CPU stands in for the model's there.
   double host_cpu_ratio = 1;
+  // Whether the model that host_cpu_ratio was measured against priced operations at the
+  // tensor's rate (CostModel::set_tensor_rates; false in calibrations before stop 37).
+  bool tensor_rates = true;
 
   // fp32 element-wise work of the raw strategy (sum of two arrays, division), and per-codec
   // costs, all measured with every rank of this host running at once (one thread each).
@@ -234,6 +237,13 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options);
 // that is not part of a job. ranks_on_host ranks are assumed to share the cores.
 Calibration calibrate_local(const CalibrationOptions& options, int world_size, int ranks_on_host);
 
+// The calibration with its host_efficiency rebased onto a cost model that prices operations
+// at the tensor's rate or not (CostModel::set_tensor_rates). Where ranks outnumber the cores,
+// host_efficiency counts the host probe's process CPU over the model's CPU for the probe
+// (host_cpu_ratio), and the model's CPU depends on that pricing. Unchanged where it was
+// measured against that pricing, or where host_cpu_ratio does not count.
+Calibration rebase_host_factor(Calibration c, bool tensor_rates);
+
 // The cache file for this host and world size: $XDG_CACHE_HOME/terse, else ~/.cache/terse,
 // named calibration-HOST-nWORLD.json.
 std::string default_calibration_path(int world_size);
@@ -266,10 +276,19 @@ class CostModel {
   // The EngineOptions::gather_bytes of the engine predicted for (default: the default):
   // raw partitions that small take one gathered message step instead of 2(N-1) ring steps.
   void set_gather_bytes(std::size_t bytes) { gather_bytes_ = bytes; }
+  // How an operation on a piece of a tensor (a partition, a shard) is priced: at its fit's
+  // rate per element over the whole tensor (true, the default), or at the fit's value for
+  // the piece (false: the model before stop 37). The fits' cost per element rises where the
+  // data leave the cache, and whether a 16 MiB tensor's 1 MiB partition is in the cache
+  // depends on the tensor: it came from memory (docs/planner.md, "Rates by the tensor").
+  static constexpr bool kTensorRates = true;  // the default
+  void set_tensor_rates(bool on) { tensor_rates_ = on; }
+  bool tensor_rates() const { return tensor_rates_; }
 
  private:
   Calibration calibration_;
   std::size_t gather_bytes_ = EngineOptions{}.gather_bytes;
+  bool tensor_rates_ = kTensorRates;
   // The multi-round codecs of the calibration: their contributions' sizes per round.
   std::map<std::string, std::shared_ptr<const Codec>, std::less<>> rounds_;
 };

@@ -265,6 +265,7 @@ std::string Calibration::to_json() const {
   j["cpu_per_message"] = cpu_per_message;
   j["host_efficiency"] = host_efficiency;
   j["host_cpu_ratio"] = host_cpu_ratio;
+  j["tensor_rates"] = tensor_rates;
   j["peer_alpha"] = peer_alpha;
   j["peer_beta"] = peer_beta;
   j["add"] = fit_json(add);
@@ -307,6 +308,7 @@ Calibration Calibration::from_json(std::string_view text) {
     c.cpu_per_message = j.value("cpu_per_message", 0.0);
     c.host_efficiency = j.value("host_efficiency", 1.0);
     c.host_cpu_ratio = j.value("host_cpu_ratio", 1.0);
+    c.tensor_rates = j.value("tensor_rates", false);  // absent: measured before stop 37
     c.peer_alpha = j.at("peer_alpha").get<std::vector<std::vector<double>>>();
     c.peer_beta = j.at("peer_beta").get<std::vector<std::vector<double>>>();
     c.add = fit_from(j.at("add"));
@@ -1014,26 +1016,45 @@ constexpr double kDisturbedLinks = 0.8;
 // this multiple the allreduce was disturbed (once: 1.62, 100 Mbit/s, 4 ranks, s36).
 constexpr double kDisturbedEngine = 1.25;
 
+namespace {
+
+// The engine probe's tensor: a raw allreduce on one partition sized for about 30 ms on the
+// measured links (a ring step's chunks then past a shaped link's burst), at most 4 Mi floats.
+std::size_t probe_elements(int n, double beta) {
+  const double per_float = 8.0 * (n - 1) / n;  // bytes each rank sends per element
+  const std::size_t unit = 64 * static_cast<std::size_t>(n);
+  const double wanted = 0.03 / (beta * per_float);
+  return std::clamp<std::size_t>(static_cast<std::size_t>(wanted) / unit * unit,
+                                 std::size_t{1} << 14, std::size_t{1} << 22);
+}
+
+// The host probe's configuration (measure_engine_beta): the first calibrated codec that sends
+// a payload, sharded on two partitions. Null where none was calibrated.
+const CodecCosts* host_probe_codec(const Calibration& c) {
+  const auto it = std::find_if(c.codecs.begin(), c.codecs.end(),
+                               [](const CodecCosts& k) { return !k.multi_round; });
+  return it == c.codecs.end() ? nullptr : &*it;
+}
+constexpr int kHostProbePartitions = 2;
+
+}  // namespace
+
 bool measure_engine_beta(Communicator& comm, Calibration& c) {
   c.engine_beta = 0;
   c.engine_link = LinearFit{};
   c.transport_cpu = LinearFit{};
   c.host_efficiency = 1;
   c.host_cpu_ratio = 1;
+  c.tensor_rates = CostModel::kTensorRates;  // the pricing model_now uses, below
   const int n = comm.size();
   if (n == 1 || c.beta <= 0) return false;
   EngineOptions eo;
   eo.tracer = std::make_shared<TraceRecorder>();  // a probe: not TERSE_TRACE's
   eo.gather_bytes = 0;
   Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
-  // A raw allreduce on one partition sized for about 30 ms on the measured links (a ring
-  // step's chunks then past a shaped link's burst), at most 4 Mi floats.
   const double per_float = 8.0 * (n - 1) / n;  // bytes each rank sends per element
   const std::size_t unit = 64 * static_cast<std::size_t>(n);
-  const double wanted = 0.03 / (c.beta * per_float);
-  const std::size_t elements =
-      std::clamp<std::size_t>(static_cast<std::size_t>(wanted) / unit * unit, std::size_t{1} << 14,
-                              std::size_t{1} << 22);
+  const std::size_t elements = probe_elements(n, c.beta);
   // A second size, a sixteenth, for the transport's CPU while its copies stay in the cache.
   const std::size_t small = std::max(unit, elements / 16 / unit * unit);
   std::vector<float> x(elements, 1.0f);
@@ -1142,16 +1163,15 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // With a core to each rank and a link setting the pace, the factor is 1 whatever the
   // compressed probe measures (below): not run.
   if (links_paced_raw && share <= 1) return paced;
-  const auto codec = std::find_if(c.codecs.begin(), c.codecs.end(),
-                                  [](const CodecCosts& k) { return !k.multi_round; });
-  if (codec == c.codecs.end()) {
+  const CodecCosts* codec = host_probe_codec(c);
+  if (codec == nullptr) {
     if (!links_paced_raw) c.host_efficiency = std::max(1.0, ratio);
     return paced;
   }
   AllreduceOptions compressed;
   compressed.codec = codec->spec;
   compressed.strategy = Strategy::kSharded;
-  compressed.partitions = 2;
+  compressed.partitions = kHostProbePartitions;
   // The bound multiplies the model's CPU, not the process's: the factor is the probe's wall
   // time over the model's CPU for the same allreduce (times the share), so that the bound
   // prices the probe at what it took. On 2 ranks on 2 cores the two CPU figures nearly agree
@@ -1168,8 +1188,11 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // and 14.3% against 22.6% unshaped, 18.2% against 40.2% at 1 Gbit/s in s57).
   CostModel model_now(c);
   model_now.set_gather_bytes(eo.gather_bytes);
-  const double model_cpu =
-      model_now.predict(elements, codec->spec, Strategy::kSharded, 2, n, engine_threads()).host_cpu;
+  const double model_cpu = model_now
+                               .predict(elements, codec->spec, Strategy::kSharded,
+                                        kHostProbePartitions, n, engine_threads())
+                               .host_cpu;
+  c.tensor_rates = model_now.tensor_rates();
   // Two series of runs, the lesser factor kept: a burst of work from outside the job during
   // one raises its wall time and not the job's CPU (s57, 2 ranks on loopback: the wall over
   // the process's CPU came out at 1.68, against 1.05-1.38 in every other calibration of the
@@ -1227,6 +1250,35 @@ void check_link_probes(Communicator& comm, const CalibrationOptions& options, Ca
 }
 
 }  // namespace planner
+
+Calibration rebase_host_factor(Calibration c, bool tensor_rates) {
+  using planner::kMaxCpuRatio;
+  using planner::kMinCpuRatio;
+  const bool counted = c.host_share() > 1 && c.host_cpu_ratio != 1 && c.world_size > 1;
+  const CodecCosts* codec = planner::host_probe_codec(c);
+  if (c.tensor_rates == tensor_rates || !counted || codec == nullptr || c.beta <= 0) {
+    c.tensor_rates = tensor_rates;
+    return c;
+  }
+  // host_efficiency = max(1, wall ratio * host_cpu_ratio), host_cpu_ratio the probe's process
+  // CPU over the model's: the same process CPU over the other model's CPU replaces it.
+  const std::size_t elements = planner::probe_elements(c.world_size, c.beta);
+  auto model_cpu = [&](bool rates) {
+    CostModel model(c);
+    model.set_tensor_rates(rates);
+    return model
+        .predict(elements, codec->spec, Strategy::kSharded, planner::kHostProbePartitions,
+                 c.world_size, engine_threads())
+        .host_cpu;
+  };
+  const double from = model_cpu(c.tensor_rates), to = model_cpu(tensor_rates);
+  const double ratio = to > 0 ? c.host_cpu_ratio * from / to : 0;
+  const double believed = ratio >= kMinCpuRatio && ratio <= kMaxCpuRatio ? ratio : 1.0;
+  c.host_efficiency = std::max(1.0, c.host_efficiency / c.host_cpu_ratio * believed);
+  c.host_cpu_ratio = believed;
+  c.tensor_rates = tensor_rates;
+  return c;
+}
 
 double engine_probe_disturbance(const Calibration& c, double link_latency) {
   double worst = 0;

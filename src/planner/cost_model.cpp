@@ -14,6 +14,8 @@
 //                                               C = enc(m) + sum_r (N-1)*add(c_r/N) + div(m)
 // (rounds: a multi-round codec such as PowerSGD, always one partition; round r's contribution
 // of c_r floats is summed by the raw ring, and enc() is the CPU of all its rounds and finish().)
+// Each operation on a piece of x elements of the tensor costs its fit's rate over the whole
+// tensor, f.a + (f(n) - f.a) * x / n: its data are in the cache if the tensor is.
 // (L: message rounds on the critical path; W: bytes this rank sends, all of which cross its
 // link; C: CPU seconds on the critical path; W*beta stands for Calibration::link_seconds(W):
 // W * max(beta, engine_beta), or the engine's measured link where the cores pace it.) One
@@ -109,9 +111,19 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   const double s = largest_piece(m, N);
 
   PartitionCost p;
-  auto enc = [&](double x) { return k->encode(x); };
-  auto dec = [&](double x) { return k->decode(x); };
-  auto acc = [&](double x) { return k->accumulate(x); };
+  // An operation on a piece of the tensor costs its rate over the whole tensor (tensor_rates_):
+  // whether its data are in the cache depends on the tensor, not on the piece.
+  const double whole = static_cast<double>(n);
+  auto rate = [&](const LinearFit& f, double x) {
+    if (!tensor_rates_ || x >= whole) return f(x);
+    return f.a + (f(whole) - f.a) * x / whole;
+  };
+  auto enc = [&](double x) { return rate(k->encode, x); };
+  auto dec = [&](double x) { return rate(k->decode, x); };
+  auto acc = [&](double x) { return rate(k->accumulate, x); };
+  auto cmb = [&](double x) { return rate(k->combine, x); };
+  auto add = [&](double x) { return rate(c.add, x); };
+  auto div = [&](double x) { return rate(c.divide, x); };
   auto e = [&](double x) { return k->bytes(x); };
   switch (strategy) {
     case Strategy::kRaw:
@@ -120,18 +132,18 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
         p.rounds = 1;
         p.messages = N - 1;
         p.bytes = (N - 1) * 4 * m;
-        p.cpu = (N - 1) * c.add(m) + c.divide(m);
+        p.cpu = (N - 1) * add(m) + div(m);
       } else if (ranks > 1) {
         p.rounds = p.messages = 2 * (N - 1);
         p.bytes = 2 * (N - 1) * 4 * s;
-        p.cpu = (N - 1) * c.add(s) + c.divide(s);
+        p.cpu = (N - 1) * add(s) + div(s);
       }
       break;
     case Strategy::kAllgather:
       if (rounds != nullptr) {
         // Each round's whole contribution to every other rank, as the wire codec's payload or
         // exact fp32 (4 bytes an element and a header); every rank decodes and adds N of them.
-        p.cpu = enc(m) + c.divide(m);
+        p.cpu = enc(m) + div(m);
         for (int r = 0; r < rounds->rounds() && ranks > 1; ++r) {
           const std::size_t cr = rounds->round_elements(r, n);
           const Codec* wire = rounds->round_wire(r, n);
@@ -149,23 +161,23 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       p.rounds = ranks > 1 ? 1 : 0;
       p.messages = N - 1;
       p.bytes = (N - 1) * e(m);
-      p.cpu = enc(m) + dec(m) + (N - 1) * acc(m) + c.divide(m);
+      p.cpu = enc(m) + dec(m) + (N - 1) * acc(m) + div(m);
       break;
     case Strategy::kSharded:
       p.rounds = ranks > 1 ? 2 : 0;
       p.messages = 2 * (N - 1);
       p.bytes = 2 * (N - 1) * e(s);
-      p.cpu = N * enc(s) + (N - 1) * acc(s) + c.add(s) + c.divide(s) + N * dec(s);
+      p.cpu = N * enc(s) + (N - 1) * acc(s) + add(s) + div(s) + N * dec(s);
       break;
     case Strategy::kRing:
       p.rounds = ranks > 1 ? N : 0;
       p.messages = 2 * (N - 1);
       p.bytes = 2 * (N - 1) * e(s);
-      p.cpu = N * enc(s) + (N - 1) * (dec(s) + c.add(s)) + c.divide(s) + N * dec(s);
+      p.cpu = N * enc(s) + (N - 1) * (dec(s) + add(s)) + div(s) + N * dec(s);
       break;
     case Strategy::kSummable:
       if (rounds != nullptr) {
-        p.cpu = enc(m) + c.divide(m);
+        p.cpu = enc(m) + div(m);
         for (int r = 0; r < rounds->rounds() && ranks > 1; ++r) {
           const double chunk = largest_piece(static_cast<double>(rounds->round_elements(r, n)), N);
           if (const Codec* wire = rounds->round_wire(r, n); wire != nullptr) {
@@ -191,7 +203,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       p.rounds = ranks > 1 ? N : 0;
       p.messages = 2 * (N - 1);
       p.bytes = 2 * (N - 1) * e(s);
-      p.cpu = N * enc(s) + (N - 1) * k->combine(s) + N * dec(s) + c.divide(m);
+      p.cpu = N * enc(s) + (N - 1) * cmb(s) + N * dec(s) + div(m);
       break;
     case Strategy::kAuto:
       throw InvalidArgument("cost model: strategy auto has no cost; resolve it first");

@@ -290,6 +290,75 @@ TEST(CostModel, NeverBelowWhatTheHostsCoresCanDo) {
       3 * 80e-6, 1e-12);
 }
 
+TEST(CostModel, APiecesWorkCostsItsRateOverTheWholeTensor) {
+  // onebit's encode costs 3x as much per element once its data leave the cache (512 Ki floats).
+  Calibration c = synthetic(10e9, 50e-6);
+  const std::string onebit = make_codec("onebit:ef=1")->spec();
+  const auto codec = std::find_if(c.codecs.begin(), c.codecs.end(),
+                                  [&](const CodecCosts& k) { return k.spec == onebit; });
+  ASSERT_NE(codec, c.codecs.end());
+  LinearFit& encode = codec->encode;
+  encode.knee = 1 << 19;
+  encode.b2 = 3 * encode.b;
+  const CostModel tensor(c);
+  CostModel pieces(c);
+  pieces.set_tensor_rates(false);
+  EXPECT_TRUE(tensor.tensor_rates());
+  EXPECT_FALSE(pieces.tensor_rates());
+  // A 16 Mi-float tensor on 4 ranks in 8 partitions: each rank encodes 4 shards of 512 Ki
+  // floats a partition, all of them out of the cache, since the tensor is.
+  const std::size_t n = std::size_t{16} << 20;
+  const double s = 512 << 10;
+  const double at_rate = encode.a + (encode(double(n)) - encode.a) * s / double(n);
+  EXPECT_GT(at_rate, 1.9 * encode(s));
+  const Prediction t = tensor.predict(n, onebit, Strategy::kSharded, 8, 4, 4);
+  const Prediction p = pieces.predict(n, onebit, Strategy::kSharded, 8, 4, 4);
+  EXPECT_NEAR(t.host_cpu - p.host_cpu, 8 * 4 * (at_rate - encode(s)), 1e-12);
+  EXPECT_GT(t.seconds, p.seconds);
+  EXPECT_EQ(t.bytes_sent, p.bytes_sent);
+  // One partition of the whole tensor, or a tensor that fits in the cache: the same either way.
+  EXPECT_EQ(tensor.predict(n, onebit, Strategy::kAllgather, 1, 4, 4).seconds,
+            pieces.predict(n, onebit, Strategy::kAllgather, 1, 4, 4).seconds);
+  const std::size_t small = 256 << 10;
+  EXPECT_EQ(tensor.predict(small, onebit, Strategy::kSharded, 8, 4, 4).seconds,
+            pieces.predict(small, onebit, Strategy::kSharded, 8, 4, 4).seconds);
+}
+
+TEST(Calibration, HostFactorRebasesOntoTheModelsPricing) {
+  // Four ranks on two cores, measured against the model that priced pieces at their own rate:
+  // the host probe's process CPU was 1.2x that model's CPU for it, its wall time 1.25x.
+  Calibration c = synthetic(125e6, 50e-6);
+  c.ranks_on_host = 4;
+  c.cores = 2;
+  for (auto& k : c.codecs) {
+    for (LinearFit* f : {&k.encode, &k.decode, &k.accumulate}) {
+      f->knee = 1 << 14;
+      f->b2 = 3 * f->b;
+    }
+  }
+  c.host_cpu_ratio = 1.2;
+  c.host_efficiency = 1.25 * 1.2;
+  c.tensor_rates = false;
+  // The tensor's rate counts more of that CPU in the model: less of it is left unexplained.
+  const Calibration rebased = rebase_host_factor(c, true);
+  EXPECT_TRUE(rebased.tensor_rates);
+  EXPECT_LT(rebased.host_cpu_ratio, c.host_cpu_ratio);
+  EXPECT_NEAR(rebased.host_efficiency / rebased.host_cpu_ratio, 1.25, 1e-12);
+  const Calibration back = rebase_host_factor(rebased, false);
+  EXPECT_FALSE(back.tensor_rates);
+  EXPECT_NEAR(back.host_cpu_ratio, 1.2, 1e-12);
+  EXPECT_NEAR(back.host_efficiency, 1.5, 1e-12);
+  // Already on that pricing: unchanged.
+  EXPECT_EQ(rebase_host_factor(rebased, true).to_json(), rebased.to_json());
+  // A core to each rank: the ratio is not counted (the process's CPU stands in), nothing to
+  // rebase but the flag.
+  c.cores = 4;
+  const Calibration own_cores = rebase_host_factor(c, true);
+  EXPECT_TRUE(own_cores.tensor_rates);
+  EXPECT_EQ(own_cores.host_efficiency, c.host_efficiency);
+  EXPECT_EQ(own_cores.host_cpu_ratio, c.host_cpu_ratio);
+}
+
 TEST(Calibration, SlowdownIsNeverBelowWhatTheCoresImpose) {
   Calibration c = synthetic(125e6, 50e-6);
   c.cpu_slowdown = {1.0, 1.0, 1.0, 1.14};  // a disturbed measurement
@@ -551,8 +620,15 @@ TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
   c.engine_link.knee = 1 << 20;
   c.engine_link.b2 = 1.1e-9;
   c.engine_link.points = 2;
+  c.tensor_rates = false;
   const Calibration back = Calibration::from_json(c.to_json());
   EXPECT_EQ(back.to_json(), c.to_json());
+  EXPECT_FALSE(back.tensor_rates);
+  // A calibration written before the field existed was measured against pieces' own rates.
+  auto text = nlohmann::json::parse(synthetic(125e6, 50e-6).to_json());
+  EXPECT_TRUE(Calibration::from_json(text.dump()).tensor_rates);
+  text.erase("tensor_rates");
+  EXPECT_FALSE(Calibration::from_json(text.dump()).tensor_rates);
   EXPECT_EQ(back.engine_beta, c.engine_beta);
   EXPECT_EQ(back.link_seconds(4 << 20), c.link_seconds(4 << 20));
   EXPECT_EQ(back.cpu_per_message, c.cpu_per_message);
@@ -973,6 +1049,11 @@ TEST(PlanCommand, ReplayPredictsARecordAgainWithItsOwnCalibrationOrAnothers) {
     EXPECT_NEAR(b[i], predict(other, configs[i]), 1e-12 + 1e-9 * b[i]) << configs[i].codec;
     EXPECT_GT(b[i], a[i]) << configs[i].codec;  // slower links, longer latency
   }
+  // The pricing before stop 37 on request: the same here, where no fit has a knee.
+  auto pieces = testing::shell(
+      fmt::format("{0} bench planner --replay {1}/record.json --partition-rates", kCli, dir));
+  EXPECT_EQ(pieces.code, 0) << pieces.output;
+  EXPECT_NE(pieces.output.find("50.0% now"), std::string::npos) << pieces.output;
   // Another record's calibration is taken from its "calibration" field.
   auto from_record = testing::shell(
       fmt::format("{0} bench planner --replay {1}/record.json --cache {1}/record.json", kCli, dir));
