@@ -406,8 +406,7 @@ void replay(const Options& opt) {
       // The host's CPU bound as the model set it (CostModel::predict): where it equals the
       // prediction, the cores decided, and measured / host_cpu_s is the host's efficiency.
       c["host_cpu_s"] = p.host_cpu;
-      c["host_bound_s"] =
-          model.calibration().host_share() * model.calibration().host_efficiency * p.host_cpu;
+      c["host_bound_s"] = p.host_bound;
       if (measured > 0) {
         before.push_back(std::abs(c["predicted_s"].get<double>() / measured - 1));
         after.push_back(std::abs(predicted / measured - 1));

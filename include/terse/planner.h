@@ -257,6 +257,7 @@ struct Prediction {
   double network = 0;        // link time of all partitions (bytes * beta)
   double cpu = 0;            // codec and fp32 work of all partitions, contended
   double host_cpu = 0;       // CPU seconds of all partitions, transport included, uncontended
+  double host_bound = 0;     // the host's CPU bound on seconds (where equal, the cores decide)
   double bytes_sent = 0;     // bytes this rank sends
 };
 

@@ -1192,7 +1192,6 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
                                .predict(elements, codec->spec, Strategy::kSharded,
                                         kHostProbePartitions, n, engine_threads())
                                .host_cpu;
-  c.tensor_rates = model_now.tensor_rates();
   // Two series of runs, the lesser factor kept: a burst of work from outside the job during
   // one raises its wall time and not the job's CPU (s57, 2 ranks on loopback: the wall over
   // the process's CPU came out at 1.68, against 1.05-1.38 in every other calibration of the

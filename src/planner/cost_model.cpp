@@ -227,7 +227,8 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   // share the cores (loopback, or emulated links on one host), link and CPU do not overlap
   // and this bound is what decides.
   out.host_cpu = K * (p.cpu + c.transport_cpu(p.bytes) + p.messages * c.cpu_per_message);
-  out.seconds = std::max(out.seconds, c.host_share() * c.host_efficiency * out.host_cpu);
+  out.host_bound = c.host_share() * c.host_efficiency * out.host_cpu;
+  out.seconds = std::max(out.seconds, out.host_bound);
   out.network = K * link;
   out.cpu = K * p.cpu * sigma;
   out.bytes_sent = K * p.bytes;
