@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
@@ -40,36 +41,94 @@ std::size_t budget_from_env() {
   return std::min<std::size_t>(std::size_t{1} << 30, memory / 16);
 }
 
-// The freed large blocks kept for reuse, oldest first.
+// Fresh mapped memory of `size` bytes (a multiple of kHugePage), 2 MiB-aligned and advised as
+// huge pages; null when the kernel has none to give.
+std::byte* map_fresh(std::size_t size) {
+  // Over-map by one huge page, then unmap what lies outside the aligned range.
+  void* raw = ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto begin = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
+  if (aligned > begin) ::munmap(raw, aligned - begin);
+  const std::uintptr_t tail = begin + size + kHugePage - (aligned + size);
+  if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + size), tail);
+  auto* p = reinterpret_cast<std::byte*>(aligned);
+  // Advice only: where the kernel offers no huge pages, the memory is the same, in 4 KiB pages.
+  ::madvise(p, size, MADV_HUGEPAGE);
+  return p;
+}
+
+// The freed large blocks kept for reuse, oldest first: mapped ranges of whole huge pages,
+// whatever the sizes asked for. A request is served, in this order, by a kept range of its
+// size; by the head of the smallest larger one (the rest stays kept); or by fresh mapped
+// memory into which kept ranges are moved, newest first, until it is covered or none is left
+// (mremap moves a range's page tables: its pages, already backed, come along untouched, and a
+// huge page stays one). A job that changes its partition counts (the planner exploring K, a
+// benchmark) thus reuses the memory that the last configuration freed, in other sizes.
 class Retained {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr auto kMaxAge = std::chrono::seconds(60);
 
-  // A kept block of exactly `size` bytes, or null.
+  // A block of `size` bytes (a multiple of kHugePage), from kept memory as far as it goes;
+  // null when even fresh memory cannot be mapped.
   std::byte* take(std::size_t size) {
-    std::vector<std::byte*> old;  // freed outside the lock
+    std::vector<Range> old;    // unmapped outside the lock
+    std::vector<Range> moved;  // kept ranges to move into fresh memory
     std::byte* p = nullptr;
     {
       std::lock_guard lock(mu_);
       expire(Clock::now(), old);
-      for (auto it = kept_.rbegin(); it != kept_.rend(); ++it) {  // the newest: the warmest
-        if (it->size == size) {
-          p = it->data;
-          held_ -= size;
-          kept_.erase(std::next(it).base());
-          break;
+      // The smallest kept range that holds it (the newest of those), else every range newest
+      // first until the size is covered.
+      auto fit = kept_.end();
+      for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+        if (it->size >= size && (fit == kept_.end() || it->size <= fit->size)) fit = it;
+      }
+      if (fit != kept_.end()) {
+        p = fit->data;
+        held_ -= size;
+        if (fit->size == size) {
+          kept_.erase(fit);
+        } else {
+          fit->data += size;
+          fit->size -= size;
+        }
+      } else {
+        std::size_t covered = 0;
+        while (!kept_.empty() && covered < size) {
+          Range r = kept_.back();
+          kept_.pop_back();
+          const std::size_t part = std::min(r.size, size - covered);
+          moved.push_back({r.data, part, r.since});
+          if (part < r.size) {  // the rest stays kept, at its place in the order
+            kept_.push_back({r.data + part, r.size - part, r.since});
+          }
+          held_ -= part;
+          covered += part;
         }
       }
     }
-    for (std::byte* q : old) std::free(q);
+    for (const Range& r : old) ::munmap(r.data, r.size);
+    if (p != nullptr) return p;
+    p = map_fresh(size);
+    std::size_t offset = 0;
+    for (const Range& r : moved) {
+      void* to = ::mremap(r.data, r.size, r.size, MREMAP_MAYMOVE | MREMAP_FIXED, p + offset);
+      if (to == MAP_FAILED) ::munmap(r.data, r.size);  // that part stays fresh memory
+      offset += r.size;
+    }
+    if (p == nullptr) {  // nothing mapped to move into: the moved ranges go
+      for (const Range& r : moved) ::munmap(r.data, r.size);
+    }
     return p;
   }
 
-  // Keeps p (size bytes) if it fits the budget, freeing older blocks to make room; frees it
+  // Keeps p (size bytes) if it fits the budget, unmapping older ranges to make room; unmaps it
   // otherwise.
   void give(std::byte* p, std::size_t size) noexcept {
-    std::vector<std::byte*> old;
+    std::vector<Range> old;
     bool kept = false;
     {
       std::lock_guard lock(mu_);
@@ -79,7 +138,7 @@ class Retained {
         expire(now, old);
         if (size <= budget_) {
           while (held_ + size > budget_) {
-            old.push_back(kept_.front().data);
+            old.push_back(kept_.front());
             held_ -= kept_.front().size;
             kept_.pop_front();
           }
@@ -87,11 +146,11 @@ class Retained {
           held_ += size;
           kept = true;
         }
-      } catch (...) {  // no memory for the lists: free it
+      } catch (...) {  // no memory for the lists: unmap it
       }
     }
-    for (std::byte* q : old) std::free(q);
-    if (!kept) std::free(p);
+    for (const Range& r : old) ::munmap(r.data, r.size);
+    if (!kept) ::munmap(p, size);
   }
 
   std::size_t held() {
@@ -101,34 +160,33 @@ class Retained {
   std::size_t budget() const { return budget_; }
 
   void clear() {
-    std::vector<std::byte*> old;
+    std::deque<Range> old;
     {
       std::lock_guard lock(mu_);
-      for (const Block& b : kept_) old.push_back(b.data);
-      kept_.clear();
+      old.swap(kept_);
       held_ = 0;
     }
-    for (std::byte* q : old) std::free(q);
+    for (const Range& r : old) ::munmap(r.data, r.size);
   }
 
  private:
-  struct Block {
+  struct Range {
     std::byte* data;
     std::size_t size;
     Clock::time_point since;
   };
-  // Moves the blocks kept longer than kMaxAge to `out` (mu_ held; out has room reserved or may
+  // Moves the ranges kept longer than kMaxAge to `out` (mu_ held; out has room reserved or may
   // grow).
-  void expire(Clock::time_point now, std::vector<std::byte*>& out) {
+  void expire(Clock::time_point now, std::vector<Range>& out) {
     while (!kept_.empty() && now - kept_.front().since > kMaxAge) {
-      out.push_back(kept_.front().data);
+      out.push_back(kept_.front());
       held_ -= kept_.front().size;
       kept_.pop_front();
     }
   }
 
   std::mutex mu_;
-  std::deque<Block> kept_;
+  std::deque<Range> kept_;
   std::size_t held_ = 0;
   const std::size_t budget_ = budget_from_env();
 };
@@ -155,7 +213,9 @@ Bytes allocate_bytes(std::size_t bytes) {
   const bool huge = bytes >= kHugePage;
   const std::size_t size = rounded(bytes);
   if (kRetain && huge) {
-    if (std::byte* p = retained().take(size)) return Bytes(p, FreeBytes{bytes});
+    std::byte* p = retained().take(size);
+    if (p == nullptr) throw std::bad_alloc();
+    return Bytes(p, FreeBytes{bytes});
   }
   auto* p = static_cast<std::byte*>(std::aligned_alloc(huge ? kHugePage : 64, size));
   if (p == nullptr) throw std::bad_alloc();

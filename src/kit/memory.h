@@ -16,7 +16,8 @@ namespace terse::kit {
 
 inline constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
-// Frees a block of allocate_bytes(bytes); `bytes` 0 frees without keeping it (see below).
+// Frees a block of allocate_bytes(bytes); `bytes` must be the size asked for (it tells a mapped
+// block from an allocator's, below).
 struct FreeBytes {
   std::size_t bytes = 0;
   void operator()(std::byte* p) const noexcept;
@@ -30,13 +31,15 @@ using Bytes = std::unique_ptr<std::byte[], FreeBytes>;
 // when next touched, and on the virtual machines this project runs on a freed page is also
 // handed back to the hypervisor (free page reporting), so the kernel's next use of it, a socket
 // buffer included, faults it in again from the host. A job that switches configurations (the
-// planner exploring, a benchmark) frees and allocates the same sizes over and over; at 256 MiB
-// that churn made allreduces 2-4x slower than the same configuration run steadily (stop 34,
-// docs/planner.md). A freed block of at least kHugePage bytes is therefore kept, up to
-// retained_budget() bytes in all, and handed out again for a request of the same rounded size;
-// when the budget is full, the blocks kept longest are freed first, and a block kept for more
-// than a minute is freed at the next allocation or free. Not under AddressSanitizer, which
-// must see every free.
+// planner exploring, a benchmark) frees and allocates large blocks over and over; at 256 MiB
+// that churn made allreduces 2-4x slower than the same configuration run steadily (stops 34
+// and 38, docs/planner.md). A block of at least kHugePage bytes is therefore mapped memory
+// of its own, and when freed it is kept, up to retained_budget() bytes in all, for any later
+// request of that size or another: a kept block of the same rounded size, else the head of
+// the smallest larger one, else kept blocks moved (mremap, no copy) into one new block, as
+// many as it takes to cover it. When the budget is full, the blocks kept longest are unmapped
+// first, and a block kept for more than a minute is unmapped at the next allocation or free.
+// Not under AddressSanitizer, which must see every free: there every block is aligned_alloc's.
 Bytes allocate_bytes(std::size_t bytes);
 
 // Bytes of freed blocks kept for reuse, and the most that are kept: TERSE_RETAIN_MB if set (0

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -82,8 +83,13 @@ TEST(Memory, PageArraysAreZeroedUnlessAskedNotTo) {
 }
 
 #if !defined(__SANITIZE_ADDRESS__)
+// Fills a block of `pages` huge pages with its page index plus `mark` at each page's start.
+void mark_pages(std::byte* p, std::size_t pages, int mark) {
+  for (std::size_t i = 0; i < pages; ++i) p[i * kHugePage] = static_cast<std::byte>(mark + i);
+}
+
 TEST(Memory, FreedLargeBlocksAreReusedForTheSameSize) {
-  if (retained_budget() < 4 * kHugePage) GTEST_SKIP() << "TERSE_RETAIN_MB keeps too little";
+  if (retained_budget() < 8 * kHugePage) GTEST_SKIP() << "TERSE_RETAIN_MB keeps too little";
   release_retained();
   std::byte* first = nullptr;
   {
@@ -92,18 +98,69 @@ TEST(Memory, FreedLargeBlocksAreReusedForTheSameSize) {
     b[0] = std::byte{7};
   }
   EXPECT_EQ(retained_bytes(), 2 * kHugePage);
-  {
-    Bytes other = allocate_bytes(3 * kHugePage);  // another size: not the kept block
-    EXPECT_NE(other.get(), first);
-    EXPECT_EQ(retained_bytes(), 2 * kHugePage);
-  }
-  EXPECT_EQ(retained_bytes(), 5 * kHugePage);
-  Bytes again = allocate_bytes(2 * kHugePage);  // the same rounded size
+  Bytes again = allocate_bytes(2 * kHugePage);  // the same rounded size: the kept block
   EXPECT_EQ(again.get(), first);
-  EXPECT_EQ(retained_bytes(), 3 * kHugePage);
+  EXPECT_EQ(again[0], std::byte{7});  // the same pages, not fresh ones
+  EXPECT_EQ(retained_bytes(), 0u);
   EXPECT_EQ(address(again.get()) % kHugePage, 0u);
   release_retained();
+}
+
+TEST(Memory, ASmallerRequestTakesTheHeadOfTheSmallestLargerKeptBlock) {
+  if (retained_budget() < 16 * kHugePage) GTEST_SKIP() << "TERSE_RETAIN_MB keeps too little";
+  release_retained();
+  std::byte* three = nullptr;
+  {
+    Bytes big = allocate_bytes(6 * kHugePage);
+    Bytes mid = allocate_bytes(3 * kHugePage);
+    three = mid.get();
+    mark_pages(mid.get(), 3, 40);
+  }
+  EXPECT_EQ(retained_bytes(), 9 * kHugePage);
+  // 2 pages: the 3-page block's head (the smallest that holds it), not the 6-page one's.
+  Bytes two = allocate_bytes(2 * kHugePage);
+  EXPECT_EQ(two.get(), three);
+  EXPECT_EQ(two[kHugePage], std::byte{41});
+  EXPECT_EQ(retained_bytes(), 7 * kHugePage);
+  // Its tail, one page, is still kept, and serves a request of one page.
+  Bytes one = allocate_bytes(kHugePage);
+  EXPECT_EQ(one.get(), three + 2 * kHugePage);
+  EXPECT_EQ(one[0], std::byte{42});
+  EXPECT_EQ(retained_bytes(), 6 * kHugePage);
+  release_retained();
+}
+
+TEST(Memory, ALargerRequestGathersKeptBlocksWithoutTouchingTheirPages) {
+  if (retained_budget() < 16 * kHugePage) GTEST_SKIP() << "TERSE_RETAIN_MB keeps too little";
+  release_retained();
+  {
+    Bytes newer = allocate_bytes(3 * kHugePage);
+    Bytes older = allocate_bytes(2 * kHugePage);
+    mark_pages(older.get(), 2, 10);
+    mark_pages(newer.get(), 3, 20);
+    // Destroyed in reverse order: `older` is freed first, `newer` is the newest kept block.
+  }
+  EXPECT_EQ(retained_bytes(), 5 * kHugePage);
+  // 4 pages: more than any kept block. The newest block's 3 pages, then the head of the other.
+  Bytes four = allocate_bytes(4 * kHugePage);
+  ASSERT_NE(four.get(), nullptr);
+  EXPECT_EQ(address(four.get()) % kHugePage, 0u);
+  EXPECT_EQ(four[0], std::byte{20});
+  EXPECT_EQ(four[kHugePage], std::byte{21});
+  EXPECT_EQ(four[2 * kHugePage], std::byte{22});
+  EXPECT_EQ(four[3 * kHugePage], std::byte{10});
+  EXPECT_EQ(retained_bytes(), kHugePage);  // the older block's second page
+  // More than all that is kept: the kept page, then fresh (zero) memory; every byte writable.
+  Bytes eight = allocate_bytes(8 * kHugePage);
+  EXPECT_EQ(eight[0], std::byte{11});
+  EXPECT_EQ(eight[kHugePage], std::byte{0});
+  std::memset(eight.get(), 1, 8 * kHugePage);
   EXPECT_EQ(retained_bytes(), 0u);
+  const std::string mode = thp_mode();
+  if (mode == "always" || mode == "madvise") {
+    EXPECT_EQ(thp_eligible(four.get()), 1);  // moved ranges keep their advice
+  }
+  release_retained();
 }
 
 TEST(Memory, SmallBlocksAndBlocksOverTheBudgetAreNotKept) {
