@@ -76,6 +76,17 @@ class Workspace {
     return {reinterpret_cast<T*>(p), n};
   }
 
+  // What each slot holds: bytes (0 for none), and how many times any slot has grown.
+  std::size_t slots() const { return blocks_.size(); }
+  std::size_t slot_bytes(std::size_t slot) const {
+    return slot < blocks_.size() ? blocks_[slot].size() : 0;
+  }
+  std::uint64_t growths() const { return growths_; }
+  // Grows a slot to at least `bytes` and touches every page of it, so that a later get() of
+  // that slot, up to that size, neither allocates nor faults (the engine's idle workers do this
+  // ahead of time: growing inside a run puts fresh memory's page faults on its critical path).
+  void reserve(std::size_t slot, std::size_t bytes);
+
  private:
   std::byte* raw(std::size_t slot, std::size_t bytes, std::size_t align);
   struct Block {
@@ -87,6 +98,7 @@ class Workspace {
     std::size_t size() const { return data.get_deleter().bytes; }
   };
   std::vector<Block> blocks_;
+  std::uint64_t growths_ = 0;
 };
 
 struct EncodeContext {

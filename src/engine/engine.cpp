@@ -258,6 +258,13 @@ struct Engine::Impl {
   std::vector<std::thread> workers;
   std::thread completion_thread;
 
+  // The most scratch any worker has needed, per workspace slot. A task runs on whichever worker
+  // is free, so each worker's workspace would grow to it in a run of its own, page faults and
+  // all (a 256 MiB tensor in one partition: 128 MiB of error-feedback scratch per worker, a
+  // few hundred ms on this VM); an idle worker grows its own instead (catch_up_scratch).
+  std::mutex scratch_mu;
+  std::vector<std::size_t> scratch_marks;
+
   const Codec& codec_for(const std::string& spec) const {
     std::lock_guard lock(codecs_mu);
     auto it = codecs.find(spec);
@@ -607,16 +614,52 @@ struct Engine::Impl {
 
   void worker(std::uint32_t id) {
     Workspace workspace;
+    std::uint64_t published = 0;  // workspace.growths() at its last publish_scratch
     for (;;) {
       Task task;
       {
         std::unique_lock lock(queue_mu);
+        if (queue.empty() && !stopping) {
+          lock.unlock();
+          catch_up_scratch(workspace);
+          published = workspace.growths();
+          lock.lock();
+        }
         queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
         if (queue.empty()) return;
         task = std::move(queue.front());
         queue.pop_front();
       }
       run(task, id, workspace);
+      if (workspace.growths() != published) {
+        publish_scratch(workspace);
+        published = workspace.growths();
+      }
+    }
+  }
+
+  void publish_scratch(const Workspace& w) {
+    std::lock_guard lock(scratch_mu);
+    if (scratch_marks.size() < w.slots()) scratch_marks.resize(w.slots());
+    for (std::size_t slot = 0; slot < w.slots(); ++slot) {
+      scratch_marks[slot] = std::max(scratch_marks[slot], w.slot_bytes(slot));
+    }
+  }
+
+  // Grows an idle worker's workspace to the marks (nothing queued: off every run's path).
+  void catch_up_scratch(Workspace& w) {
+    std::vector<std::size_t> marks;
+    {
+      std::lock_guard lock(scratch_mu);
+      marks = scratch_marks;
+    }
+    for (std::size_t slot = 0; slot < marks.size(); ++slot) {
+      if (w.slot_bytes(slot) >= marks[slot]) continue;
+      try {
+        w.reserve(slot, marks[slot]);
+      } catch (const std::bad_alloc&) {  // it grows in a run, as it would have anyway
+        return;
+      }
     }
   }
 
