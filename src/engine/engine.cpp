@@ -262,8 +262,11 @@ struct Engine::Impl {
   // is free, so each worker's workspace would grow to it in a run of its own, page faults and
   // all (a 256 MiB tensor in one partition: 128 MiB of error-feedback scratch per worker, a
   // few hundred ms on this VM); an idle worker grows its own instead (catch_up_scratch).
+  // Workers already waiting when a mark rises are woken for it (scratch_generation, under
+  // queue_mu, counts the rises).
   std::mutex scratch_mu;
   std::vector<std::size_t> scratch_marks;
+  std::uint64_t scratch_generation = 0;
 
   const Codec& codec_for(const std::string& spec) const {
     std::lock_guard lock(codecs_mu);
@@ -615,18 +618,22 @@ struct Engine::Impl {
   void worker(std::uint32_t id) {
     Workspace workspace;
     std::uint64_t published = 0;  // workspace.growths() at its last publish_scratch
+    std::uint64_t seen = 0;       // scratch_generation at its last catch_up_scratch
     for (;;) {
       Task task;
       {
         std::unique_lock lock(queue_mu);
-        if (queue.empty() && !stopping) {
+        while (queue.empty() && !stopping && seen != scratch_generation) {
+          seen = scratch_generation;
           lock.unlock();
           catch_up_scratch(workspace);
           published = workspace.growths();
           lock.lock();
         }
-        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
-        if (queue.empty()) return;
+        queue_cv.wait(lock,
+                      [&] { return stopping || !queue.empty() || seen != scratch_generation; });
+        if (stopping && queue.empty()) return;
+        if (queue.empty()) continue;  // woken to catch up
         task = std::move(queue.front());
         queue.pop_front();
       }
@@ -638,12 +645,24 @@ struct Engine::Impl {
     }
   }
 
+  // Raises the marks to this workspace's slots; wakes the idle workers if any rose.
   void publish_scratch(const Workspace& w) {
-    std::lock_guard lock(scratch_mu);
-    if (scratch_marks.size() < w.slots()) scratch_marks.resize(w.slots());
-    for (std::size_t slot = 0; slot < w.slots(); ++slot) {
-      scratch_marks[slot] = std::max(scratch_marks[slot], w.slot_bytes(slot));
+    bool rose = false;
+    {
+      std::lock_guard lock(scratch_mu);
+      if (scratch_marks.size() < w.slots()) scratch_marks.resize(w.slots());
+      for (std::size_t slot = 0; slot < w.slots(); ++slot) {
+        if (w.slot_bytes(slot) <= scratch_marks[slot]) continue;
+        scratch_marks[slot] = w.slot_bytes(slot);
+        rose = true;
+      }
     }
+    if (!rose) return;
+    {
+      std::lock_guard lock(queue_mu);
+      ++scratch_generation;
+    }
+    queue_cv.notify_all();
   }
 
   // Grows an idle worker's workspace to the marks (nothing queued: off every run's path).
