@@ -51,7 +51,7 @@ std::byte* map_fresh(std::size_t size) {
   const auto begin = reinterpret_cast<std::uintptr_t>(raw);
   const std::uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
   if (aligned > begin) ::munmap(raw, aligned - begin);
-  const std::uintptr_t tail = begin + size + kHugePage - (aligned + size);
+  const std::uintptr_t tail = begin + kHugePage - aligned;  // what lies past aligned + size
   if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + size), tail);
   auto* p = reinterpret_cast<std::byte*>(aligned);
   // Advice only: where the kernel offers no huge pages, the memory is the same, in 4 KiB pages.
@@ -113,14 +113,15 @@ class Retained {
     for (const Range& r : old) ::munmap(r.data, r.size);
     if (p != nullptr) return p;
     p = map_fresh(size);
+    if (p == nullptr) {  // nothing mapped to move into: the moved ranges go
+      for (const Range& r : moved) ::munmap(r.data, r.size);
+      return nullptr;
+    }
     std::size_t offset = 0;
     for (const Range& r : moved) {
       void* to = ::mremap(r.data, r.size, r.size, MREMAP_MAYMOVE | MREMAP_FIXED, p + offset);
       if (to == MAP_FAILED) ::munmap(r.data, r.size);  // that part stays fresh memory
       offset += r.size;
-    }
-    if (p == nullptr) {  // nothing mapped to move into: the moved ranges go
-      for (const Range& r : moved) ::munmap(r.data, r.size);
     }
     return p;
   }
