@@ -97,6 +97,7 @@ class Workspace {
     std::unique_ptr<std::byte[], Free> data;
     std::size_t size() const { return data.get_deleter().bytes; }
   };
+  void grow(Block& b, std::size_t bytes);  // replaces b's memory with `bytes` new bytes
   std::vector<Block> blocks_;
   std::uint64_t growths_ = 0;
 };

@@ -24,21 +24,23 @@ std::byte* Workspace::raw(std::size_t slot, std::size_t bytes, std::size_t align
   std::size_t need = bytes + align;
   if (b.size() < need) {
     // Grow geometrically so a tensor that grows a little does not reallocate every call.
-    const std::size_t size = std::max(need, b.size() + b.size() / 2);
-    b.data = {kit::allocate_bytes(size).release(), Block::Free{size}};
-    ++growths_;
+    grow(b, std::max(need, b.size() + b.size() / 2));
   }
   auto addr = reinterpret_cast<std::uintptr_t>(b.data.get());
   std::uintptr_t aligned = (addr + align - 1) / align * align;
   return b.data.get() + (aligned - addr);
 }
 
+void Workspace::grow(Block& b, std::size_t bytes) {
+  b.data = {kit::allocate_bytes(bytes).release(), Block::Free{bytes}};
+  ++growths_;
+}
+
 void Workspace::reserve(std::size_t slot, std::size_t bytes) {
   if (slot >= blocks_.size()) blocks_.resize(slot + 1);
   Block& b = blocks_[slot];
   if (b.size() >= bytes) return;
-  b.data = {kit::allocate_bytes(bytes).release(), Block::Free{bytes}};
-  ++growths_;
+  grow(b, bytes);
   // One write per 4 KiB page faults it in now (a huge page at its first).
   for (std::size_t i = 0; i < bytes; i += 4096) b.data[i] = std::byte{0};
 }
