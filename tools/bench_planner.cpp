@@ -216,15 +216,15 @@ void run_rank(const Options& opt) {
     int max_reps = 0;
     for (const auto& m : runs) max_reps = std::max(max_reps, reps_of(m));
     // Warm-up: the first use, then extra_warm_ups() more, judged by the predicted time.
-    auto warm_up = [&](std::size_t i) {
+    auto warm_up = [&](std::size_t i, const std::string& tensor) {
       const int rounds = 1 + extra_warm_ups(runs[i].plan.partitions, runs[i].predicted);
       for (int w = 0; w < rounds; ++w) {
         std::copy(input.begin(), input.end(), data.begin());
-        engine.allreduce(name(i), data, options[i]).wait();
+        engine.allreduce(tensor, data, options[i]).wait();
       }
     };
     if (interleave) {
-      for (std::size_t i = 0; i < runs.size(); ++i) warm_up(i);
+      for (std::size_t i = 0; i < runs.size(); ++i) warm_up(i, name(i));
       for (int rep = 0; rep < max_reps; ++rep) {
         for (std::size_t i = 0; i < runs.size(); ++i) {
           if (rep >= reps_of(runs[i])) continue;
@@ -234,7 +234,7 @@ void run_rank(const Options& opt) {
       }
     } else {
       for (std::size_t i = 0; i < runs.size(); ++i) {
-        warm_up(i);
+        warm_up(i, name(i));
         runs[i].times =
             time_allreduce(engine, *comm, name(i), data, input, options[i], reps_of(runs[i]));
       }
@@ -274,27 +274,40 @@ void run_rank(const Options& opt) {
     }
     // The search's best is the least of many noisy medians, so its figure is biased low (the
     // winner's curse: among configurations within noise of each other, the least median beats
-    // a re-timing of itself). Where the best is not the choice, both are timed again,
-    // alternating, in runs of their own (twice the runs either had), and compared on those too.
-    double again_choice = 0, again_best = 0;
+    // a re-timing of itself). Where the best is not the choice, both are timed again in pairs,
+    // the choice (through codec "auto") then the best, each pair's ratio taken, and the median
+    // ratio is the figure: the machine's speed drifts over the seconds a size takes (the same
+    // 64 KiB allreduce took 0.08 ms in one minute and 0.14 ms in another), and a pair's two runs
+    // share its state. Pairs: as many as take about kAgainSeconds, at least twice the runs
+    // either had above and at most kMaxPairs. Each is timed on a tensor (and codec state) of
+    // its own: the same tensor switched between configurations would start each run afresh.
+    constexpr double kAgainSeconds = 2.0;
+    constexpr int kMaxPairs = 400;
+    double again_choice = 0, again_best = 0, again_ratio = 0;
+    int again_pairs = 0;
     if (best != chosen_run) {
       const auto index = [&](const Measured* m) { return static_cast<std::size_t>(m - &runs[0]); };
       const std::size_t ci = index(auto_run), bi = index(best);
-      const int reps = 2 * std::max(reps_of(*auto_run), reps_of(*best));
-      std::vector<double> tc, tb;
-      if (interleave) {
-        for (int rep = 0; rep < reps; ++rep) {
-          tc.push_back(time_allreduce(engine, *comm, name(ci), data, input, options[ci], 1)[0]);
-          tb.push_back(time_allreduce(engine, *comm, name(bi), data, input, options[bi], 1)[0]);
-        }
-      } else {  // one tensor: a switch of configuration is a first use again
-        warm_up(ci);
-        tc = time_allreduce(engine, *comm, name(ci), data, input, options[ci], reps);
-        warm_up(bi);
-        tb = time_allreduce(engine, *comm, name(bi), data, input, options[bi], reps);
+      const double pair_seconds = std::max(choice + best_median, 1e-6);
+      again_pairs = std::clamp(static_cast<int>(std::ceil(kAgainSeconds / pair_seconds)),
+                               2 * std::max(reps_of(*auto_run), reps_of(*best)), kMaxPairs);
+      const std::string choice_name =
+          interleave ? name(ci) : fmt::format("gradient-{}-again-choice", n);
+      const std::string best_name =
+          interleave ? name(bi) : fmt::format("gradient-{}-again-best", n);
+      if (!interleave) {
+        warm_up(ci, choice_name);
+        warm_up(bi, best_name);
+      }
+      std::vector<double> tc, tb, ratios;
+      for (int pair = 0; pair < again_pairs; ++pair) {
+        tc.push_back(time_allreduce(engine, *comm, choice_name, data, input, options[ci], 1)[0]);
+        tb.push_back(time_allreduce(engine, *comm, best_name, data, input, options[bi], 1)[0]);
+        ratios.push_back(tc.back() / tb.back());
       }
       again_choice = median(tc);
       again_best = median(tb);
+      again_ratio = median(ratios);
     }
     if (r == 0) {
       fmt::print(
@@ -305,9 +318,10 @@ void run_rank(const Options& opt) {
           choice * 1e3, best->label, best_median * 1e3, choice / best_median,
           raw_run->median * 1e3, choice / raw_run->median);
       if (again_best > 0) {
-        fmt::print("  timed again, alternating: choice {:.3f} ms, best {:.3f} ms (choice/best "
-                   "{:.3f})\n",
-                   again_choice * 1e3, again_best * 1e3, again_choice / again_best);
+        fmt::print(
+            "  timed again in {} pairs: choice {:.3f} ms, best {:.3f} ms (median of the "
+            "pairs' choice/best {:.3f})\n",
+            again_pairs, again_choice * 1e3, again_best * 1e3, again_ratio);
       }
       std::fflush(stdout);
     }
@@ -326,6 +340,8 @@ void run_rank(const Options& opt) {
     if (again_best > 0) {
       js["again_choice_median_s"] = again_choice;
       js["again_best_median_s"] = again_best;
+      js["again_pairs"] = again_pairs;
+      js["again_pair_ratio"] = again_ratio;
     }
     js["skipped"] = skipped;
     js["configs"] = nlohmann::json::array();
