@@ -281,7 +281,7 @@ void run_rank(const Options& opt) {
     // share its state. Pairs: as many as take about kAgainSeconds, at least twice the runs
     // either had above and at most kMaxPairs. Each is timed on a tensor (and codec state) of
     // its own: the same tensor switched between configurations would start each run afresh.
-    constexpr double kAgainSeconds = 2.0;
+    constexpr double kAgainSeconds = 10.0;
     constexpr int kMaxPairs = 400;
     double again_choice = 0, again_best = 0, again_ratio = 0;
     int again_pairs = 0;
