@@ -37,6 +37,7 @@
 #include "kit/basic.h"
 #include "kit/blas.h"
 #include "kit/hash.h"
+#include "kit/memory.h"
 #include "terse/codec.h"
 
 namespace terse {
@@ -84,7 +85,7 @@ void fill_random(std::span<float> v, std::uint64_t key) {
 class PowerSgdState final : public CodecState {
  public:
   explicit PowerSgdState(const Layout& l)
-      : layout(l), residual(l.raw() ? 0 : l.n, 0.0f), q(l.q_len(), 0.0f) {}
+      : layout(l), residual(l.raw() ? 0 : l.n), q(l.q_len(), 0.0f) {}
 
   void save(std::vector<std::byte>& out) const override {
     std::size_t start = out.size();
@@ -97,7 +98,7 @@ class PowerSgdState final : public CodecState {
     w.put(static_cast<std::uint32_t>(layout.rank));
     w.put(static_cast<std::uint32_t>(has_q ? 1 : 0));
     w.put(steps);
-    if (!residual.empty()) {
+    if (residual.size() != 0) {
       std::memcpy(w.take(residual.size() * 4).data(), residual.data(), residual.size() * 4);
     }
     if (!q.empty()) std::memcpy(w.take(q.size() * 4).data(), q.data(), q.size() * 4);
@@ -122,7 +123,8 @@ class PowerSgdState final : public CodecState {
     auto res = r.take(residual.size() * 4);
     auto qb = r.take(q.size() * 4);
     r.expect_end();
-    std::vector<float> new_res(residual.size()), new_q(q.size());
+    kit::PageArray<float> new_res(residual.size(), kit::PageArray<float>::Init::kNone);
+    std::vector<float> new_q(q.size());
     if (!res.empty()) std::memcpy(new_res.data(), res.data(), res.size());
     if (!qb.empty()) std::memcpy(new_q.data(), qb.data(), qb.size());
     if (kit::find_non_finite(new_res) != new_res.size() ||
@@ -137,14 +139,17 @@ class PowerSgdState final : public CodecState {
   }
 
   Layout layout;
-  std::vector<float> residual;  // n (empty when raw)
+  // The two tensor-sized arrays are kit memory (huge pages, freed blocks kept for reuse): in
+  // 4 KiB pages a 256 MiB state cost 65,536 page faults on first use, about 0.65 s on the
+  // virtual machines this project runs on, and exploration starts several (docs/planner.md).
+  kit::PageArray<float> residual;  // n (empty when raw)
   std::vector<float> q;         // Q^T, r x cols: the warm start, orthonormal columns
   bool has_q = false;
   std::uint64_t steps = 0;  // completed steps
 
   // Between the rounds of one step (not saved; a loaded state starts a new step).
   int phase = 0;                 // next call expected: 0 encode_round(0), 1 absorb(0), ...
-  std::vector<float> m;          // M = x + residual, or the raw sum
+  kit::PageArray<float> m;       // M = x + residual, or the raw sum (sized by fit_m)
   std::vector<float> q_first;    // a freshly drawn Q (no warm start yet, or warm=0)
   std::vector<float> p;          // P_hat^T, r x rows
   std::vector<float> q_local;    // this rank's Q_w^T, r x cols
@@ -214,7 +219,7 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
       if (l.raw()) {
         if (!kit::copy_finite(x, contribution.data())) kit::throw_non_finite(x, spec());
       } else {
-        st.m.resize(l.n);
+        fit_m(st, l.n);
         kit::add_to(x, st.residual, st.m);
         st.q_first.resize(l.q_len());
         const float* q = start_q(st, st.q_first, ctx);
@@ -249,7 +254,8 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
     }
     if (r == 0) {
       if (l.raw()) {
-        st.m.assign(sum.begin(), sum.end());
+        fit_m(st, sum.size());
+        if (!sum.empty()) std::memcpy(st.m.data(), sum.data(), sum.size_bytes());
       } else {
         st.p.assign(sum.begin(), sum.end());
         kit::orthonormalize(st.p.data(), l.rank, l.rows, nullptr);
@@ -392,6 +398,10 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
   }
 
  private:
+  // M's array at n floats (allocated when its size changes; every use overwrites it whole).
+  static void fit_m(PowerSgdState& st, std::size_t n) {
+    if (st.m.size() != n) st.m = kit::PageArray<float>(n, kit::PageArray<float>::Init::kNone);
+  }
   // |scale * P_hat Q^T| <= scale * rank * max|P| * max|Q|: only inputs within a factor of
   // about 2 rank sqrt(rows) of FLT_MAX can overflow, and then results saturate.
   static bool may_overflow(const Layout& l, float scale) {
