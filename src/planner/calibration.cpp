@@ -854,14 +854,21 @@ void measure_cpu(Communicator* comm, const CalibrationOptions& options, Calibrat
   constexpr std::size_t kProbeElements = std::size_t{1} << 18;
   const double pass = parallel_work_seconds(*probe, 1, kProbeElements, 3) / 3;
   const int iterations = static_cast<int>(std::clamp(0.02 / std::max(pass, 1e-6), 4.0, 200.0));
-  for (int threads = 1; threads <= kSlowdownThreads; ++threads) {
-    std::vector<double> trials;
-    for (int trial = 0; trial < 2; ++trial) {
+  // Three series over 1..4 threads, each count's median kept: a spell of outside load
+  // lasting one series (a trial at 4 threads is about 0.1 s) moves no figure. With two trials
+  // of a count back to back, one spell had both: a calibration of 2 ranks measured x6.13 at 4
+  // threads where the others measure x4.3-4.5, and priced every K >= 4 compressed allreduce
+  // at 256 MiB 30-45% slow.
+  constexpr int kSlowdownSeries = 3;
+  std::vector<std::vector<double>> trials(kSlowdownThreads);
+  for (int series = 0; series < kSlowdownSeries; ++series) {
+    for (int threads = 1; threads <= kSlowdownThreads; ++threads) {
       if (comm != nullptr) comm->barrier("calibration");
-      trials.push_back(parallel_work_seconds(*probe, threads, kProbeElements, iterations));
+      trials[threads - 1].push_back(
+          parallel_work_seconds(*probe, threads, kProbeElements, iterations));
     }
-    times.push_back(planner::median(std::move(trials)));
   }
+  for (auto& t : trials) times.push_back(planner::median(std::move(t)));
 
   // The median over ranks: ranks of a host share its cores and see the same costs, so a rank
   // far from the others was disturbed by something outside the job.
