@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -185,6 +186,7 @@ int run(const Launch& opt) {
       fmt::print(stderr, "terse run: pipe: {}\n", strerror(errno));
       return 1;
     }
+    const pid_t launcher = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) {
       fmt::print(stderr, "terse run: fork: {}\n", strerror(errno));
@@ -194,6 +196,12 @@ int run(const Launch& opt) {
       // Each rank leads its own process group, so signals reach its children too and a
       // terminal's Ctrl-C reaches the ranks only through us (once, not twice).
       ::setpgid(0, 0);
+      // A rank outlives no launcher: killed (SIGKILL, or SIGPIPE once the reader of its
+      // output is gone, as with `terse run ... | head`), it takes its ranks with it rather than
+      // leave them computing (and holding ports and cores) for minutes. The check after
+      // prctl catches a launcher that died before it.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(1);
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(s, &dfl, nullptr);

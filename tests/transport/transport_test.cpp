@@ -228,6 +228,28 @@ TEST(Launcher, ForwardsSigterm) {
   EXPECT_LT(r.seconds, 10);
 }
 
+TEST(Launcher, RanksDieWithTheLauncher) {
+  // SIGKILL leaves the launcher no chance to forward anything (nor does SIGPIPE, when the
+  // reader of its output goes away): its ranks must not run on as orphans.
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  auto r = shell(kCli + " run -n 2 -- sh -c 'echo $$ > " + dir +
+                 "/$RANK; exec sleep 60' & pid=$!; "
+                 "for i in $(seq 100); do [ -s " +
+                 dir + "/0 ] && [ -s " + dir +
+                 "/1 ] && break; sleep 0.1; done; "
+                 "kill -KILL $pid; wait $pid; "
+                 "for i in $(seq 50); do alive=; for f in " +
+                 dir + "/0 " + dir +
+                 "/1; do p=$(cat $f); s=$(awk '{print $3}' /proc/$p/stat 2>/dev/null); "
+                 "[ -n \"$s\" ] && [ \"$s\" != Z ] && alive=\"$alive $p\"; done; "
+                 "[ -z \"$alive\" ] && break; sleep 0.1; done; "
+                 "for p in $alive; do echo still-running $p; kill -KILL $p; done; true");
+  EXPECT_EQ(r.output.find("still-running"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 20) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 // The store's port stays bound by the launcher for the whole job, so that no other socket gets
 // it before rank 0 serves it (a concurrent job's Gloo listener did, under ctest -j2): a plain
 // bind of MASTER_PORT fails, and a server's bind with SO_REUSEADDR (as rank 0's) listens.
