@@ -180,13 +180,13 @@ int run(const Launch& opt) {
   std::fflush(stdout);
   std::fflush(stderr);
 
+  const pid_t launcher = ::getpid();  // each rank's parent, checked after PR_SET_PDEATHSIG
   for (int i = 0; i < opt.n; ++i) {
     int out[2], err[2];
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
       fmt::print(stderr, "terse run: pipe: {}\n", strerror(errno));
       return 1;
     }
-    const pid_t launcher = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) {
       fmt::print(stderr, "terse run: fork: {}\n", strerror(errno));
@@ -196,15 +196,16 @@ int run(const Launch& opt) {
       // Each rank leads its own process group, so signals reach its children too and a
       // terminal's Ctrl-C reaches the ranks only through us (once, not twice).
       ::setpgid(0, 0);
-      // A rank outlives no launcher: killed (SIGKILL, or SIGPIPE once the reader of its
-      // output is gone, as with `terse run ... | head`), it takes its ranks with it rather than
-      // leave them computing (and holding ports and cores) for minutes. The check after
-      // prctl catches a launcher that died before it.
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (::getppid() != launcher) ::_exit(1);
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(s, &dfl, nullptr);
+      // A rank outlives no launcher: killed (SIGKILL, or SIGPIPE once the reader of its
+      // output is gone, as with `terse run ... | head`), it takes its ranks with it rather than
+      // leave them computing (and holding ports and cores) for minutes. The check after
+      // prctl catches a launcher that died before it; set after the default dispositions, so
+      // that the signal is not caught by the launcher's handler this process inherited.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(1);
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
       ::setenv("MASTER_ADDR", opt.master_addr.c_str(), 1);
