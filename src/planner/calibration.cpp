@@ -1065,17 +1065,17 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // A second size, a sixteenth, for the transport's CPU while its copies stay in the cache.
   const std::size_t small = std::max(unit, elements / 16 / unit * unit);
   std::vector<float> x(elements, 1.0f);
-  // `reps` runs of one allreduce back to back, as a tensor's allreduces come: this rank's wall
-  // and process CPU seconds per run. Warm-up first: the first use (the cross-rank check,
-  // buffers), then one run per worker thread, whose scratch memory is touched on its first
-  // task of a size (page faults, which count as CPU and which later allreduces do not pay).
+  // `reps` runs of one allreduce back to back, as a tensor's allreduces come, after `warm`
+  // untimed ones: this rank's wall and process CPU seconds per run, appended to `r`. A size's
+  // first warm-up is the first use (the cross-rank check, buffers); then one run per worker
+  // thread, whose scratch memory is touched on its first task of a size (page faults, which
+  // count as CPU and which later allreduces do not pay).
   struct Runs {
     std::vector<double> wall, cpu;
   };
-  auto time_runs = [&](const char* name, std::size_t n_elements, const AllreduceOptions& o,
-                       int reps) {
-    Runs r;
-    for (int rep = -1 - engine_threads(); rep < reps; ++rep) {
+  auto time_runs = [&](Runs& r, const char* name, std::size_t n_elements, const AllreduceOptions& o,
+                       int warm, int reps) {
+    for (int rep = -warm; rep < reps; ++rep) {
       comm.barrier("calibration");
       const double cpu0 = kit::process_cpu_seconds();
       const auto t0 = Clock::now();
@@ -1084,19 +1084,28 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
       r.wall.push_back(seconds_since(t0));
       r.cpu.push_back(kit::process_cpu_seconds() - cpu0);
     }
-    return r;
   };
   AllreduceOptions raw;
   raw.partitions = 1;
-  // Each size's runs back to back (the bulk's copies would evict the small one's from the
-  // cache between runs), the small size first: right after the bulk's runs, the small raw
-  // allreduce ran 1.3-1.5x slower, with as much more CPU, than the same allreduce timed later
-  // in `terse bench planner` (2 ranks on loopback, 1 MiB: the bench's time over the probe's was
-  // 0.67 at the median of 10 processes; 0.91 measured first). Its runs take a millisecond or
-  // less where the cores pace the links, so it gets more of them.
-  constexpr int kReps = 5, kSmallReps = 15;
-  Runs small_runs = time_runs("calibration-small", small, raw, kSmallReps);
-  Runs bulk = time_runs("calibration-bulk", elements, raw, kReps);
+  // Three series, each the small size's runs and then the bulk's, and every figure the median
+  // of all its runs: a spell of load from outside the job that lasts one series moves none of
+  // them. The bulk's runs once went back to back in one series of 5, and one spell could
+  // carry the engine's byte with it: 4 ranks on loopback measured 3.03 ns/B in one grid's
+  // calibration against 1.12 in the previous grid's (1.56-2.56 in three `terse calibrate`
+  // runs of the idle machine), and the grid's 256 MiB allreduces came out predicted up to 64%
+  // slow. Each size's runs stay back to back (the bulk's copies would evict the small one's
+  // from the cache between runs), after their own warm-up: the small probe right after the
+  // bulk's series, warmed up as the first, measured what it did first (2 and 4 ranks on
+  // loopback: series medians within 0.8-1.2x of the first's outside a spell). In the later
+  // series the bulk's workers have touched their memory: one warm-up run. The small's runs
+  // take a millisecond or less where the cores pace the links, so it gets more of them.
+  constexpr int kSeries = 3, kReps = 3, kSmallReps = 5;
+  Runs small_runs, bulk;
+  for (int series = 0; series < kSeries; ++series) {
+    time_runs(small_runs, "calibration-small", small, raw, 1 + engine_threads(), kSmallReps);
+    time_runs(bulk, "calibration-bulk", elements, raw, series == 0 ? 1 + engine_threads() : 1,
+              kReps);
+  }
   engine.synchronize();
   const double measured = planner::median(planner::agree_max(comm, bulk.wall));
   const double measured_small = planner::median(planner::agree_max(comm, small_runs.wall));
@@ -1208,10 +1217,12 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // one raises its wall time and not the job's CPU (s57, 2 ranks on loopback: the wall over
   // the process's CPU came out at 1.68, against 1.05-1.38 in every other calibration of the
   // idle machine, and the point was over-predicted by a median 36%).
-  constexpr int kCompressedReps = 7, kSeries = 2;
+  constexpr int kCompressedReps = 7, kHostSeries = 2;
   c.host_efficiency = 0;
-  for (int series = 0; series < kSeries; ++series) {
-    Runs host = time_runs("calibration-host", elements, compressed, kCompressedReps);
+  for (int series = 0; series < kHostSeries; ++series) {
+    Runs host;
+    time_runs(host, "calibration-host", elements, compressed, 1 + engine_threads(),
+              kCompressedReps);
     engine.synchronize();
     const double wall = planner::median(planner::agree_max(comm, host.wall));
     const double cpu = planner::agree_median(comm, {planner::median(std::move(host.cpu))})[0];
