@@ -12,8 +12,9 @@
 #include <algorithm>
 #include <array>
 #include <condition_variable>
-#include <cstring>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -176,6 +177,9 @@ struct Item {
   std::uint64_t step = 0;
   std::size_t staging = 0;  // offset of its result in the job's staging buffer, if staged
   bool staged = false;      // result goes to staging first (fused, or keep_input_on_error)
+  // Raw, unfused: the first element of its sum that is NaN or Inf, as its partitions' tasks
+  // found it (under the job's mu; SIZE_MAX: none). A fused item's sum is scanned in finish().
+  std::size_t not_finite = SIZE_MAX;
 };
 
 struct Job {
@@ -192,9 +196,6 @@ struct Job {
   std::exception_ptr error;
   Failure failure;
   int failure_item = -1;
-  // Per item: the first element of a raw sum that is NaN or Inf, as its partitions' tasks
-  // found it (the item's size: none); unused for fused items, which finish() scans.
-  std::vector<std::size_t> raw_not_finite;
   std::shared_ptr<Handle::State> handle;
   std::int64_t submitted_ns = 0;  // for the "allreduce" trace event
   // Per item: first task start and last task end (trace_now_ns), for the planner; empty when no
@@ -564,7 +565,6 @@ struct Engine::Impl {
     if (std::any_of(job->items.begin(), job->items.end(), planned)) {
       job->spans.assign(job->items.size(), {INT64_MAX, INT64_MIN});
     }
-    for (const auto& it : job->items) job->raw_not_finite.push_back(it.ref.data.size());
 
     std::vector<Task> tasks;
     auto add_task = [&](int item, int partition, int partitions, const std::string& what) {
@@ -915,7 +915,7 @@ struct Engine::Impl {
     const std::size_t bad = kit::find_non_finite(ctx.output);
     if (bad == ctx.output.size()) return;
     std::lock_guard lock(job.mu);
-    auto& first = job.raw_not_finite[static_cast<std::size_t>(item)];
+    auto& first = job.items[static_cast<std::size_t>(item)].not_finite;
     first = std::min(first, ctx.offset + bad);
   }
 
@@ -925,8 +925,8 @@ struct Engine::Impl {
       const Item& it = job.items[i];
       if (it.plan.strategy != Strategy::kRaw) continue;
       std::span<float> sum = result(job, static_cast<int>(i));
-      const std::size_t bad = it.plan.fused ? kit::find_non_finite(sum) : job.raw_not_finite[i];
-      if (bad == sum.size()) continue;
+      const std::size_t bad = it.plan.fused ? kit::find_non_finite(sum) : it.not_finite;
+      if (bad >= sum.size()) continue;
       // The input survives only when the result was staged.
       const std::size_t own = it.staged ? kit::find_non_finite(it.ref.data) : it.ref.data.size();
       throw InvalidArgument(fmt::format(
