@@ -98,14 +98,13 @@ def main(paths):
                 model_within += by_label[predicted]["median_s"] / size["best_median_s"] <= 1.05
             # Where auto and the raw default came out close, both were timed again in pairs
             # (stop 41): the median of the pairs' ratios is the figure there.
+            vs_raw_again = size.get("raw_again_pair_ratio", vs_raw)
             vs_raw_cell = f"{vs_raw:.3f}"
+            if "raw_again_pair_ratio" in size:
+                vs_raw_cell += f" (again: {vs_raw_again:.3f})"
             if link == "unshaped":
                 harm_first.append(vs_raw)
-            if "raw_again_pair_ratio" in size:
-                vs_raw = size["raw_again_pair_ratio"]
-                vs_raw_cell += f" (again: {vs_raw:.3f})"
-            if link == "unshaped":
-                harm.append(vs_raw)
+                harm.append(vs_raw_again)
             again_cell = f"{again:.3f}" if "again_best_median_s" in size else "-"
             print(f"| {link} | {n} | {size['size']} | {predicted} | {size['chosen']} | "
                   f"{1e3 * size['auto_median_s']:.3f} | {size['best']} | "
