@@ -345,6 +345,11 @@ struct PlannerOptions {
   // two rounds' agreed times, so that the gaps of a few percent that decide between them are
   // not left to one round's noise (the rest were not close and are dropped). 0 disables.
   double explore_close = 0.1;
+  // Beyond those, the best plan of each allowed codec not among them, when it is expected
+  // within this many times the choice and its runs cost at most explore_seconds more than the
+  // choice's would (in practice: small sizes, where the model errs most and runs are cheap).
+  // 0 disables.
+  double explore_codec_within = 4.0;
   // When the choice is compressed and the best raw plan is expected within this many times its
   // time, that raw plan is explored too (after the others, beyond explore_candidates), so the
   // settled plan beats raw by min_gain in measured time. 0 disables.

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "planner/exchange.h"
@@ -283,6 +284,25 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
       continue;
     }
     d.contenders.push_back(c);
+  }
+  // The best plan of each allowed codec the list above left out, where exploring it is cheap:
+  // at small sizes the model's error is largest (a link's buffers let a short message through
+  // faster than its rate, which the model does not see: at 1 Gbit/s, N = 2, 64 KiB, fp16 ran
+  // at 0.42x its prediction and onebit at 1.2x), and the top few are all one codec's K and
+  // strategies, so no other codec is measured. Taken when expected within explore_codec_within
+  // times the choice and its runs cost at most explore_seconds more than the choice's would.
+  if (!small_raw && options_.explore_codec_within > 0) {
+    const double chosen = PlanDecision::expected(d.chosen);
+    std::set<std::string> codecs;
+    for (const auto& c : d.contenders) codecs.insert(c.plan.codec);
+    for (const auto& c : d.ranked) {  // fastest expected first: a codec's first is its best
+      if (c.plan.strategy == Strategy::kRaw || !codecs.insert(c.plan.codec).second) continue;
+      const double t = PlanDecision::expected(c);
+      if (t <= options_.explore_codec_within * chosen &&
+          runs_for(c) * (t - chosen) <= options_.explore_seconds) {
+        d.contenders.push_back(c);
+      }
+    }
   }
   // Raw as the baseline: a compressed choice whose margin over the best raw plan is within the
   // model's error is measured against that raw plan too, so that do-no-harm (a compressed plan

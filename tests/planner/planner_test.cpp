@@ -700,6 +700,7 @@ struct Explorer {
     o.recheck_interval = 0;
     o.explore_candidates = count;
     o.explore_within = 1e9;  // every candidate is a contender
+    o.explore_codec_within = 0;  // and no other codec's best beyond the count
     o.explore_runs = runs;
     o.explore_seconds = explore_seconds;
     o.explore_close = close;
@@ -897,6 +898,60 @@ TEST(Planner, ACloseCompressedChoiceIsExploredAgainstRaw) {
   for (const auto& c : d.contenders) EXPECT_NE(c.plan.strategy, Strategy::kRaw);
 }
 
+TEST(Planner, EachCodecsBestPlanIsExploredWhereThatIsCheap) {
+  // The contenders within explore_within are all one codec's strategies and K here; another
+  // allowed codec's best plan joins them when it is expected within explore_codec_within (4x)
+  // of the choice and its runs cost at most explore_seconds more than the choice's: small sizes
+  // yes, large ones no. Raw stays last.
+  PlannerOptions o = options();
+  o.explore_within = 1.0;  // the choice alone, and ties
+  const double within = o.explore_codec_within;
+  ASSERT_GT(within, 1.0);
+  bool added = false, too_dear = false;
+  for (const std::size_t n :
+       {std::size_t{1} << 12, std::size_t{1} << 14, std::size_t{1} << 16, std::size_t{1} << 18,
+        std::size_t{1} << 22, std::size_t{1} << 26, std::size_t{1} << 28}) {
+    for (const double rate : {12.5e6, 125e6, 1.25e9, 2.5e9, 5e9}) {
+      Planner p(o, synthetic(rate, 50e-6));
+      const PlanDecision d = p.decide(n, 4, 4);
+      if (d.chosen.plan.strategy == Strategy::kRaw) continue;
+      const double chosen = PlanDecision::expected(d.chosen);
+      // The other codec's best plan: the first of it in the ranking.
+      const PlanCandidate* other = nullptr;
+      for (const auto& c : d.ranked) {
+        if (c.plan.strategy != Strategy::kRaw && c.plan.codec != d.chosen.plan.codec) {
+          other = &c;
+          break;
+        }
+      }
+      ASSERT_NE(other, nullptr) << n << " at " << rate;
+      const double t = PlanDecision::expected(*other);
+      const double runs =
+          std::clamp(std::ceil(o.explore_seconds / t), static_cast<double>(o.explore_runs),
+                     static_cast<double>(o.explore_max_runs));
+      const bool want = t <= within * chosen && runs * (t - chosen) <= o.explore_seconds;
+      const bool listed = std::any_of(d.contenders.begin(), d.contenders.end(), [&](const auto& c) {
+        return plan_key(c.plan) == plan_key(other->plan);
+      });
+      EXPECT_EQ(listed, want || t <= chosen)
+          << n << " floats at " << rate << " B/s: " << t << " s against " << chosen;
+      added |= want && t > chosen;
+      too_dear |= t <= within * chosen && !want;
+      for (std::size_t i = 0; i + 1 < d.contenders.size(); ++i) {
+        EXPECT_NE(d.contenders[i].plan.strategy, Strategy::kRaw) << n << " at " << rate;
+      }
+      PlannerOptions off = o;
+      off.explore_codec_within = 0;
+      for (const auto& c : Planner(off, synthetic(rate, 50e-6)).decide(n, 4, 4).contenders) {
+        if (c.plan.strategy == Strategy::kRaw) continue;
+        EXPECT_LE(PlanDecision::expected(c), chosen) << n << " at " << rate;
+      }
+    }
+  }
+  EXPECT_TRUE(added) << "no size and rate where another codec's best was cheap to explore";
+  EXPECT_TRUE(too_dear) << "no size and rate where another codec's best cost too much to explore";
+}
+
 TEST(Planner, SmallRawTensorsAndOneCandidateAreNotExplored) {
   Planner p(options(), synthetic(1.25e9, 50e-6));  // 10 Gbit/s: small tensors stay raw
   const PlanDecision small = p.decide(1000, 4, 4);
@@ -904,6 +959,7 @@ TEST(Planner, SmallRawTensorsAndOneCandidateAreNotExplored) {
   EXPECT_EQ(small.contenders.size(), 1u);
   PlannerOptions none = options();
   none.explore_within = 1.0;  // only exact ties
+  none.explore_codec_within = 0;
   Planner q(none, synthetic(12.5e6, 100e-6));
   const PlanDecision big = q.decide(std::size_t{1} << 22, 4, 4);
   for (const auto& c : big.contenders) {
