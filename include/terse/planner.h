@@ -330,8 +330,9 @@ struct PlannerOptions {
   // contenders take turns, one submission each, so that a burst of load from outside the job
   // slows them alike. The measured times are exchanged as in a re-check: a collective at the
   // same submission on every rank. It costs each size some slower allreduces once (at most
-  // about explore_candidates * max(explore_seconds, explore_runs runs), and as much again for
-  // the close ones of explore_close's second round); the engine keeps each
+  // about explore_candidates * max(explore_seconds, explore_runs runs), as much again for the
+  // close ones of explore_close's second round, and explore_tie_seconds for each near-tie
+  // round); the engine keeps each
   // contender's codec state (error-feedback residuals) while it explores, and drops all but
   // the settled one's after. explore_candidates <= 1 disables it; TERSE_PLAN_EXPLORE=K sets
   // explore_candidates (0 or 1: off).
@@ -345,6 +346,17 @@ struct PlannerOptions {
   // two rounds' agreed times, so that the gaps of a few percent that decide between them are
   // not left to one round's noise (the rest were not close and are dropped). 0 disables.
   double explore_close = 0.1;
+  // Near ties: where, after the second round (or a later one), the two fastest contenders'
+  // mean times are within `explore_tie` (relative) of each other, those two run another round,
+  // and each is judged by the mean of all its rounds; at most `explore_tie_rounds` such rounds,
+  // and only while one costs them at most `explore_tie_seconds` by their expected times (fast
+  // tensors: a median of a few dozen runs of a millisecond on a loaded core errs by a few
+  // percent, which is the size of these gaps; long runs are steadier and dear). The other
+  // contenders sit these rounds out but stay in the verdict (a compressed plan must still beat
+  // the raw ones measured by min_gain). explore_tie_rounds 0 disables.
+  double explore_tie = 0.05;
+  int explore_tie_rounds = 2;
+  double explore_tie_seconds = 0.5;
   // Beyond those, the best plan of each allowed codec not among them, when it is expected
   // within this many times the choice and its runs cost at most explore_seconds more than the
   // choice's would (in practice: small sizes, where the model errs most and runs are cheap).
@@ -459,9 +471,19 @@ class Planner {
     std::vector<int> runs;  // runs_for each contender (more where a time is still missing)
     std::size_t current = 0;
     int unmeasured = 0;  // exchanges after the runs that left a contender without a time
-    // The first round's agreed time per contender once a second round (explore_close) runs;
-    // empty in the first round.
-    std::vector<double> first_round;
+    // Which round this is (1: all contenders; 2: the close ones, explore_close; later: a near
+    // tie, explore_tie), and per contender the sum of its agreed times over the rounds it ran
+    // and their count (a contender sits a round out with runs 0).
+    int round = 1;
+    std::vector<double> total;
+    std::vector<int> rounds;
+    // A further round in which each contender runs `again[i]` times (0: it sits the round out
+    // but stays in the verdict), in turn, the first with runs first.
+    void start_round(std::vector<int> again) {
+      runs = std::move(again);
+      uses.assign(runs.size(), 0);
+      current = runs.size() - 1;
+    }
     bool done() const {
       for (std::size_t i = 0; i < uses.size(); ++i) {
         if (uses[i] < runs[i]) return false;
@@ -481,6 +503,11 @@ class Planner {
   // fewer than two are that close or the option is off.
   template <typename Measured>
   bool start_second_round(Exploration& e, const Measured& measured, std::size_t n, int rank) const;
+  // After the second round or a later one: where the two fastest (by their mean over rounds)
+  // are within explore_tie of each other, starts another round of those two (the others sit it
+  // out); false where they are not, or no more such rounds are allowed or affordable.
+  template <typename Measured>
+  bool start_tie_round(Exploration& e, const Measured& measured, std::size_t n, int rank) const;
 
   PlannerOptions options_;
   std::vector<std::string> allowed_;

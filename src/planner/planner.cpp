@@ -386,27 +386,59 @@ bool Planner::start_second_round(Exploration& e, const Measured& measured, std::
     if (t && (!fastest || *t < *fastest)) fastest = t;
   }
   if (!fastest) return false;
-  Exploration next;
-  for (const auto& c : e.contenders) {
-    const auto t = measured(c);
+  std::vector<int> again(e.contenders.size(), 0);
+  std::string list;
+  int close = 0;
+  for (std::size_t i = 0; i < e.contenders.size(); ++i) {
+    const auto t = measured(e.contenders[i]);
     if (!t || *t > (1 + options_.explore_close) * *fastest) continue;
-    next.contenders.push_back(c);
-    next.first_round.push_back(*t);
-    next.runs.push_back(runs_for(c));
+    again[i] = runs_for(e.contenders[i]);
+    ++close;
+    list += fmt::format(" {} {:.3f} ms", plan_key(e.contenders[i].plan), *t * 1e3);
   }
-  if (next.contenders.size() < 2) return false;
-  next.uses.assign(next.contenders.size(), 0);
-  next.current = next.contenders.size() - 1;  // the next submission runs the first
+  if (close < 2) return false;
+  e.start_round(std::move(again));
+  e.round = 2;
   if (options_.log && rank == 0) {
-    std::string list;
-    for (std::size_t i = 0; i < next.contenders.size(); ++i) {
-      list += fmt::format(" {} {:.3f} ms", plan_key(next.contenders[i].plan),
-                          next.first_round[i] * 1e3);
-    }
     std::fprintf(stderr, "terse plan: exploring %zu floats again, within %.0f%%:%s\n", n,
                  options_.explore_close * 100, list.c_str());
   }
-  e = std::move(next);
+  return true;
+}
+
+template <typename Measured>
+bool Planner::start_tie_round(Exploration& e, const Measured& measured, std::size_t n,
+                              int rank) const {
+  if (options_.explore_tie_rounds <= 0 || e.round - 2 >= options_.explore_tie_rounds) {
+    return false;
+  }
+  // The two fastest by their mean over rounds.
+  std::size_t a = e.contenders.size(), b = a;
+  for (std::size_t i = 0; i < e.contenders.size(); ++i) {
+    const auto t = measured(e.contenders[i]);
+    if (!t) continue;
+    if (a == e.contenders.size() || *t < *measured(e.contenders[a])) {
+      b = a, a = i;
+    } else if (b == e.contenders.size() || *t < *measured(e.contenders[b])) {
+      b = i;
+    }
+  }
+  if (b == e.contenders.size()) return false;
+  const double ta = *measured(e.contenders[a]), tb = *measured(e.contenders[b]);
+  if (tb > (1 + options_.explore_tie) * ta) return false;
+  std::vector<int> again(e.contenders.size(), 0);
+  again[a] = runs_for(e.contenders[a]);
+  again[b] = runs_for(e.contenders[b]);
+  if (again[a] * ta + again[b] * tb > options_.explore_tie_seconds) return false;
+  e.start_round(std::move(again));
+  ++e.round;
+  if (options_.log && rank == 0) {
+    std::fprintf(stderr,
+                 "terse plan: exploring %zu floats again (round %d), within %.0f%%: %s %.3f ms "
+                 "%s %.3f ms\n",
+                 n, e.round, options_.explore_tie * 100, plan_key(e.contenders[a].plan).c_str(),
+                 ta * 1e3, plan_key(e.contenders[b].plan).c_str(), tb * 1e3);
+  }
   return true;
 }
 
@@ -424,10 +456,11 @@ int Planner::advance_explorations(int rank) {
       return m == measured_.end() ? std::nullopt : std::optional<double>(m->second);
     };
     // A contender that ran its runs without a time reaching the exchange (it travelled fused,
-    // say) gets one more run; after that it is not waited for.
+    // say) gets one more run; after that it is not waited for. (One sitting this round out is
+    // not waited for either.)
     bool missing = false;
     for (std::size_t i = 0; i < e.contenders.size(); ++i) {
-      if (!measured(e.contenders[i])) {
+      if (e.runs[i] > 0 && !measured(e.contenders[i])) {
         missing = true;
         e.runs[i] = e.uses[i] + 1;
       }
@@ -436,15 +469,21 @@ int Planner::advance_explorations(int rank) {
       ++it;
       continue;
     }
-    if (e.first_round.empty() && start_second_round(e, measured, n, rank)) {
+    // Each contender's time is the mean of the rounds it ran (one that ran without a time this
+    // round keeps its mean: measured_ still holds it; one that sat it out keeps its mean too).
+    e.total.resize(e.contenders.size(), 0.0);
+    e.rounds.resize(e.contenders.size(), 0);
+    for (std::size_t i = 0; i < e.contenders.size(); ++i) {
+      const auto t = measured(e.contenders[i]);
+      if (e.runs[i] == 0 || !t) continue;
+      e.total[i] += *t;
+      ++e.rounds[i];
+      measured_[{n, plan_key(e.contenders[i].plan)}] = e.total[i] / e.rounds[i];
+    }
+    if (e.round == 1 ? start_second_round(e, measured, n, rank)
+                     : start_tie_round(e, measured, n, rank)) {
       ++it;
       continue;
-    }
-    // After a second round, each contender's time is the mean of its two rounds' (a contender
-    // with no time in the second keeps its first's: measured_ still holds it).
-    for (std::size_t i = 0; i < e.first_round.size(); ++i) {
-      const double second = measured(e.contenders[i]).value_or(e.first_round[i]);
-      measured_[{n, plan_key(e.contenders[i].plan)}] = (e.first_round[i] + second) / 2;
     }
     PlanDecision& d = decisions_.at(it->first);
     // Settle: the fastest measured. The model's choice stands unless measured times overturn
