@@ -344,7 +344,8 @@ struct PlannerOptions {
   // A second round: where two or more contenders measured within `explore_close` (relative)
   // of the fastest, those run their runs again, in turn, and each is judged by the mean of its
   // two rounds' agreed times, so that the gaps of a few percent that decide between them are
-  // not left to one round's noise (the rest were not close and are dropped). 0 disables.
+  // not left to one round's noise (the rest were not close: they sit it out, and stay in the
+  // verdict). 0 disables.
   double explore_close = 0.1;
   // Near ties: where, after the second round (or a later one), the two fastest contenders'
   // mean times are within `explore_tie` (relative) of each other, those two run another round,

@@ -350,6 +350,8 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
     e.uses.assign(e.contenders.size(), 0);
     e.uses[0] = 1;
     for (const auto& c : e.contenders) e.runs.push_back(runs_for(c));
+    e.total.assign(e.contenders.size(), 0.0);
+    e.rounds.assign(e.contenders.size(), 0);
     exploring_[key] = std::move(e);
     if (options_.log && comm.rank() == 0) {
       std::string list;
@@ -412,19 +414,15 @@ bool Planner::start_tie_round(Exploration& e, const Measured& measured, std::siz
   if (options_.explore_tie_rounds <= 0 || e.round - 2 >= options_.explore_tie_rounds) {
     return false;
   }
-  // The two fastest by their mean over rounds.
-  std::size_t a = e.contenders.size(), b = a;
+  // The two fastest by their mean over rounds (the first listed among equal times).
+  std::vector<std::pair<double, std::size_t>> timed;
   for (std::size_t i = 0; i < e.contenders.size(); ++i) {
-    const auto t = measured(e.contenders[i]);
-    if (!t) continue;
-    if (a == e.contenders.size() || *t < *measured(e.contenders[a])) {
-      b = a, a = i;
-    } else if (b == e.contenders.size() || *t < *measured(e.contenders[b])) {
-      b = i;
-    }
+    if (const auto t = measured(e.contenders[i])) timed.emplace_back(*t, i);
   }
-  if (b == e.contenders.size()) return false;
-  const double ta = *measured(e.contenders[a]), tb = *measured(e.contenders[b]);
+  if (timed.size() < 2) return false;
+  std::partial_sort(timed.begin(), timed.begin() + 2, timed.end());
+  const auto [ta, a] = timed[0];
+  const auto [tb, b] = timed[1];
   if (tb > (1 + options_.explore_tie) * ta) return false;
   std::vector<int> again(e.contenders.size(), 0);
   again[a] = runs_for(e.contenders[a]);
@@ -471,8 +469,6 @@ int Planner::advance_explorations(int rank) {
     }
     // Each contender's time is the mean of the rounds it ran (one that ran without a time this
     // round keeps its mean: measured_ still holds it; one that sat it out keeps its mean too).
-    e.total.resize(e.contenders.size(), 0.0);
-    e.rounds.resize(e.contenders.size(), 0);
     for (std::size_t i = 0; i < e.contenders.size(); ++i) {
       const auto t = measured(e.contenders[i]);
       if (e.runs[i] == 0 || !t) continue;
