@@ -363,6 +363,10 @@ struct PlannerOptions {
   // choice's would (in practice: small sizes, where the model errs most and runs are cheap).
   // 0 disables.
   double explore_codec_within = 4.0;
+  // And each codec among those (its first listed plan) at the far end of `partitions` from that
+  // plan's K, with the same strategy, under the same test (the model's slope over K is its
+  // least reliable part: what of a partition stays in a core's cache). false disables.
+  bool explore_far_partitions = true;
   // When the choice is compressed and the best raw plan is expected within this many times its
   // time, that raw plan is explored too (after the others, beyond explore_candidates), so the
   // settled plan beats raw by min_gain in measured time. 0 disables.
@@ -430,7 +434,7 @@ class Planner {
   // on every rank), with the plan() arguments of the submission's planned tensors. Every
   // recheck_interval-th call, and any call at which a size being explored has run each of its
   // contenders its runs (explore_runs or more), exchanges the observations and agrees on
-  // measured times (median per rank, then the largest over ranks). Then explored sizes settle
+  // measured times (per run the largest over ranks, then the median). Then explored sizes settle
   // on the fastest measured, and the other decisions whose expected time was off by more than
   // the threshold are dropped, so that the next plan() re-decides with the measured times.
   // Last, sizes still explored that this submission uses move on to their next contender.

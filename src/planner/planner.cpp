@@ -28,6 +28,9 @@ namespace {
 
 constexpr int kMaxPartitions = 256;  // the engine's limit
 constexpr std::size_t kMaxObservations = 1024;
+// Observations per (size, plan) that an exchange sends: the first ones, the same runs on every
+// rank (a re-check's median needs no more).
+constexpr std::size_t kMaxExchanged = 256;
 
 std::vector<std::string> default_allowed() {
   const char* v = std::getenv("TERSE_PLAN_CODECS");
@@ -304,6 +307,46 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
       }
     }
   }
+  // Each explored codec at the far end of the K range too: the model's slope over K is its
+  // least reliable part (how much of a partition's repeated passes stay in a core's cache, which
+  // the fits over whole tensors do not see: on a guest with 4 MiB of L2 a core, unshaped N = 3,
+  // 16 MiB, sharded onebit ran 16.4 ms at K = 1 and 12.5 at K = 16 where the model predicted
+  // 14.9 and 17.1, and fp16's K barely mattered), so where a codec's contenders all sit at one
+  // end, its best (the first listed) is measured at the other end as well, under the same
+  // cheapness test as the codec's best plan above.
+  if (!small_raw && options_.explore_far_partitions && options_.explore_codec_within > 0 &&
+      ks.size() > 1) {
+    const double chosen = PlanDecision::expected(d.chosen);
+    const auto [lo, hi] = std::minmax_element(ks.begin(), ks.end());
+    std::set<std::string> codecs;
+    const std::size_t listed = d.contenders.size();
+    for (std::size_t i = 0; i < listed; ++i) {
+      const TensorPlan p = d.contenders[i].plan;  // a copy: the loop below appends
+      if (p.strategy == Strategy::kRaw || !codecs.insert(p.codec).second) continue;
+      // The end farther from p's K in factors of two (the larger on a tie).
+      const int far =
+          static_cast<double>(*hi) / p.partitions >= static_cast<double>(p.partitions) / *lo ? *hi
+                                                                                             : *lo;
+      if (far == p.partitions) continue;
+      const bool listed_there =
+          std::any_of(d.contenders.begin(), d.contenders.end(), [&](const auto& c) {
+            return c.plan.codec == p.codec && c.plan.strategy == p.strategy &&
+                   c.plan.partitions == far;
+          });
+      if (listed_there) continue;
+      for (const auto& c : d.ranked) {
+        if (c.plan.codec != p.codec || c.plan.strategy != p.strategy || c.plan.partitions != far) {
+          continue;
+        }
+        const double t = PlanDecision::expected(c);
+        if (t <= options_.explore_codec_within * chosen &&
+            runs_for(c) * (t - chosen) <= options_.explore_seconds) {
+          d.contenders.push_back(c);
+        }
+        break;
+      }
+    }
+  }
   // Raw as the baseline: a compressed choice whose margin over the best raw plan is within the
   // model's error is measured against that raw plan too, so that do-no-harm (a compressed plan
   // must beat raw by min_gain) is decided on measured times, not on predictions alone.
@@ -566,22 +609,42 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
                                      [&](const auto& e) { return e.second.done(); });
     if (!model_ || !(recheck || explore)) return count_uses();
     for (const auto& [key, samples] : observed_) {
-      mine += fmt::format("{} {} {:.9e}\n", key.first, key.second, planner::median(samples));
+      mine += fmt::format("{} {}", key.first, key.second);
+      for (std::size_t i = 0; i < std::min(samples.size(), kMaxExchanged); ++i) {
+        mine += fmt::format(" {:.9e}", samples[i]);
+      }
+      mine += '\n';
     }
     observed_.clear();
   }
-  // Agreed measured time per (size, plan): each rank's median, then the largest over ranks
-  // (a collective completes when its slowest rank does).
-  std::map<std::pair<std::size_t, std::string>, double> agreed;
+  // Agreed measured time per (size, plan): per run the largest over ranks (a collective
+  // completes when its slowest rank does), then the median over runs. The ranks' runs of a
+  // size are the same submissions in the same order, so their i-th observations are one run.
+  // (A median per rank and then the largest over ranks, as before stop 44, ranks a plan whose
+  // ranks take turns being slow by its ranks' typical times, not by the runs' times.)
+  std::map<std::pair<std::size_t, std::string>, std::vector<double>> slowest;
   for (const auto& text : planner::gather_text(comm, mine)) {
     std::istringstream lines(text);
-    std::size_t n;
-    std::string key;
-    double seconds;
-    while (lines >> n >> key >> seconds) {
-      auto [it, fresh] = agreed.emplace(std::make_pair(n, key), seconds);
-      if (!fresh) it->second = std::max(it->second, seconds);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      std::size_t n;
+      std::string key;
+      if (!(fields >> n >> key)) continue;
+      std::vector<double> runs;
+      for (double seconds; fields >> seconds;) runs.push_back(seconds);
+      auto [it, fresh] = slowest.emplace(std::make_pair(n, key), runs);
+      if (fresh) continue;
+      // A rank that saw fewer runs of it (one still in flight at the exchange): the runs all
+      // ranks saw.
+      auto& v = it->second;
+      v.resize(std::min(v.size(), runs.size()));
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::max(v[i], runs[i]);
     }
+  }
+  std::map<std::pair<std::size_t, std::string>, double> agreed;
+  for (const auto& [key, runs] : slowest) {
+    if (!runs.empty()) agreed[key] = planner::median(runs);
   }
   std::vector<PlanDecision> replanned;
   int explored = 0;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -947,8 +948,11 @@ TEST(Planner, ACloseCompressedChoiceIsExploredAgainstRaw) {
   // measured times; where it wins by far more (a slow link), raw is not run.
   const std::size_t n = std::size_t{1} << 22;
   bool close_seen = false;
+  // The far ends of K (EachExploredCodecIsMeasuredAtTheFarEndOfK) would add to the count.
+  PlannerOptions o = options();
+  o.explore_far_partitions = false;
   for (const double rate : {1.25e9, 2.5e9, 5e9, 10e9, 20e9, 40e9}) {
-    Planner p(options(), synthetic(rate, 50e-6));
+    Planner p(o, synthetic(rate, 50e-6));
     const PlanDecision d = p.decide(n, 4, 4);
     if (d.chosen.plan.strategy == Strategy::kRaw) continue;
     const bool close = d.raw_seconds <= 2.0 * PlanDecision::expected(d.chosen);
@@ -961,7 +965,7 @@ TEST(Planner, ACloseCompressedChoiceIsExploredAgainstRaw) {
     for (std::size_t i = 0; i + 1 < d.contenders.size(); ++i) {
       EXPECT_NE(d.contenders[i].plan.strategy, Strategy::kRaw) << rate << " contender " << i;
     }
-    PlannerOptions off = options();
+    PlannerOptions off = o;
     off.explore_raw_within = 0;
     Planner q(off, synthetic(rate, 50e-6));
     for (const auto& c : q.decide(n, 4, 4).contenders) {
@@ -1028,6 +1032,77 @@ TEST(Planner, EachCodecsBestPlanIsExploredWhereThatIsCheap) {
   }
   EXPECT_TRUE(added) << "no size and rate where another codec's best was cheap to explore";
   EXPECT_TRUE(too_dear) << "no size and rate where another codec's best cost too much to explore";
+}
+
+TEST(Planner, EachExploredCodecIsMeasuredAtTheFarEndOfK) {
+  // Beyond the other rules' contenders, each codec among them (its first listed plan) is
+  // explored with the same strategy at the end of the K range farther from that plan's K, when
+  // that plan is not listed already and is cheap by the codec-best test; before raw, which
+  // stays last. Off, the list is the others' alone.
+  const PlannerOptions o = options();
+  ASSERT_TRUE(o.explore_far_partitions);
+  const auto [lo, hi] = std::minmax_element(o.partitions.begin(), o.partitions.end());
+  bool added = false, too_dear = false;
+  for (const std::size_t n : {std::size_t{1} << 16, std::size_t{1} << 18, std::size_t{1} << 20,
+                              std::size_t{1} << 22, std::size_t{1} << 24, std::size_t{1} << 26}) {
+    for (const double rate : {12.5e6, 125e6, 1.25e9, 2.5e9, 5e9}) {
+      const PlanDecision d = Planner(o, synthetic(rate, 50e-6)).decide(n, 4, 4);
+      PlannerOptions off_options = o;
+      off_options.explore_far_partitions = false;
+      const PlanDecision off = Planner(off_options, synthetic(rate, 50e-6)).decide(n, 4, 4);
+      const double chosen = PlanDecision::expected(d.chosen);
+      auto is_raw = [](const PlanCandidate& c) { return c.plan.strategy == Strategy::kRaw; };
+      std::vector<PlanCandidate> base = off.contenders;
+      const bool raw_last = !base.empty() && is_raw(base.back()) && base.size() > 1;
+      if (raw_last) base.pop_back();
+      ASSERT_GE(d.contenders.size(), off.contenders.size()) << n << " at " << rate;
+      for (std::size_t i = 0; i < base.size(); ++i) {
+        EXPECT_EQ(plan_key(d.contenders[i].plan), plan_key(base[i].plan)) << n << " at " << rate;
+      }
+      if (raw_last) {
+        EXPECT_EQ(plan_key(d.contenders.back().plan), plan_key(off.contenders.back().plan));
+      }
+      // What the rule should add: per codec of the base list, its first plan's far end.
+      std::vector<std::string> want;
+      std::set<std::string> codecs;
+      for (const auto& b : base) {
+        if (is_raw(b) || !codecs.insert(b.plan.codec).second) continue;
+        const int k = b.plan.partitions;
+        const int far = static_cast<double>(*hi) / k >= static_cast<double>(k) / *lo ? *hi : *lo;
+        if (far == k || std::any_of(base.begin(), base.end(), [&](const PlanCandidate& c) {
+              return c.plan.codec == b.plan.codec && c.plan.strategy == b.plan.strategy &&
+                     c.plan.partitions == far;
+            })) {
+          continue;
+        }
+        for (const auto& c : d.ranked) {
+          if (c.plan.codec != b.plan.codec || c.plan.strategy != b.plan.strategy ||
+              c.plan.partitions != far) {
+            continue;
+          }
+          const double t = PlanDecision::expected(c);
+          const double runs =
+              std::clamp(std::ceil(o.explore_seconds / t), static_cast<double>(o.explore_runs),
+                         static_cast<double>(o.explore_max_runs));
+          if (t <= o.explore_codec_within * chosen && runs * (t - chosen) <= o.explore_seconds) {
+            want.push_back(plan_key(c.plan));
+          } else {
+            too_dear = true;
+          }
+          break;
+        }
+      }
+      std::vector<std::string> got;
+      for (std::size_t i = base.size(); i < d.contenders.size() - (raw_last ? 1 : 0); ++i) {
+        EXPECT_FALSE(is_raw(d.contenders[i])) << n << " at " << rate;
+        got.push_back(plan_key(d.contenders[i].plan));
+      }
+      EXPECT_EQ(got, want) << n << " floats at " << rate << " B/s";
+      added |= !want.empty();
+    }
+  }
+  EXPECT_TRUE(added) << "no size and rate where a codec's far K was cheap to explore";
+  EXPECT_TRUE(too_dear) << "no size and rate where a codec's far K cost too much to explore";
 }
 
 TEST(Planner, SmallRawTensorsAndOneCandidateAreNotExplored) {
