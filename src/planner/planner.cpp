@@ -27,10 +27,9 @@ namespace terse {
 namespace {
 
 constexpr int kMaxPartitions = 256;  // the engine's limit
-constexpr std::size_t kMaxObservations = 1024;
-// Observations per (size, plan) that an exchange sends: the first ones, the same runs on every
-// rank (a re-check's median needs no more).
-constexpr std::size_t kMaxExchanged = 256;
+// Observations kept per (size, plan) between exchanges, all of which an exchange sends: the
+// first ones, the same runs on every rank (a re-check's median needs no more).
+constexpr std::size_t kMaxObservations = 256;
 
 std::vector<std::string> default_allowed() {
   const char* v = std::getenv("TERSE_PLAN_CODECS");
@@ -294,17 +293,18 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   // at 0.42x its prediction and onebit at 1.2x), and the top few are all one codec's K and
   // strategies, so no other codec is measured. Taken when expected within explore_codec_within
   // times the choice and its runs cost at most explore_seconds more than the choice's would.
+  const double chosen = PlanDecision::expected(d.chosen);
+  auto cheap = [&](const PlanCandidate& c) {
+    const double t = PlanDecision::expected(c);
+    return t <= options_.explore_codec_within * chosen &&
+           runs_for(c) * (t - chosen) <= options_.explore_seconds;
+  };
   if (!small_raw && options_.explore_codec_within > 0) {
-    const double chosen = PlanDecision::expected(d.chosen);
     std::set<std::string> codecs;
     for (const auto& c : d.contenders) codecs.insert(c.plan.codec);
     for (const auto& c : d.ranked) {  // fastest expected first: a codec's first is its best
       if (c.plan.strategy == Strategy::kRaw || !codecs.insert(c.plan.codec).second) continue;
-      const double t = PlanDecision::expected(c);
-      if (t <= options_.explore_codec_within * chosen &&
-          runs_for(c) * (t - chosen) <= options_.explore_seconds) {
-        d.contenders.push_back(c);
-      }
+      if (cheap(c)) d.contenders.push_back(c);
     }
   }
   // Each explored codec at the far end of the K range too: the model's slope over K is its
@@ -316,7 +316,6 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   // cheapness test as the codec's best plan above.
   if (!small_raw && options_.explore_far_partitions && options_.explore_codec_within > 0 &&
       ks.size() > 1) {
-    const double chosen = PlanDecision::expected(d.chosen);
     const auto [lo, hi] = std::minmax_element(ks.begin(), ks.end());
     std::set<std::string> codecs;
     const std::size_t listed = d.contenders.size();
@@ -328,22 +327,13 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
           static_cast<double>(*hi) / p.partitions >= static_cast<double>(p.partitions) / *lo ? *hi
                                                                                              : *lo;
       if (far == p.partitions) continue;
-      const bool listed_there =
-          std::any_of(d.contenders.begin(), d.contenders.end(), [&](const auto& c) {
-            return c.plan.codec == p.codec && c.plan.strategy == p.strategy &&
-                   c.plan.partitions == far;
-          });
-      if (listed_there) continue;
-      for (const auto& c : d.ranked) {
-        if (c.plan.codec != p.codec || c.plan.strategy != p.strategy || c.plan.partitions != far) {
-          continue;
-        }
-        const double t = PlanDecision::expected(c);
-        if (t <= options_.explore_codec_within * chosen &&
-            runs_for(c) * (t - chosen) <= options_.explore_seconds) {
-          d.contenders.push_back(c);
-        }
-        break;
+      auto there = [&](const PlanCandidate& c) {
+        return c.plan.codec == p.codec && c.plan.strategy == p.strategy && c.plan.partitions == far;
+      };
+      const auto c = std::find_if(d.ranked.begin(), d.ranked.end(), there);
+      if (c != d.ranked.end() && cheap(*c) &&
+          std::none_of(d.contenders.begin(), d.contenders.end(), there)) {
+        d.contenders.push_back(*c);
       }
     }
   }
@@ -610,9 +600,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
     if (!model_ || !(recheck || explore)) return count_uses();
     for (const auto& [key, samples] : observed_) {
       mine += fmt::format("{} {}", key.first, key.second);
-      for (std::size_t i = 0; i < std::min(samples.size(), kMaxExchanged); ++i) {
-        mine += fmt::format(" {:.9e}", samples[i]);
-      }
+      for (const double seconds : samples) mine += fmt::format(" {:.9e}", seconds);
       mine += '\n';
     }
     observed_.clear();
@@ -633,10 +621,10 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
       if (!(fields >> n >> key)) continue;
       std::vector<double> runs;
       for (double seconds; fields >> seconds;) runs.push_back(seconds);
-      auto [it, fresh] = slowest.emplace(std::make_pair(n, key), runs);
+      auto [it, fresh] = slowest.emplace(std::make_pair(n, key), std::move(runs));
       if (fresh) continue;
       // A rank that saw fewer runs of it (one still in flight at the exchange): the runs all
-      // ranks saw.
+      // ranks saw. (`runs` was not moved from: the key was there.)
       auto& v = it->second;
       v.resize(std::min(v.size(), runs.size()));
       for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::max(v[i], runs[i]);
