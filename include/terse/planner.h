@@ -347,6 +347,11 @@ struct PlannerOptions {
   // not left to one round's noise (the rest were not close: they sit it out, and stay in the
   // verdict). 0 disables.
   double explore_close = 0.1;
+  // The fastest contender's neighbours in K (the next smaller and larger K of its codec and
+  // strategy), where no contender has them and they are expected within explore_within of its
+  // measured time, join that second round (and start it, alone with the fastest if need be):
+  // the model's slope over K is its least reliable part. false disables.
+  bool explore_neighbours = true;
   // Near ties: where, after the second round (or a later one), the two fastest contenders'
   // mean times are within `explore_tie` (relative) of each other, those two run another round,
   // and each is judged by the mean of all its rounds; at most `explore_tie_rounds` such rounds,
@@ -504,10 +509,12 @@ class Planner {
   // After an exchange: moves explored sizes on (mu_ held). Returns how many changed plan.
   int advance_explorations(int rank);
   // At the end of an exploration's first round: narrows it to the contenders measured within
-  // explore_close of the fastest and starts their second round; false (nothing changed) where
-  // fewer than two are that close or the option is off.
+  // explore_close of the fastest, adds the fastest's K neighbours (explore_neighbours, to `d`'s
+  // contenders too) and starts their second round; false (nothing changed) where fewer than two
+  // would run or the option is off.
   template <typename Measured>
-  bool start_second_round(Exploration& e, const Measured& measured, std::size_t n, int rank) const;
+  bool start_second_round(Exploration& e, PlanDecision& d, const Measured& measured, std::size_t n,
+                          int rank) const;
   // After the second round or a later one: where the two fastest (by their mean over rounds)
   // are within explore_tie of each other, starts another round of those two (the others sit it
   // out); false where they are not, or no more such rounds are allowed or affordable.

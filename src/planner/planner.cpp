@@ -412,13 +412,14 @@ int Planner::runs_for(const PlanCandidate& c) const {
 }
 
 template <typename Measured>
-bool Planner::start_second_round(Exploration& e, const Measured& measured, std::size_t n,
-                                 int rank) const {
+bool Planner::start_second_round(Exploration& e, PlanDecision& d, const Measured& measured,
+                                 std::size_t n, int rank) const {
   if (options_.explore_close <= 0) return false;
   std::optional<double> fastest;
-  for (const auto& c : e.contenders) {
-    const auto t = measured(c);
-    if (t && (!fastest || *t < *fastest)) fastest = t;
+  std::size_t first = 0;
+  for (std::size_t i = 0; i < e.contenders.size(); ++i) {
+    const auto t = measured(e.contenders[i]);
+    if (t && (!fastest || *t < *fastest)) fastest = t, first = i;
   }
   if (!fastest) return false;
   std::vector<int> again(e.contenders.size(), 0);
@@ -430,6 +431,39 @@ bool Planner::start_second_round(Exploration& e, const Measured& measured, std::
     again[i] = runs_for(e.contenders[i]);
     ++close;
     list += fmt::format(" {} {:.3f} ms", plan_key(e.contenders[i].plan), *t * 1e3);
+  }
+  // The fastest one's neighbours in K (the next smaller and the next larger K of its codec and
+  // strategy) join this round where no contender has them and they are expected within
+  // explore_within of its measured time: the model's slope over K is its least reliable part,
+  // so the best K measured may sit next to a better one never run (unshaped N = 4, 16 MiB:
+  // sharded onebit K = 4 measured fastest among K = 1, 2, 4 and 16; K = 8 was 3% faster).
+  if (options_.explore_neighbours) {
+    const TensorPlan best = e.contenders[first].plan;  // a copy: contenders grow below
+    auto same_family = [&](const TensorPlan& p) {
+      return p.codec == best.codec && p.strategy == best.strategy;
+    };
+    const PlanCandidate* below = nullptr;
+    const PlanCandidate* above = nullptr;
+    for (const auto& c : d.ranked) {
+      if (!same_family(c.plan)) continue;
+      const int k = c.plan.partitions;
+      if (k < best.partitions && (below == nullptr || k > below->plan.partitions)) below = &c;
+      if (k > best.partitions && (above == nullptr || k < above->plan.partitions)) above = &c;
+    }
+    for (const PlanCandidate* c : {below, above}) {
+      if (c == nullptr || PlanDecision::expected(*c) > options_.explore_within * *fastest ||
+          std::any_of(e.contenders.begin(), e.contenders.end(),
+                      [&](const auto& x) { return plan_key(x.plan) == plan_key(c->plan); })) {
+        continue;
+      }
+      e.contenders.push_back(*c);
+      e.total.push_back(0);
+      e.rounds.push_back(0);
+      again.push_back(runs_for(*c));
+      d.contenders.push_back(*c);
+      ++close;
+      list += fmt::format(" {} (K next to the fastest)", plan_key(c->plan));
+    }
   }
   if (close < 2) return false;
   e.start_round(std::move(again));
@@ -509,7 +543,7 @@ int Planner::advance_explorations(int rank) {
       ++e.rounds[i];
       measured_[{n, plan_key(e.contenders[i].plan)}] = e.total[i] / e.rounds[i];
     }
-    if (e.round == 1 ? start_second_round(e, measured, n, rank)
+    if (e.round == 1 ? start_second_round(e, decisions_.at(it->first), measured, n, rank)
                      : start_tie_round(e, measured, n, rank)) {
       ++it;
       continue;

@@ -692,7 +692,10 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
 struct Explorer {
   // explore_seconds: 0 for exactly `runs` runs per contender. close: explore_close (0: one
   // round).
-  explicit Explorer(int count, int runs = 2, double explore_seconds = 0, double close = 0) {
+  // neighbours: explore_neighbours (off here but in its own test, so that the second rounds
+  // of the others hold the close contenders alone).
+  explicit Explorer(int count, int runs = 2, double explore_seconds = 0, double close = 0,
+                    bool neighbours = false) {
     dir = testing::temp_dir();
     CommunicatorOptions co;
     co.timeout = 5s;
@@ -705,6 +708,7 @@ struct Explorer {
     o.explore_runs = runs;
     o.explore_seconds = explore_seconds;
     o.explore_close = close;
+    o.explore_neighbours = neighbours;
     planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
   }
   ~Explorer() {
@@ -793,6 +797,80 @@ TEST(Planner, ExplorationRunsTheCloseContendersAgainAndKeepsTheBestOfBothRounds)
   }
   EXPECT_EQ(plan_key(f.submit(n)), key(0));
   EXPECT_FALSE(f.planner->exploring(n, 4));
+}
+
+TEST(Planner, TheFastestContendersNeighboursInKJoinTheSecondRound) {
+  // Where the fastest contender of the first round has a neighbour in K (the next smaller or
+  // larger K of its codec and strategy) that is not a contender, that neighbour runs in the
+  // second round with it, even where no other contender was close, and the size settles on the
+  // fastest measured over both rounds. Off, there is no second round here.
+  const std::size_t n = std::size_t{1} << 22;
+  for (const bool on : {true, false}) {
+    Explorer e(3, 2, 0, 0.1, on);
+    const PlanDecision d = e.planner->decide(n, 1, 4);
+    ASSERT_EQ(d.contenders.size(), 3u);
+    auto listed = [&](const std::string& key) {
+      return std::any_of(d.contenders.begin(), d.contenders.end(),
+                         [&](const auto& c) { return plan_key(c.plan) == key; });
+    };
+    // The fastest: a contender with a neighbour that is not one, and its neighbours.
+    std::string fastest;
+    std::vector<std::string> neighbours;
+    for (const auto& c : d.contenders) {
+      const PlanCandidate* below = nullptr;
+      const PlanCandidate* above = nullptr;
+      for (const auto& r : d.ranked) {
+        if (r.plan.codec != c.plan.codec || r.plan.strategy != c.plan.strategy) continue;
+        const int k = r.plan.partitions;
+        if (k < c.plan.partitions && (!below || k > below->plan.partitions)) below = &r;
+        if (k > c.plan.partitions && (!above || k < above->plan.partitions)) above = &r;
+      }
+      neighbours.clear();
+      for (const PlanCandidate* x : {below, above}) {
+        if (x != nullptr && !listed(plan_key(x->plan))) neighbours.push_back(plan_key(x->plan));
+      }
+      if (!neighbours.empty()) {
+        fastest = plan_key(c.plan);
+        break;
+      }
+    }
+    ASSERT_FALSE(fastest.empty()) << "no contender with a neighbour in K outside the contenders";
+    // The fastest runs 1 ms, the others 2 ms (none close); its neighbours 0.9 and 0.8 ms, the
+    // last listed fastest.
+    auto time_of = [&](const std::string& key) {
+      if (key == fastest) return 1e-3;
+      for (std::size_t i = 0; i < neighbours.size(); ++i) {
+        if (key == neighbours[i]) return 0.9e-3 - 0.1e-3 * static_cast<double>(i);
+      }
+      return 2e-3;
+    };
+    std::vector<std::string> ran;
+    TensorPlan p = e.submit(n);
+    while (e.planner->exploring(n, 4) && ran.size() < 40) {
+      ran.push_back(plan_key(p));
+      e.planner->observe(n, p, time_of(plan_key(p)));
+      p = e.submit(n);
+    }
+    ASSERT_FALSE(e.planner->exploring(n, 4)) << on;
+    // Round 1: each contender twice, in turn.
+    ASSERT_GE(ran.size(), 6u);
+    for (std::size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(ran[i], plan_key(d.contenders[i % 3].plan)) << on << " run " << i;
+    }
+    if (!on) {
+      EXPECT_EQ(ran.size(), 6u);
+      EXPECT_EQ(plan_key(p), fastest);
+      continue;
+    }
+    // Round 2: the fastest and its neighbours, in turn, twice each (no near tie after it).
+    std::vector<std::string> second = {fastest};
+    second.insert(second.end(), neighbours.begin(), neighbours.end());
+    ASSERT_EQ(ran.size(), 6 + 2 * second.size());
+    for (std::size_t i = 0; i < 2 * second.size(); ++i) {
+      EXPECT_EQ(ran[6 + i], second[i % second.size()]) << "second round, run " << i;
+    }
+    EXPECT_EQ(plan_key(p), neighbours.back());
+  }
 }
 
 TEST(Planner, ExplorationRunsTheTwoFastestAgainWhileTheyAreANearTie) {
