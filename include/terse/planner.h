@@ -339,14 +339,23 @@ struct PlannerOptions {
   int explore_candidates = 8;
   double explore_within = 1.5;
   int explore_runs = 5;
-  double explore_seconds = 0.1;
+  double explore_seconds = 0.2;
   int explore_max_runs = 25;
   // A second round: where two or more contenders measured within `explore_close` (relative)
   // of the fastest, those run their runs again, in turn, and each is judged by the mean of its
   // two rounds' agreed times, so that the gaps of a few percent that decide between them are
   // not left to one round's noise (the rest were not close: they sit it out, and stay in the
-  // verdict). 0 disables.
-  double explore_close = 0.1;
+  // verdict). 0 disables. (explore_seconds 0.2 and explore_close 0.15 since stop 45: with 0.1
+  // and 0.1, a first round of 5 runs at 16 MiB on 4 ranks sharing 2 cores left sharded onebit
+  // K = 4 out of the second round at 11% behind K = 1, which it beat by 8% re-timed.)
+  double explore_close = 0.15;
+  // Each contender of the second round and of the near-tie rounds below runs as many runs as
+  // take `explore_again_seconds` by its measured time (at least its first round's runs, at most
+  // explore_max_runs): single runs of 10-30 ms on ranks that share cores vary by 10-15%,
+  // so a median of a first round's five errs by about 6% and two such rounds can swap plans
+  // 10% apart (unshaped N = 4, 16 MiB: sharded onebit K = 8 timed 10% slower than K = 4 in
+  // exploration, 9% faster in 239 pairs). 0: the first round's runs again.
+  double explore_again_seconds = 0.3;
   // The fastest contender's neighbours in K (the next smaller and larger K of its codec and
   // strategy), where no contender has them and they are expected within explore_within of its
   // measured time, join that second round (and start it, alone with the fastest if need be):
@@ -362,7 +371,7 @@ struct PlannerOptions {
   // the raw ones measured by min_gain). explore_tie_rounds 0 disables.
   double explore_tie = 0.05;
   int explore_tie_rounds = 2;
-  double explore_tie_seconds = 0.5;
+  double explore_tie_seconds = 1.0;
   // Beyond those, the best plan of each allowed codec not among them, when it is expected
   // within this many times the choice and its runs cost at most explore_seconds more than the
   // choice's would (in practice: small sizes, where the model errs most and runs are cheap).
@@ -504,6 +513,9 @@ class Planner {
   // How many planned allreduces a contender runs while explored (deterministic: the same on
   // every rank).
   int runs_for(const PlanCandidate& c) const;
+  // How many a contender runs in the second round and later ones (explore_again_seconds), by
+  // `seconds` a run (its measured time; expected, for one not yet run).
+  int runs_again(const PlanCandidate& c, double seconds) const;
   void ensure_calibrated(Communicator& comm);
   void log_decision(const PlanDecision& d, int rank, const char* why) const;
   // After an exchange: moves explored sizes on (mu_ held). Returns how many changed plan.

@@ -411,6 +411,14 @@ int Planner::runs_for(const PlanCandidate& c) const {
       std::clamp<double>(wanted, least, std::max(least, options_.explore_max_runs)));
 }
 
+int Planner::runs_again(const PlanCandidate& c, double seconds) const {
+  const int first = runs_for(c);
+  if (options_.explore_again_seconds <= 0 || seconds <= 0) return first;
+  const double wanted = std::ceil(options_.explore_again_seconds / seconds);
+  return static_cast<int>(
+      std::clamp<double>(wanted, first, std::max(first, options_.explore_max_runs)));
+}
+
 template <typename Measured>
 bool Planner::start_second_round(Exploration& e, PlanDecision& d, const Measured& measured,
                                  std::size_t n, int rank) const {
@@ -428,7 +436,7 @@ bool Planner::start_second_round(Exploration& e, PlanDecision& d, const Measured
   for (std::size_t i = 0; i < e.contenders.size(); ++i) {
     const auto t = measured(e.contenders[i]);
     if (!t || *t > (1 + options_.explore_close) * *fastest) continue;
-    again[i] = runs_for(e.contenders[i]);
+    again[i] = runs_again(e.contenders[i], *t);
     ++close;
     list += fmt::format(" {} {:.3f} ms", plan_key(e.contenders[i].plan), *t * 1e3);
   }
@@ -459,7 +467,7 @@ bool Planner::start_second_round(Exploration& e, PlanDecision& d, const Measured
       e.contenders.push_back(*c);
       e.total.push_back(0);
       e.rounds.push_back(0);
-      again.push_back(runs_for(*c));
+      again.push_back(runs_again(*c, PlanDecision::expected(*c)));
       d.contenders.push_back(*c);
       ++close;
       list += fmt::format(" {} (K next to the fastest)", plan_key(c->plan));
@@ -492,8 +500,8 @@ bool Planner::start_tie_round(Exploration& e, const Measured& measured, std::siz
   const auto [tb, b] = timed[1];
   if (tb > (1 + options_.explore_tie) * ta) return false;
   std::vector<int> again(e.contenders.size(), 0);
-  again[a] = runs_for(e.contenders[a]);
-  again[b] = runs_for(e.contenders[b]);
+  again[a] = runs_again(e.contenders[a], ta);
+  again[b] = runs_again(e.contenders[b], tb);
   if (again[a] * ta + again[b] * tb > options_.explore_tie_seconds) return false;
   e.start_round(std::move(again));
   ++e.round;

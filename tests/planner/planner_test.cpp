@@ -707,6 +707,7 @@ struct Explorer {
     o.explore_codec_within = 0;  // and no other codec's best beyond the count
     o.explore_runs = runs;
     o.explore_seconds = explore_seconds;
+    o.explore_again_seconds = explore_seconds;  // 0: later rounds run `runs` too
     o.explore_close = close;
     o.explore_neighbours = neighbours;
     planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
@@ -915,12 +916,12 @@ TEST(Planner, ExplorationRunsTheTwoFastestAgainWhileTheyAreANearTie) {
     EXPECT_EQ(plan_key(settled), plan_key(d.contenders[1].plan));
   }
   {
-    // Where another round of the two would cost more than explore_tie_seconds (0.5 s by their
-    // measured times: 2 runs of about 0.2 s each), the second round is the last.
+    // Where another round of the two would cost more than explore_tie_seconds (1 s by their
+    // measured times: 2 runs of about 0.3 s each), the second round is the last.
     Explorer e(3, 2, 0, 0.1);
     const PlanDecision d = e.planner->decide(n, 1, 4);
-    run(e, d, {0, 1, 2}, {0.200, 0.204, 0.4}, "round 1");
-    run(e, d, {0, 1}, {0.200, 0.204, 0}, "round 2");
+    run(e, d, {0, 1, 2}, {0.300, 0.306, 0.6}, "round 1");
+    run(e, d, {0, 1}, {0.300, 0.306, 0}, "round 2");
     const TensorPlan settled = e.submit(n);
     EXPECT_FALSE(e.planner->exploring(n, 4));
     EXPECT_EQ(plan_key(settled), plan_key(d.contenders[0].plan));
@@ -981,6 +982,45 @@ TEST(Planner, ExplorationRunsFastContendersLonger) {
     EXPECT_EQ(ran, want) << n << " floats: " << order;
     e.submit(n);
     EXPECT_FALSE(e.planner->exploring(n, 4)) << n;
+  }
+}
+
+TEST(Planner, LaterRoundsRunAsManyAsTakeExploreAgainSecondsByTheMeasuredTime) {
+  // Round 1: 2 runs each (explore_seconds 0). The two close ones then run
+  // ceil(explore_again_seconds / measured) times each in round 2 (at most explore_max_runs),
+  // by the times measured in round 1, not the model's.
+  const std::size_t n = std::size_t{1} << 22;
+  for (const double t : {0.020, 0.070, 0.001, 0.5}) {
+    Explorer e(3, 2, 0, 0.1);
+    PlannerOptions o = e.planner->options();
+    ASSERT_EQ(o.explore_again_seconds, 0);  // the Explorer's, for exact counts
+    o.explore_again_seconds = 0.3;
+    o.explore_tie_rounds = 0;
+    e.planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
+    const PlanDecision d = e.planner->decide(n, 1, 4);
+    ASSERT_EQ(d.contenders.size(), 3u);
+    const std::vector<double> first = {t, 1.02 * t, 3 * t};
+    for (int run = 0; run < 2; ++run) {
+      for (std::size_t i = 0; i < 3; ++i) {
+        const TensorPlan p = e.submit(n);
+        ASSERT_EQ(plan_key(p), plan_key(d.contenders[i].plan));
+        e.planner->observe(n, p, first[i]);
+      }
+    }
+    std::vector<int> want(2);
+    for (int i = 0; i < 2; ++i) {
+      want[i] = static_cast<int>(std::clamp(std::ceil(0.3 / first[i]), 2.0, 25.0));
+    }
+    std::vector<int> ran(3, 0);
+    for (int run = 0; run < want[0] + want[1]; ++run) {
+      ASSERT_TRUE(e.planner->exploring(n, 4)) << t << " s, run " << run;
+      const TensorPlan p = e.submit(n);
+      for (std::size_t i = 0; i < 3; ++i) ran[i] += plan_key(p) == plan_key(d.contenders[i].plan);
+      e.planner->observe(n, p, plan_key(p) == plan_key(d.contenders[0].plan) ? t : 1.02 * t);
+    }
+    EXPECT_EQ(ran, (std::vector<int>{want[0], want[1], 0})) << t << " s";
+    e.submit(n);
+    EXPECT_FALSE(e.planner->exploring(n, 4)) << t << " s";
   }
 }
 

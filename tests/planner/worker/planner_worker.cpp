@@ -134,6 +134,7 @@ int scenario_auto(Communicator& comm) {
   PlannerOptions po;
   po.explore_runs = 2;
   po.explore_seconds = 0;
+  po.explore_again_seconds = 0;
   auto planner = std::make_shared<Planner>(po);
   Engine engine = engine_with(comm, planner);
   const std::string plans =
@@ -153,6 +154,7 @@ int scenario_loses(Communicator& comm) {
   po.allowed = {"fp16", "onebit:ef=1"};
   po.explore_runs = 2;
   po.explore_seconds = 0;
+  po.explore_again_seconds = 0;
   auto planner = std::make_shared<Planner>(po, c);
   Engine engine = engine_with(comm, planner);
   const std::string plans =
