@@ -361,6 +361,11 @@ struct PlannerOptions {
   // measured time, join that second round (and start it, alone with the fastest if need be):
   // the model's slope over K is its least reliable part. false disables.
   bool explore_neighbours = true;
+  // And after the second round or a later one, where the fastest so far (by its mean over
+  // rounds) has such a neighbour not yet run, a round of the fastest and its new neighbours
+  // (the others sit it out), so that exploration climbs K to the measured best; at most
+  // `explore_neighbour_rounds` of these, before any near-tie round.
+  int explore_neighbour_rounds = 3;
   // Near ties: where, after the second round (or a later one), the two fastest contenders'
   // mean times are within `explore_tie` (relative) of each other, those two run another round,
   // and each is judged by the mean of all its rounds; at most `explore_tie_rounds` such rounds,
@@ -494,6 +499,8 @@ class Planner {
     // tie, explore_tie), and per contender the sum of its agreed times over the rounds it ran
     // and their count (a contender sits a round out with runs 0).
     int round = 1;
+    int climbs = 0;  // rounds of the fastest's new K neighbours (explore_neighbour_rounds)
+    int ties = 0;    // near-tie rounds (explore_tie_rounds)
     std::vector<double> total;
     std::vector<int> rounds;
     // A further round in which each contender runs `again[i]` times (0: it sits the round out
@@ -532,6 +539,17 @@ class Planner {
   // out); false where they are not, or no more such rounds are allowed or affordable.
   template <typename Measured>
   bool start_tie_round(Exploration& e, const Measured& measured, std::size_t n, int rank) const;
+  // Adds the K neighbours of contender `first` (measured at `fastest` s) that no contender has
+  // and that are expected within explore_within of it, to `e` and `d`'s contenders, with their
+  // runs in `again` and their names in `list`; returns how many.
+  int add_k_neighbours(Exploration& e, PlanDecision& d, std::size_t first, double fastest,
+                       std::vector<int>& again, std::string& list) const;
+  // After the second round or a later one: where the fastest so far has K neighbours not yet
+  // run (explore_neighbours), a round of it and them; false where none or no more such rounds
+  // are allowed (explore_neighbour_rounds).
+  template <typename Measured>
+  bool start_neighbour_round(Exploration& e, PlanDecision& d, const Measured& measured,
+                             std::size_t n, int rank) const;
 
   PlannerOptions options_;
   std::vector<std::string> allowed_;

@@ -440,39 +440,8 @@ bool Planner::start_second_round(Exploration& e, PlanDecision& d, const Measured
     ++close;
     list += fmt::format(" {} {:.3f} ms", plan_key(e.contenders[i].plan), *t * 1e3);
   }
-  // The fastest one's neighbours in K (the next smaller and the next larger K of its codec and
-  // strategy) join this round where no contender has them and they are expected within
-  // explore_within of its measured time: the model's slope over K is its least reliable part,
-  // so the best K measured may sit next to a better one never run (unshaped N = 4, 16 MiB:
-  // sharded onebit K = 4 measured fastest among K = 1, 2, 4 and 16; K = 8 was 3% faster).
-  if (options_.explore_neighbours) {
-    const TensorPlan best = e.contenders[first].plan;  // a copy: contenders grow below
-    auto same_family = [&](const TensorPlan& p) {
-      return p.codec == best.codec && p.strategy == best.strategy;
-    };
-    const PlanCandidate* below = nullptr;
-    const PlanCandidate* above = nullptr;
-    for (const auto& c : d.ranked) {
-      if (!same_family(c.plan)) continue;
-      const int k = c.plan.partitions;
-      if (k < best.partitions && (below == nullptr || k > below->plan.partitions)) below = &c;
-      if (k > best.partitions && (above == nullptr || k < above->plan.partitions)) above = &c;
-    }
-    for (const PlanCandidate* c : {below, above}) {
-      if (c == nullptr || PlanDecision::expected(*c) > options_.explore_within * *fastest ||
-          std::any_of(e.contenders.begin(), e.contenders.end(),
-                      [&](const auto& x) { return plan_key(x.plan) == plan_key(c->plan); })) {
-        continue;
-      }
-      e.contenders.push_back(*c);
-      e.total.push_back(0);
-      e.rounds.push_back(0);
-      again.push_back(runs_again(*c, PlanDecision::expected(*c)));
-      d.contenders.push_back(*c);
-      ++close;
-      list += fmt::format(" {} (K next to the fastest)", plan_key(c->plan));
-    }
-  }
+  // The fastest one's neighbours in K join this round (explore_neighbours).
+  if (options_.explore_neighbours) close += add_k_neighbours(e, d, first, *fastest, again, list);
   if (close < 2) return false;
   e.start_round(std::move(again));
   e.round = 2;
@@ -483,10 +452,75 @@ bool Planner::start_second_round(Exploration& e, PlanDecision& d, const Measured
   return true;
 }
 
+int Planner::add_k_neighbours(Exploration& e, PlanDecision& d, std::size_t first, double fastest,
+                              std::vector<int>& again, std::string& list) const {
+  // The next smaller and the next larger K of the fastest one's codec and strategy, where no
+  // contender has them and they are expected within explore_within of its measured time: the
+  // model's slope over K is its least reliable part, so the best K measured may sit next to a
+  // better one never run (unshaped N = 4, 16 MiB: sharded onebit K = 4 measured fastest among
+  // K = 1, 2, 4 and 16; K = 8 was 8-12% faster re-timed).
+  const TensorPlan best = e.contenders[first].plan;  // a copy: contenders grow below
+  auto same_family = [&](const TensorPlan& p) {
+    return p.codec == best.codec && p.strategy == best.strategy;
+  };
+  const PlanCandidate* below = nullptr;
+  const PlanCandidate* above = nullptr;
+  for (const auto& c : d.ranked) {
+    if (!same_family(c.plan)) continue;
+    const int k = c.plan.partitions;
+    if (k < best.partitions && (below == nullptr || k > below->plan.partitions)) below = &c;
+    if (k > best.partitions && (above == nullptr || k < above->plan.partitions)) above = &c;
+  }
+  int added = 0;
+  for (const PlanCandidate* c : {below, above}) {
+    if (c == nullptr || PlanDecision::expected(*c) > options_.explore_within * fastest ||
+        std::any_of(e.contenders.begin(), e.contenders.end(),
+                    [&](const auto& x) { return plan_key(x.plan) == plan_key(c->plan); })) {
+      continue;
+    }
+    const PlanCandidate added_c = *c;  // d.contenders may reallocate below; d.ranked does not
+    e.contenders.push_back(added_c);
+    e.total.push_back(0);
+    e.rounds.push_back(0);
+    again.push_back(runs_again(added_c, PlanDecision::expected(added_c)));
+    d.contenders.push_back(added_c);
+    ++added;
+    list += fmt::format(" {} (K next to the fastest)", plan_key(added_c.plan));
+  }
+  return added;
+}
+
+template <typename Measured>
+bool Planner::start_neighbour_round(Exploration& e, PlanDecision& d, const Measured& measured,
+                                    std::size_t n, int rank) const {
+  if (!options_.explore_neighbours || e.climbs >= options_.explore_neighbour_rounds) return false;
+  std::optional<double> fastest;
+  std::size_t first = 0;
+  for (std::size_t i = 0; i < e.contenders.size(); ++i) {
+    const auto t = measured(e.contenders[i]);
+    if (t && (!fastest || *t < *fastest)) fastest = t, first = i;
+  }
+  if (!fastest) return false;
+  std::vector<int> again(e.contenders.size(), 0);
+  std::string list =
+      fmt::format(" {} {:.3f} ms", plan_key(e.contenders[first].plan), *fastest * 1e3);
+  if (add_k_neighbours(e, d, first, *fastest, again, list) == 0) return false;
+  again[first] = runs_again(e.contenders[first], *fastest);
+  e.start_round(std::move(again));
+  ++e.round;
+  ++e.climbs;
+  if (options_.log && rank == 0) {
+    std::fprintf(stderr,
+                 "terse plan: exploring %zu floats again (round %d), K next to the fastest:%s\n", n,
+                 e.round, list.c_str());
+  }
+  return true;
+}
+
 template <typename Measured>
 bool Planner::start_tie_round(Exploration& e, const Measured& measured, std::size_t n,
                               int rank) const {
-  if (options_.explore_tie_rounds <= 0 || e.round - 2 >= options_.explore_tie_rounds) {
+  if (options_.explore_tie_rounds <= 0 || e.ties >= options_.explore_tie_rounds) {
     return false;
   }
   // The two fastest by their mean over rounds (the first listed among equal times).
@@ -505,6 +539,7 @@ bool Planner::start_tie_round(Exploration& e, const Measured& measured, std::siz
   if (again[a] * ta + again[b] * tb > options_.explore_tie_seconds) return false;
   e.start_round(std::move(again));
   ++e.round;
+  ++e.ties;
   if (options_.log && rank == 0) {
     std::fprintf(stderr,
                  "terse plan: exploring %zu floats again (round %d), within %.0f%%: %s %.3f ms "
@@ -552,7 +587,8 @@ int Planner::advance_explorations(int rank) {
       measured_[{n, plan_key(e.contenders[i].plan)}] = e.total[i] / e.rounds[i];
     }
     if (e.round == 1 ? start_second_round(e, decisions_.at(it->first), measured, n, rank)
-                     : start_tie_round(e, measured, n, rank)) {
+                     : start_neighbour_round(e, decisions_.at(it->first), measured, n, rank) ||
+                           start_tie_round(e, measured, n, rank)) {
       ++it;
       continue;
     }

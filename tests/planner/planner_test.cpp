@@ -808,6 +808,9 @@ TEST(Planner, TheFastestContendersNeighboursInKJoinTheSecondRound) {
   const std::size_t n = std::size_t{1} << 22;
   for (const bool on : {true, false}) {
     Explorer e(3, 2, 0, 0.1, on);
+    PlannerOptions o = e.planner->options();
+    o.explore_neighbour_rounds = 0;  // the second round alone (ExplorationClimbsKToTheBest)
+    e.planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
     const PlanDecision d = e.planner->decide(n, 1, 4);
     ASSERT_EQ(d.contenders.size(), 3u);
     auto listed = [&](const std::string& key) {
@@ -871,6 +874,63 @@ TEST(Planner, TheFastestContendersNeighboursInKJoinTheSecondRound) {
       EXPECT_EQ(ran[6 + i], second[i % second.size()]) << "second round, run " << i;
     }
     EXPECT_EQ(plan_key(p), neighbours.back());
+  }
+}
+
+TEST(Planner, ExplorationClimbsKToTheBest) {
+  // The first contender's codec and strategy run fastest at a K two or more steps from every
+  // contender of theirs, 20% slower a step away; everything else takes twice as long. After the
+  // second round (which adds the fastest's neighbours), rounds of the fastest and its new
+  // neighbours climb K to the best (explore_neighbour_rounds); without them, exploration stops
+  // a step short.
+  const std::size_t n = std::size_t{1} << 22;
+  for (const int climbs : {3, 0}) {
+    Explorer e(3, 2, 0, 0.1, true);
+    PlannerOptions o = e.planner->options();
+    o.explore_neighbour_rounds = climbs;
+    e.planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
+    const PlanDecision d = e.planner->decide(n, 1, 4);
+    ASSERT_EQ(d.contenders.size(), 3u);
+    const TensorPlan f = d.contenders[0].plan;
+    auto family = [&](const TensorPlan& p) {
+      return p.codec == f.codec && p.strategy == f.strategy;
+    };
+    std::vector<int> ks;
+    for (const auto& c : d.ranked) {
+      if (family(c.plan)) ks.push_back(c.plan.partitions);
+    }
+    std::sort(ks.begin(), ks.end());
+    auto step = [&](int k) {
+      return static_cast<int>(std::find(ks.begin(), ks.end(), k) - ks.begin());
+    };
+    // The K farthest (in steps) from the family's contenders.
+    int best = -1, farthest = -1;
+    for (int i = 0; i < static_cast<int>(ks.size()); ++i) {
+      int near = 1 << 20;
+      for (const auto& c : d.contenders) {
+        if (family(c.plan)) near = std::min(near, std::abs(step(c.plan.partitions) - i));
+      }
+      if (near > farthest) farthest = near, best = i;
+    }
+    ASSERT_GE(farthest, 2) << "every K of " << plan_key(f) << " is next to a contender";
+    ASSERT_LE(farthest, 4);
+    auto time_of = [&](const TensorPlan& p) {
+      return family(p) ? 1e-3 * (1 + 0.2 * std::abs(step(p.partitions) - best)) : 2e-3;
+    };
+    TensorPlan p = e.submit(n);
+    int runs = 0;
+    while (e.planner->exploring(n, 4) && runs < 200) {
+      e.planner->observe(n, p, time_of(p));
+      p = e.submit(n);
+      ++runs;
+    }
+    ASSERT_FALSE(e.planner->exploring(n, 4)) << climbs;
+    EXPECT_TRUE(family(p)) << plan_key(p);
+    if (climbs >= farthest - 1) {
+      EXPECT_EQ(p.partitions, ks[best]) << plan_key(p) << " after " << runs << " runs";
+    } else {
+      EXPECT_NE(p.partitions, ks[best]) << plan_key(p);
+    }
   }
 }
 
