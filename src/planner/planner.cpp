@@ -419,16 +419,29 @@ int Planner::runs_again(const PlanCandidate& c, double seconds) const {
       std::clamp<double>(wanted, first, std::max(first, options_.explore_max_runs)));
 }
 
+namespace {
+
+// The fastest measured of `contenders` (the first listed among equal times) and its index;
+// no time where none is measured.
+template <typename Measured>
+std::pair<std::optional<double>, std::size_t> fastest_measured(
+    const std::vector<PlanCandidate>& contenders, const Measured& measured) {
+  std::optional<double> fastest;
+  std::size_t first = 0;
+  for (std::size_t i = 0; i < contenders.size(); ++i) {
+    const auto t = measured(contenders[i]);
+    if (t && (!fastest || *t < *fastest)) fastest = t, first = i;
+  }
+  return {fastest, first};
+}
+
+}  // namespace
+
 template <typename Measured>
 bool Planner::start_second_round(Exploration& e, PlanDecision& d, const Measured& measured,
                                  std::size_t n, int rank) const {
   if (options_.explore_close <= 0) return false;
-  std::optional<double> fastest;
-  std::size_t first = 0;
-  for (std::size_t i = 0; i < e.contenders.size(); ++i) {
-    const auto t = measured(e.contenders[i]);
-    if (t && (!fastest || *t < *fastest)) fastest = t, first = i;
-  }
+  const auto [fastest, first] = fastest_measured(e.contenders, measured);
   if (!fastest) return false;
   std::vector<int> again(e.contenders.size(), 0);
   std::string list;
@@ -494,12 +507,7 @@ template <typename Measured>
 bool Planner::start_neighbour_round(Exploration& e, PlanDecision& d, const Measured& measured,
                                     std::size_t n, int rank) const {
   if (!options_.explore_neighbours || e.climbs >= options_.explore_neighbour_rounds) return false;
-  std::optional<double> fastest;
-  std::size_t first = 0;
-  for (std::size_t i = 0; i < e.contenders.size(); ++i) {
-    const auto t = measured(e.contenders[i]);
-    if (t && (!fastest || *t < *fastest)) fastest = t, first = i;
-  }
+  const auto [fastest, first] = fastest_measured(e.contenders, measured);
   if (!fastest) return false;
   std::vector<int> again(e.contenders.size(), 0);
   std::string list =
