@@ -74,6 +74,7 @@ def main(paths):
           "(timed again) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     within, within_again, total, model_within, harm, harm_first = 0, 0, 0, 0, [], []
+    controls, misses = [], []
     for run in runs:
         link, n = label_of(None, run)
         for size in run["sizes"]:
@@ -106,6 +107,15 @@ def main(paths):
                 harm_first.append(vs_raw)
                 harm.append(vs_raw_again)
             again_cell = f"{again:.3f}" if "again_best_median_s" in size else "-"
+            # The best timed against itself on a second tensor, in as many pairs (stop 46):
+            # how far apart the pairs put identical configurations at this point.
+            if "control_pair_ratio" in size:
+                controls.append(size["control_pair_ratio"])
+                again_cell += f" (control {size['control_pair_ratio']:.3f})"
+            if again > 1.05:
+                misses.append(f"{link} N = {n} {size['size']}: {again:.3f}" + (
+                    f" (control {size['control_pair_ratio']:.3f})"
+                    if "control_pair_ratio" in size else ""))
             print(f"| {link} | {n} | {size['size']} | {predicted} | {size['chosen']} | "
                   f"{1e3 * size['auto_median_s']:.3f} | {size['best']} | "
                   f"{1e3 * size['best_median_s']:.3f} | {ratio:.3f} | {again_cell} | "
@@ -115,6 +125,13 @@ def main(paths):
               f"{within_again} of {total} where the choice and the search's best are timed "
               f"again against each other. The model's own choice (before exploration) was "
               f"within 5% of the best at {model_within} of {total}.")
+        if misses:
+            print("Timed again above 1.05: " + "; ".join(misses) + ".")
+    if controls:
+        spread = [abs(c - 1) for c in controls]
+        print(f"Control (the best against itself on a second tensor, in as many pairs): "
+              f"|ratio - 1| median {100 * statistics.median(spread):.1f}%, largest "
+              f"{100 * max(spread):.1f}% over {len(controls)} points.")
     if harm:
         print(f"Unshaped loopback, auto / raw (timed again in pairs where close): worst "
               f"{max(harm):.3f}, median "
