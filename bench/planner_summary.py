@@ -109,13 +109,13 @@ def main(paths):
             again_cell = f"{again:.3f}" if "again_best_median_s" in size else "-"
             # The best timed against itself on a second tensor, in as many pairs (stop 46):
             # how far apart the pairs put identical configurations at this point.
+            control_cell = ""
             if "control_pair_ratio" in size:
                 controls.append(size["control_pair_ratio"])
-                again_cell += f" (control {size['control_pair_ratio']:.3f})"
+                control_cell = f" (control {size['control_pair_ratio']:.3f})"
+            again_cell += control_cell
             if again > 1.05:
-                misses.append(f"{link} N = {n} {size['size']}: {again:.3f}" + (
-                    f" (control {size['control_pair_ratio']:.3f})"
-                    if "control_pair_ratio" in size else ""))
+                misses.append(f"{link} N = {n} {size['size']}: {again:.3f}{control_cell}")
             print(f"| {link} | {n} | {size['size']} | {predicted} | {size['chosen']} | "
                   f"{1e3 * size['auto_median_s']:.3f} | {size['best']} | "
                   f"{1e3 * size['best_median_s']:.3f} | {ratio:.3f} | {again_cell} | "

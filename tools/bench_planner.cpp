@@ -337,9 +337,8 @@ void run_rank(const Options& opt) {
     if (best != chosen_run) {
       again = time_pairs(index(auto_run), index(best), "again", false);
       // The pairs' own resolution, measured alongside: the best against itself on a second
-      // tensor, as many pairs. Identical configurations came out 0.93-1.05 apart in 400 pairs
-      // at 1 MiB on 3 and 4 ranks (stop 46): a choice within a few percent of the best can
-      // miss 5% by the machine alone, and this says by how much at each such point.
+      // tensor, as many pairs, so that a miss can be told from the machine's spread at that
+      // point (grid s88, stop 46: 0.6% from 1 at the median, at most 3.4%, over 17 points).
       control = time_pairs(index(best), index(best), "control", true);
     }
     // Do no harm is judged on codec "auto" against the raw default, measured in the same run:

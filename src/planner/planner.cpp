@@ -485,20 +485,20 @@ int Planner::add_k_neighbours(Exploration& e, PlanDecision& d, std::size_t first
     if (k > best.partitions && (above == nullptr || k < above->plan.partitions)) above = &c;
   }
   int added = 0;
-  for (const PlanCandidate* c : {below, above}) {
-    if (c == nullptr || PlanDecision::expected(*c) > options_.explore_within * fastest ||
-        std::any_of(e.contenders.begin(), e.contenders.end(),
-                    [&](const auto& x) { return plan_key(x.plan) == plan_key(c->plan); })) {
+  for (const PlanCandidate* c : {below, above}) {  // into d.ranked, which does not grow
+    if (c == nullptr || PlanDecision::expected(*c) > options_.explore_within * fastest) continue;
+    const std::string key = plan_key(c->plan);
+    if (std::any_of(e.contenders.begin(), e.contenders.end(),
+                    [&](const auto& x) { return plan_key(x.plan) == key; })) {
       continue;
     }
-    const PlanCandidate added_c = *c;  // d.contenders may reallocate below; d.ranked does not
-    e.contenders.push_back(added_c);
+    e.contenders.push_back(*c);
     e.total.push_back(0);
     e.rounds.push_back(0);
-    again.push_back(runs_again(added_c, PlanDecision::expected(added_c)));
-    d.contenders.push_back(added_c);
+    again.push_back(runs_again(*c, PlanDecision::expected(*c)));
+    d.contenders.push_back(*c);
     ++added;
-    list += fmt::format(" {} (K next to the fastest)", plan_key(added_c.plan));
+    list += fmt::format(" {} (K next to the fastest)", key);
   }
   return added;
 }
