@@ -366,6 +366,18 @@ struct PlannerOptions {
   // (the others sit it out), so that exploration climbs K to the measured best; at most
   // `explore_neighbour_rounds` of these, before any near-tie round.
   int explore_neighbour_rounds = 3;
+  // And every codec and strategy with a contender measured within explore_close of the
+  // fastest: its other K (where no contender has them and they are expected within
+  // explore_within of the fastest's measured time) join that second round too, the families
+  // fastest measured first and each one's K nearest its fastest first, while their runs cost
+  // at most `explore_family_seconds` in all by their expected times and they number at most
+  // explore_candidates. A codec's time over K can dip away from both of the K its first round
+  // measured, where a climb from the fastest does not go (unshaped, 16 MiB, 3 and 4 ranks on
+  // 2 cores: sharded onebit K = 8 was the best configuration in each of five grids, 1.08-1.14
+  // times faster than the choice in s88, where the first round measured K = 1, 2 and 16 and
+  // the model expects time to rise with K). In practice sizes up to a few tens of MiB: at
+  // 16 MiB a K costs about 0.3 s of runs, at 256 MiB over 1 s. 0 disables.
+  double explore_family_seconds = 1.0;
   // Near ties: where, after the second round (or a later one), the two fastest contenders'
   // mean times are within `explore_tie` (relative) of each other, those two run another round,
   // and each is judged by the mean of all its rounds; at most `explore_tie_rounds` such rounds,
@@ -529,8 +541,8 @@ class Planner {
   int advance_explorations(int rank);
   // At the end of an exploration's first round: narrows it to the contenders measured within
   // explore_close of the fastest, adds the fastest's K neighbours (explore_neighbours, to `d`'s
-  // contenders too) and starts their second round; false (nothing changed) where fewer than two
-  // would run or the option is off.
+  // contenders too) and the close ones' other K (explore_family_seconds) and starts their second
+  // round; false (nothing changed) where fewer than two would run or the option is off.
   template <typename Measured>
   bool start_second_round(Exploration& e, PlanDecision& d, const Measured& measured, std::size_t n,
                           int rank) const;
@@ -544,6 +556,11 @@ class Planner {
   // runs in `again` and their names in `list`; returns how many.
   int add_k_neighbours(Exploration& e, PlanDecision& d, std::size_t first, double fastest,
                        std::vector<int>& again, std::string& list) const;
+  // Adds the other K of each codec and strategy measured within explore_close of `fastest` s
+  // (explore_family_seconds), as add_k_neighbours adds; returns how many.
+  template <typename Measured>
+  int add_close_families(Exploration& e, PlanDecision& d, const Measured& measured, double fastest,
+                         std::vector<int>& again, std::string& list) const;
   // After the second round or a later one: where the fastest so far has K neighbours not yet
   // run (explore_neighbours), a round of it and them; false where none or no more such rounds
   // are allowed (explore_neighbour_rounds).

@@ -455,6 +455,10 @@ bool Planner::start_second_round(Exploration& e, PlanDecision& d, const Measured
   }
   // The fastest one's neighbours in K join this round (explore_neighbours).
   if (options_.explore_neighbours) close += add_k_neighbours(e, d, first, *fastest, again, list);
+  // And the close ones' codecs and strategies at their other K.
+  if (options_.explore_family_seconds > 0) {
+    close += add_close_families(e, d, measured, *fastest, again, list);
+  }
   if (close < 2) return false;
   e.start_round(std::move(again));
   e.round = 2;
@@ -499,6 +503,76 @@ int Planner::add_k_neighbours(Exploration& e, PlanDecision& d, std::size_t first
     d.contenders.push_back(*c);
     ++added;
     list += fmt::format(" {} (K next to the fastest)", key);
+  }
+  return added;
+}
+
+template <typename Measured>
+int Planner::add_close_families(Exploration& e, PlanDecision& d, const Measured& measured,
+                                double fastest, std::vector<int>& again, std::string& list) const {
+  // Each codec and strategy with a contender measured within explore_close of the fastest:
+  // its fastest measured time and that contender's K, fastest first.
+  struct Family {
+    double seconds;
+    const TensorPlan* plan;
+  };
+  std::vector<Family> families;
+  for (const auto& c : e.contenders) {
+    const auto t = measured(c);
+    if (!t || *t > (1 + options_.explore_close) * fastest) continue;
+    const auto f = std::find_if(families.begin(), families.end(), [&](const Family& x) {
+      return x.plan->codec == c.plan.codec && x.plan->strategy == c.plan.strategy;
+    });
+    if (f == families.end()) {
+      families.push_back({*t, &c.plan});
+    } else if (*t < f->seconds) {
+      *f = {*t, &c.plan};
+    }
+  }
+  std::stable_sort(families.begin(), families.end(),
+                   [](const Family& a, const Family& b) { return a.seconds < b.seconds; });
+  // Copies: the contenders (which `families` points into) grow below.
+  std::vector<TensorPlan> bests;
+  for (const auto& f : families) bests.push_back(*f.plan);
+  auto listed = [&](const std::string& key) {
+    return std::any_of(e.contenders.begin(), e.contenders.end(),
+                       [&](const auto& x) { return plan_key(x.plan) == key; });
+  };
+  double budget = options_.explore_family_seconds;
+  int added = 0;
+  for (const TensorPlan& best : bests) {
+    // The family's other K expected within explore_within of the fastest, nearest (in factors
+    // of two) to its fastest K first, the smaller first on a tie.
+    std::vector<const PlanCandidate*> ks;  // into d.ranked, which does not grow
+    for (const auto& c : d.ranked) {
+      if (c.plan.codec != best.codec || c.plan.strategy != best.strategy ||
+          PlanDecision::expected(c) > options_.explore_within * fastest ||
+          listed(plan_key(c.plan))) {
+        continue;
+      }
+      ks.push_back(&c);
+    }
+    auto distance = [&](const PlanCandidate* c) {
+      return std::abs(std::log2(static_cast<double>(c->plan.partitions) / best.partitions));
+    };
+    std::stable_sort(ks.begin(), ks.end(), [&](const PlanCandidate* a, const PlanCandidate* b) {
+      return std::make_pair(distance(a), a->plan.partitions) <
+             std::make_pair(distance(b), b->plan.partitions);
+    });
+    for (const PlanCandidate* c : ks) {
+      if (added >= options_.explore_candidates) return added;
+      const int runs = runs_again(*c, PlanDecision::expected(*c));
+      const double cost = runs * PlanDecision::expected(*c);
+      if (cost > budget) continue;
+      budget -= cost;
+      e.contenders.push_back(*c);
+      e.total.push_back(0);
+      e.rounds.push_back(0);
+      again.push_back(runs);
+      d.contenders.push_back(*c);
+      ++added;
+      list += fmt::format(" {} (K of a close one)", plan_key(c->plan));
+    }
   }
   return added;
 }

@@ -693,7 +693,7 @@ struct Explorer {
   // explore_seconds: 0 for exactly `runs` runs per contender. close: explore_close (0: one
   // round).
   // neighbours: explore_neighbours (off here but in its own test, so that the second rounds
-  // of the others hold the close contenders alone).
+  // of the others hold the close contenders alone; explore_family_seconds is off likewise).
   explicit Explorer(int count, int runs = 2, double explore_seconds = 0, double close = 0,
                     bool neighbours = false) {
     dir = testing::temp_dir();
@@ -710,6 +710,7 @@ struct Explorer {
     o.explore_again_seconds = explore_seconds;  // 0: later rounds run `runs` too
     o.explore_close = close;
     o.explore_neighbours = neighbours;
+    o.explore_family_seconds = 0;  // off but in its own test, as explore_neighbours
     planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
   }
   ~Explorer() {
@@ -874,6 +875,74 @@ TEST(Planner, TheFastestContendersNeighboursInKJoinTheSecondRound) {
       EXPECT_EQ(ran[6 + i], second[i % second.size()]) << "second round, run " << i;
     }
     EXPECT_EQ(plan_key(p), neighbours.back());
+  }
+}
+
+TEST(Planner, TheCloseOnesOtherKJoinTheSecondRound) {
+  // Where two contenders measured within explore_close of each other in the first round, the
+  // other K of their codecs and strategies join the second round (the faster one's family
+  // first, each family's K nearest its measured K first, at most explore_candidates of them),
+  // and the size settles on one of those where it measures fastest. Off, the second round holds
+  // the two close ones alone.
+  const std::size_t n = std::size_t{1} << 22;
+  for (const bool on : {true, false}) {
+    Explorer e(3, 2, 0, 0.1);
+    PlannerOptions o = e.planner->options();
+    o.explore_family_seconds = on ? 1e9 : 0;
+    e.planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
+    const PlanDecision d = e.planner->decide(n, 1, 4);
+    ASSERT_EQ(d.contenders.size(), 3u);
+    auto listed = [&](const std::string& key) {
+      return std::any_of(d.contenders.begin(), d.contenders.end(),
+                         [&](const auto& c) { return plan_key(c.plan) == key; });
+    };
+    // The additions expected: contender 0's family, then contender 1's (where it differs), each
+    // ordered by |log2(K / the contender's K)|, then K; the first three.
+    std::vector<std::string> added;
+    std::vector<TensorPlan> families = {d.contenders[0].plan};
+    if (d.contenders[1].plan.codec != families[0].codec ||
+        d.contenders[1].plan.strategy != families[0].strategy) {
+      families.push_back(d.contenders[1].plan);
+    }
+    for (const TensorPlan& f : families) {
+      std::vector<std::pair<std::pair<double, int>, std::string>> ks;
+      for (const auto& r : d.ranked) {
+        if (r.plan.codec != f.codec || r.plan.strategy != f.strategy || listed(plan_key(r.plan))) {
+          continue;
+        }
+        const double steps =
+            std::abs(std::log2(static_cast<double>(r.plan.partitions) / f.partitions));
+        ks.push_back({{steps, r.plan.partitions}, plan_key(r.plan)});
+      }
+      std::sort(ks.begin(), ks.end());
+      for (const auto& k : ks) {
+        if (added.size() < 3) added.push_back(k.second);
+      }
+    }
+    ASSERT_FALSE(added.empty()) << "the close ones' families have no other K";
+    // Round 1: 1 ms, 1.08 ms (close; no near tie), 2 ms. Round 2: the last addition runs 0.8 ms.
+    auto time_of = [&](const std::string& key) {
+      if (key == plan_key(d.contenders[0].plan)) return 1e-3;
+      if (key == plan_key(d.contenders[1].plan)) return 1.08e-3;
+      if (key == added.back()) return 0.8e-3;
+      return 2e-3;
+    };
+    std::vector<std::string> ran;
+    TensorPlan p = e.submit(n);
+    while (e.planner->exploring(n, 4) && ran.size() < 40) {
+      ran.push_back(plan_key(p));
+      e.planner->observe(n, p, time_of(plan_key(p)));
+      p = e.submit(n);
+    }
+    ASSERT_FALSE(e.planner->exploring(n, 4)) << on;
+    std::vector<std::string> second = {plan_key(d.contenders[0].plan),
+                                       plan_key(d.contenders[1].plan)};
+    if (on) second.insert(second.end(), added.begin(), added.end());
+    ASSERT_EQ(ran.size(), 6 + 2 * second.size()) << on;
+    for (std::size_t i = 0; i < 2 * second.size(); ++i) {
+      EXPECT_EQ(ran[6 + i], second[i % second.size()]) << on << ", second round, run " << i;
+    }
+    EXPECT_EQ(plan_key(p), on ? added.back() : plan_key(d.contenders[0].plan)) << on;
   }
 }
 
