@@ -303,6 +303,12 @@ struct PlannerOptions {
   std::vector<std::string> allowed;
   // Partition counts the planner tries.
   std::vector<int> partitions = {1, 2, 4, 8, 16};
+  // Raw is also tried at the engine's own partitioning, a partition per this many bytes
+  // (EngineOptions::partition_bytes; an engine that makes its planner sets it), so that the
+  // raw plan the planner settles on is never one it did not compare with the raw plan the job
+  // would run without it (unshaped N = 2, 256 MiB, grid s89: the planner settled on raw K = 16
+  // at 1.08 times the engine's default raw K = 32, which was not a candidate). 0: not tried.
+  std::size_t raw_partition_bytes = std::size_t{8} << 20;
   // A compressed plan must be predicted this much faster than raw to be chosen (do no harm:
   // predictions err, and raw is exact).
   double min_gain = 0.05;

@@ -343,7 +343,12 @@ struct Engine::Impl {
 
   Planner& auto_planner() const {
     std::lock_guard lock(planner_mu);
-    if (!planner) planner = options.planner ? options.planner : std::make_shared<Planner>();
+    if (!planner && options.planner) planner = options.planner;
+    if (!planner) {
+      PlannerOptions po;  // raw also at this engine's own partitioning
+      po.raw_partition_bytes = options.partition_bytes;
+      planner = std::make_shared<Planner>(std::move(po));
+    }
     return *planner;
   }
 

@@ -204,10 +204,18 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
       if (std::find(ks.begin(), ks.end(), c) == ks.end()) ks.push_back(c);
     }
   }
+  // Raw also at the engine's own partitioning (raw_partition_bytes), where K is the planner's.
+  std::vector<int> raw_ks = ks;
+  if (partitions <= 0 && options_.raw_partition_bytes > 0) {
+    const std::size_t own =
+        (n * sizeof(float) + options_.raw_partition_bytes - 1) / options_.raw_partition_bytes;
+    const int c = clamp_partitions(static_cast<int>(std::min<std::size_t>(own, 1 << 20)), n);
+    if (std::find(raw_ks.begin(), raw_ks.end(), c) == raw_ks.end()) raw_ks.push_back(c);
+  }
   auto consider = [&](const std::string& spec, Strategy s, bool whole) {
     if (strategy != Strategy::kAuto && strategy != s) return;
     if (whole && partitions > 1) return;
-    for (int k : whole ? std::vector<int>{1} : ks) {
+    for (int k : whole ? std::vector<int>{1} : s == Strategy::kRaw ? raw_ks : ks) {
       PlanCandidate c;
       c.plan.codec = spec;
       c.plan.strategy = s;

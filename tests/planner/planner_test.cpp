@@ -878,6 +878,27 @@ TEST(Planner, TheFastestContendersNeighboursInKJoinTheSecondRound) {
   }
 }
 
+TEST(Planner, RawIsAlsoACandidateAtTheEnginesOwnPartitioning) {
+  // 256 MiB at 8 MiB a partition: raw K = 32, beyond the planner's K (1-16), is a candidate;
+  // the codecs keep the planner's K. At 16 MiB the engine's K = 2 is among them already. Off
+  // (raw_partition_bytes 0), raw has the planner's K alone.
+  auto ks = [](std::size_t n, std::size_t bytes, const std::string& codec) {
+    PlannerOptions o = options();
+    o.raw_partition_bytes = bytes;
+    Planner planner(o, synthetic(12.5e6, 100e-6, 1));
+    std::set<int> k;
+    for (const auto& c : planner.decide(n, 2, 4).ranked) {
+      if (c.plan.codec == codec) k.insert(c.plan.partitions);
+    }
+    return k;
+  };
+  const std::size_t big = std::size_t{64} << 20, mid = std::size_t{4} << 20;
+  EXPECT_EQ(ks(big, std::size_t{8} << 20, "none"), (std::set<int>{1, 2, 4, 8, 16, 32}));
+  EXPECT_EQ(ks(big, std::size_t{8} << 20, "fp16"), (std::set<int>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(ks(big, 0, "none"), (std::set<int>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(ks(mid, std::size_t{8} << 20, "none"), (std::set<int>{1, 2, 4, 8, 16}));
+}
+
 TEST(Planner, TheCloseOnesOtherKJoinTheSecondRound) {
   // Where two contenders measured within explore_close of each other in the first round, the
   // other K of their codecs and strategies join the second round (the faster one's family
