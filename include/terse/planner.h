@@ -528,6 +528,10 @@ class Planner {
       uses.assign(runs.size(), 0);
       current = runs.size() - 1;
     }
+    // Whether a contender has the plan of key `key` (plan_key).
+    bool has(const std::string& key) const;
+    // `c` joins the round being set up in `again` (start_round's), with `runs` runs.
+    void join(const PlanCandidate& c, int runs, std::vector<int>& again);
     bool done() const {
       for (std::size_t i = 0; i < uses.size(); ++i) {
         if (uses[i] < runs[i]) return false;

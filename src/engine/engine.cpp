@@ -343,8 +343,10 @@ struct Engine::Impl {
 
   Planner& auto_planner() const {
     std::lock_guard lock(planner_mu);
-    if (!planner && options.planner) planner = options.planner;
-    if (!planner) {
+    if (planner) return *planner;
+    if (options.planner) {
+      planner = options.planner;
+    } else {
       PlannerOptions po;  // raw also at this engine's own partitioning
       po.raw_partition_bytes = options.partition_bytes;
       planner = std::make_shared<Planner>(std::move(po));

@@ -445,6 +445,18 @@ std::pair<std::optional<double>, std::size_t> fastest_measured(
 
 }  // namespace
 
+bool Planner::Exploration::has(const std::string& key) const {
+  return std::any_of(contenders.begin(), contenders.end(),
+                     [&](const PlanCandidate& c) { return plan_key(c.plan) == key; });
+}
+
+void Planner::Exploration::join(const PlanCandidate& c, int runs, std::vector<int>& again) {
+  contenders.push_back(c);
+  total.push_back(0);
+  rounds.push_back(0);
+  again.push_back(runs);
+}
+
 template <typename Measured>
 bool Planner::start_second_round(Exploration& e, PlanDecision& d, const Measured& measured,
                                  std::size_t n, int rank) const {
@@ -500,14 +512,8 @@ int Planner::add_k_neighbours(Exploration& e, PlanDecision& d, std::size_t first
   for (const PlanCandidate* c : {below, above}) {  // into d.ranked, which does not grow
     if (c == nullptr || PlanDecision::expected(*c) > options_.explore_within * fastest) continue;
     const std::string key = plan_key(c->plan);
-    if (std::any_of(e.contenders.begin(), e.contenders.end(),
-                    [&](const auto& x) { return plan_key(x.plan) == key; })) {
-      continue;
-    }
-    e.contenders.push_back(*c);
-    e.total.push_back(0);
-    e.rounds.push_back(0);
-    again.push_back(runs_again(*c, PlanDecision::expected(*c)));
+    if (e.has(key)) continue;
+    e.join(*c, runs_again(*c, PlanDecision::expected(*c)), again);
     d.contenders.push_back(*c);
     ++added;
     list += fmt::format(" {} (K next to the fastest)", key);
@@ -520,42 +526,36 @@ int Planner::add_close_families(Exploration& e, PlanDecision& d, const Measured&
                                 double fastest, std::vector<int>& again, std::string& list) const {
   // Each codec and strategy with a contender measured within explore_close of the fastest:
   // its fastest measured time and that contender's K, fastest first.
+  // (Copies of the plans: the contenders grow below.)
   struct Family {
     double seconds;
-    const TensorPlan* plan;
+    TensorPlan plan;
   };
   std::vector<Family> families;
   for (const auto& c : e.contenders) {
     const auto t = measured(c);
     if (!t || *t > (1 + options_.explore_close) * fastest) continue;
     const auto f = std::find_if(families.begin(), families.end(), [&](const Family& x) {
-      return x.plan->codec == c.plan.codec && x.plan->strategy == c.plan.strategy;
+      return x.plan.codec == c.plan.codec && x.plan.strategy == c.plan.strategy;
     });
     if (f == families.end()) {
-      families.push_back({*t, &c.plan});
+      families.push_back({*t, c.plan});
     } else if (*t < f->seconds) {
-      *f = {*t, &c.plan};
+      *f = {*t, c.plan};
     }
   }
   std::stable_sort(families.begin(), families.end(),
                    [](const Family& a, const Family& b) { return a.seconds < b.seconds; });
-  // Copies: the contenders (which `families` points into) grow below.
-  std::vector<TensorPlan> bests;
-  for (const auto& f : families) bests.push_back(*f.plan);
-  auto listed = [&](const std::string& key) {
-    return std::any_of(e.contenders.begin(), e.contenders.end(),
-                       [&](const auto& x) { return plan_key(x.plan) == key; });
-  };
   double budget = options_.explore_family_seconds;
   int added = 0;
-  for (const TensorPlan& best : bests) {
+  for (const auto& [seconds, best] : families) {
     // The family's other K expected within explore_within of the fastest, nearest (in factors
     // of two) to its fastest K first, the smaller first on a tie.
     std::vector<const PlanCandidate*> ks;  // into d.ranked, which does not grow
     for (const auto& c : d.ranked) {
       if (c.plan.codec != best.codec || c.plan.strategy != best.strategy ||
           PlanDecision::expected(c) > options_.explore_within * fastest ||
-          listed(plan_key(c.plan))) {
+          e.has(plan_key(c.plan))) {
         continue;
       }
       ks.push_back(&c);
@@ -573,10 +573,7 @@ int Planner::add_close_families(Exploration& e, PlanDecision& d, const Measured&
       const double cost = runs * PlanDecision::expected(*c);
       if (cost > budget) continue;
       budget -= cost;
-      e.contenders.push_back(*c);
-      e.total.push_back(0);
-      e.rounds.push_back(0);
-      again.push_back(runs);
+      e.join(*c, runs, again);
       d.contenders.push_back(*c);
       ++added;
       list += fmt::format(" {} (K of a close one)", plan_key(c->plan));

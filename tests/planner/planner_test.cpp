@@ -725,6 +725,21 @@ struct Explorer {
     if (changed != nullptr) *changed += c;
     return planner->plan(*comm, n, 4);
   }
+  // Submits n until its exploration settles (at most `limit` runs), each run observed as
+  // taking time_of(its plan's key); returns the keys that ran, in order, and the settled plan
+  // (the next submission's) in `settled`.
+  template <typename TimeOf>
+  std::vector<std::string> explore(std::size_t n, const TimeOf& time_of, TensorPlan& settled,
+                                   std::size_t limit = 40) {
+    std::vector<std::string> ran;
+    settled = submit(n);
+    while (planner->exploring(n, 4) && ran.size() < limit) {
+      ran.push_back(plan_key(settled));
+      planner->observe(n, settled, time_of(plan_key(settled)));
+      settled = submit(n);
+    }
+    return ran;
+  }
   std::string dir;
   std::shared_ptr<Communicator> comm;
   std::unique_ptr<Planner> planner;
@@ -849,13 +864,8 @@ TEST(Planner, TheFastestContendersNeighboursInKJoinTheSecondRound) {
       }
       return 2e-3;
     };
-    std::vector<std::string> ran;
-    TensorPlan p = e.submit(n);
-    while (e.planner->exploring(n, 4) && ran.size() < 40) {
-      ran.push_back(plan_key(p));
-      e.planner->observe(n, p, time_of(plan_key(p)));
-      p = e.submit(n);
-    }
+    TensorPlan p;
+    const std::vector<std::string> ran = e.explore(n, time_of, p);
     ASSERT_FALSE(e.planner->exploring(n, 4)) << on;
     // Round 1: each contender twice, in turn.
     ASSERT_GE(ran.size(), 6u);
@@ -948,13 +958,8 @@ TEST(Planner, TheCloseOnesOtherKJoinTheSecondRound) {
       if (key == added.back()) return 0.8e-3;
       return 2e-3;
     };
-    std::vector<std::string> ran;
-    TensorPlan p = e.submit(n);
-    while (e.planner->exploring(n, 4) && ran.size() < 40) {
-      ran.push_back(plan_key(p));
-      e.planner->observe(n, p, time_of(plan_key(p)));
-      p = e.submit(n);
-    }
+    TensorPlan p;
+    const std::vector<std::string> ran = e.explore(n, time_of, p);
     ASSERT_FALSE(e.planner->exploring(n, 4)) << on;
     std::vector<std::string> second = {plan_key(d.contenders[0].plan),
                                        plan_key(d.contenders[1].plan)};
