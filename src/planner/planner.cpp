@@ -548,7 +548,8 @@ int Planner::add_close_families(Exploration& e, PlanDecision& d, const Measured&
                    [](const Family& a, const Family& b) { return a.seconds < b.seconds; });
   double budget = options_.explore_family_seconds;
   int added = 0;
-  for (const auto& [seconds, best] : families) {
+  for (const Family& family : families) {
+    const TensorPlan& best = family.plan;  // clang 14 lets no lambda capture a structured binding
     // The family's other K expected within explore_within of the fastest, nearest (in factors
     // of two) to its fastest K first, the smaller first on a tie.
     std::vector<const PlanCandidate*> ks;  // into d.ranked, which does not grow
