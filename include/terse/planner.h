@@ -393,6 +393,14 @@ struct PlannerOptions {
   // contenders sit these rounds out but stay in the verdict (a compressed plan must still beat
   // the raw ones measured by min_gain). explore_tie_rounds 0 disables.
   double explore_tie = 0.05;
+  // And they are a near tie too where their gap is within `explore_tie_noise` times its
+  // standard error, the one the rounds' runs give (each median's from the spread of its agreed
+  // runs, the interquartile range, and the means' from the medians'). Single runs of 64 KiB to
+  // 1 MiB vary by about 20% (sigma, ranks sharing 2 cores, grids s88-s91), so a median of 25
+  // of them errs by about 5% and two of them differ by about 7% from noise alone: a gap of 8%
+  // (1 Gbit/s, 2 ranks, 64 KiB, s91: allgather fp16 over onebit, which ran 1.20 times faster
+  // in pairs) is no verdict. 0: explore_tie alone.
+  double explore_tie_noise = 2.0;
   int explore_tie_rounds = 2;
   double explore_tie_seconds = 1.0;
   // Beyond those, the best plan of each allowed codec not among them, when it is expected
@@ -520,6 +528,7 @@ class Planner {
     int climbs = 0;  // rounds of the fastest's new K neighbours (explore_neighbour_rounds)
     int ties = 0;    // near-tie rounds (explore_tie_rounds)
     std::vector<double> total;
+    std::vector<double> variance;  // the sum over its rounds of its median's squared error
     std::vector<int> rounds;
     // A further round in which each contender runs `again[i]` times (0: it sits the round out
     // but stays in the verdict), in turn, the first with runs first.
@@ -557,8 +566,9 @@ class Planner {
   bool start_second_round(Exploration& e, PlanDecision& d, const Measured& measured, std::size_t n,
                           int rank) const;
   // After the second round or a later one: where the two fastest (by their mean over rounds)
-  // are within explore_tie of each other, starts another round of those two (the others sit it
-  // out); false where they are not, or no more such rounds are allowed or affordable.
+  // are within explore_tie of each other or within explore_tie_noise standard errors, starts
+  // another round of those two (the others sit it out); false where they are not, or no more such
+  // rounds are allowed or affordable.
   template <typename Measured>
   bool start_tie_round(Exploration& e, const Measured& measured, std::size_t n, int rank) const;
   // Adds the K neighbours of contender `first` (measured at `fastest` s) that no contender has
@@ -587,6 +597,8 @@ class Planner {
   // Observations since the last re-check, and agreed measured times, by (n, config).
   std::map<std::pair<std::size_t, std::string>, std::vector<double>> observed_;
   std::map<std::pair<std::size_t, std::string>, double> measured_;
+  // The standard error of the latest exchange's median of each (measured_'s keys).
+  std::map<std::pair<std::size_t, std::string>, double> measured_error_;
   std::uint64_t submissions_ = 0;
 };
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,6 +26,23 @@ inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
+}
+
+// The standard error of a sample's median, from its spread: 1.2533 sigma / sqrt(size), sigma
+// estimated robustly as the interquartile range over 1.349 (both exact for a normal sample), so
+// that a few runs slowed by outside load do not make every gap look like noise. 0 for fewer
+// than 4 values (no spread to speak of).
+inline double median_standard_error(std::vector<double> v) {
+  if (v.size() < 4) return 0;
+  std::sort(v.begin(), v.end());
+  auto quantile = [&](double q) {  // linear between order statistics
+    const double at = q * static_cast<double>(v.size() - 1);
+    const auto i = static_cast<std::size_t>(at);
+    const double f = at - static_cast<double>(i);
+    return i + 1 < v.size() ? v[i] + f * (v[i + 1] - v[i]) : v[i];
+  };
+  const double sigma = (quantile(0.75) - quantile(0.25)) / 1.349;
+  return 1.2533 * sigma / std::sqrt(static_cast<double>(v.size()));
 }
 
 // Measures per-peer latency and time per byte (a collective); fills the link fields.

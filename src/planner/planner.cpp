@@ -392,6 +392,7 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
     e.uses[0] = 1;
     for (const auto& c : e.contenders) e.runs.push_back(runs_for(c));
     e.total.assign(e.contenders.size(), 0.0);
+    e.variance.assign(e.contenders.size(), 0.0);
     e.rounds.assign(e.contenders.size(), 0);
     exploring_[key] = std::move(e);
     if (options_.log && comm.rank() == 0) {
@@ -453,6 +454,7 @@ bool Planner::Exploration::has(const std::string& key) const {
 void Planner::Exploration::join(const PlanCandidate& c, int runs, std::vector<int>& again) {
   contenders.push_back(c);
   total.push_back(0);
+  variance.push_back(0);
   rounds.push_back(0);
   again.push_back(runs);
 }
@@ -620,7 +622,14 @@ bool Planner::start_tie_round(Exploration& e, const Measured& measured, std::siz
   std::partial_sort(timed.begin(), timed.begin() + 2, timed.end());
   const auto [ta, a] = timed[0];
   const auto [tb, b] = timed[1];
-  if (tb > (1 + options_.explore_tie) * ta) return false;
+  // The standard error of a mean over rounds: the rounds' medians' errors added in quadrature,
+  // over the number of rounds; of the gap: both added in quadrature.
+  auto error = [&](std::size_t i) {
+    return e.rounds[i] > 0 ? std::sqrt(e.variance[i]) / e.rounds[i] : 0.0;
+  };
+  const double noise =
+      options_.explore_tie_noise * std::sqrt(error(a) * error(a) + error(b) * error(b));
+  if (tb - ta > std::max(options_.explore_tie * ta, noise)) return false;
   std::vector<int> again(e.contenders.size(), 0);
   again[a] = runs_again(e.contenders[a], ta);
   again[b] = runs_again(e.contenders[b], tb);
@@ -630,10 +639,11 @@ bool Planner::start_tie_round(Exploration& e, const Measured& measured, std::siz
   ++e.ties;
   if (options_.log && rank == 0) {
     std::fprintf(stderr,
-                 "terse plan: exploring %zu floats again (round %d), within %.0f%%: %s %.3f ms "
-                 "%s %.3f ms\n",
-                 n, e.round, options_.explore_tie * 100, plan_key(e.contenders[a].plan).c_str(),
-                 ta * 1e3, plan_key(e.contenders[b].plan).c_str(), tb * 1e3);
+                 "terse plan: exploring %zu floats again (round %d), within %.0f%% or %.1f "
+                 "standard errors (%.3f ms): %s %.3f ms %s %.3f ms\n",
+                 n, e.round, options_.explore_tie * 100, options_.explore_tie_noise, noise * 1e3,
+                 plan_key(e.contenders[a].plan).c_str(), ta * 1e3,
+                 plan_key(e.contenders[b].plan).c_str(), tb * 1e3);
   }
   return true;
 }
@@ -671,6 +681,8 @@ int Planner::advance_explorations(int rank) {
       const auto t = measured(e.contenders[i]);
       if (e.runs[i] == 0 || !t) continue;
       e.total[i] += *t;
+      const auto err = measured_error_.find({n, plan_key(e.contenders[i].plan)});
+      if (err != measured_error_.end()) e.variance[i] += err->second * err->second;
       ++e.rounds[i];
       measured_[{n, plan_key(e.contenders[i].plan)}] = e.total[i] / e.rounds[i];
     }
@@ -796,15 +808,18 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
       for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::max(v[i], runs[i]);
     }
   }
-  std::map<std::pair<std::size_t, std::string>, double> agreed;
+  std::map<std::pair<std::size_t, std::string>, double> agreed, error;
   for (const auto& [key, runs] : slowest) {
-    if (!runs.empty()) agreed[key] = planner::median(runs);
+    if (runs.empty()) continue;
+    agreed[key] = planner::median(runs);
+    error[key] = planner::median_standard_error(runs);
   }
   std::vector<PlanDecision> replanned;
   int explored = 0;
   {
     std::lock_guard lock(mu_);
     for (const auto& [key, seconds] : agreed) measured_[key] = seconds;
+    for (const auto& [key, e] : error) measured_error_[key] = e;
     explored = advance_explorations(comm.rank());
     // Re-checks at their own interval only: an exchange for exploration holds a few runs.
     for (auto it = decisions_.begin(); it != decisions_.end();) {

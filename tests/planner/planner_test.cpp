@@ -1083,6 +1083,42 @@ TEST(Planner, ExplorationRunsTheTwoFastestAgainWhileTheyAreANearTie) {
   }
 }
 
+TEST(Planner, AGapWithinTheRunsNoiseIsANearTieToo) {
+  // Two contenders 8% apart (beyond explore_tie, 5%) in two rounds of 8 runs each. Where every
+  // run of each takes the same time, the gap is a verdict: the second round is the last. Where
+  // single runs spread by +-30% about the same medians (a standard error of about 8% each per
+  // round), it is within explore_tie_noise (2) standard errors: the two run again, twice
+  // (explore_tie_rounds), and the faster mean is kept.
+  const std::size_t n = std::size_t{1} << 22;
+  const std::vector<double> spread = {1.0, 0.7, 1.3, 0.8, 1.2, 0.9, 1.1, 1.0};  // median 1
+  for (const bool noisy : {false, true}) {
+    Explorer e(3, 8, 0, 0.1);
+    const PlanDecision d = e.planner->decide(n, 1, 4);
+    ASSERT_EQ(d.contenders.size(), 3u);
+    const std::vector<double> times = {1.00e-3, 1.08e-3, 2e-3};
+    auto run = [&](const std::vector<int>& who, const std::string& what) {
+      for (std::size_t r = 0; r < spread.size(); ++r) {
+        for (const int i : who) {
+          const TensorPlan p = e.submit(n);
+          ASSERT_EQ(plan_key(p), plan_key(d.contenders[i].plan))
+              << what << ", contender " << i << (noisy ? ", noisy" : "");
+          EXPECT_TRUE(e.planner->exploring(n, 4)) << what;
+          e.planner->observe(n, p, times[i] * (noisy ? spread[r] : 1.0));
+        }
+      }
+    };
+    run({0, 1, 2}, "round 1");
+    run({0, 1}, "round 2");
+    if (noisy) {
+      run({0, 1}, "round 3 (a near tie within the noise)");
+      run({0, 1}, "round 4 (the second near-tie round)");
+    }
+    const TensorPlan settled = e.submit(n);
+    EXPECT_FALSE(e.planner->exploring(n, 4)) << noisy;
+    EXPECT_EQ(plan_key(settled), plan_key(d.contenders[0].plan)) << noisy;
+  }
+}
+
 TEST(Planner, ARawContenderThatSitsANearTieOutStillHoldsCompressionToMinGain) {
   // One rank: raw (a hand-off) is the choice. Every contender measures within 10% of the
   // fastest, so all run a second round; then the two fastest, both compressed and 3% faster
