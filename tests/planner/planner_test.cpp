@@ -689,6 +689,12 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
 // ---- exploration (one rank: the exchange is local) --------------------------------------------
 
 // A one-rank planner whose contenders for n are the best `count` candidates.
+// Whether the plan of key `key` is one of d's contenders.
+bool listed(const PlanDecision& d, const std::string& key) {
+  return std::any_of(d.contenders.begin(), d.contenders.end(),
+                     [&](const PlanCandidate& c) { return plan_key(c.plan) == key; });
+}
+
 struct Explorer {
   // explore_seconds: 0 for exactly `runs` runs per contender. close: explore_close (0: one
   // round).
@@ -711,6 +717,10 @@ struct Explorer {
     o.explore_close = close;
     o.explore_neighbours = neighbours;
     o.explore_family_seconds = 0;  // off but in its own test, as explore_neighbours
+    with(o);
+  }
+  // A fresh planner with the options `o` (a test's changes to options()).
+  void with(const PlannerOptions& o) {
     planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
   }
   ~Explorer() {
@@ -826,13 +836,9 @@ TEST(Planner, TheFastestContendersNeighboursInKJoinTheSecondRound) {
     Explorer e(3, 2, 0, 0.1, on);
     PlannerOptions o = e.planner->options();
     o.explore_neighbour_rounds = 0;  // the second round alone (ExplorationClimbsKToTheBest)
-    e.planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
+    e.with(o);
     const PlanDecision d = e.planner->decide(n, 1, 4);
     ASSERT_EQ(d.contenders.size(), 3u);
-    auto listed = [&](const std::string& key) {
-      return std::any_of(d.contenders.begin(), d.contenders.end(),
-                         [&](const auto& c) { return plan_key(c.plan) == key; });
-    };
     // The fastest: a contender with a neighbour that is not one, and its neighbours.
     std::string fastest;
     std::vector<std::string> neighbours;
@@ -847,7 +853,7 @@ TEST(Planner, TheFastestContendersNeighboursInKJoinTheSecondRound) {
       }
       neighbours.clear();
       for (const PlanCandidate* x : {below, above}) {
-        if (x != nullptr && !listed(plan_key(x->plan))) neighbours.push_back(plan_key(x->plan));
+        if (x != nullptr && !listed(d, plan_key(x->plan))) neighbours.push_back(plan_key(x->plan));
       }
       if (!neighbours.empty()) {
         fastest = plan_key(c.plan);
@@ -920,13 +926,9 @@ TEST(Planner, TheCloseOnesOtherKJoinTheSecondRound) {
     Explorer e(3, 2, 0, 0.1);
     PlannerOptions o = e.planner->options();
     o.explore_family_seconds = on ? 1e9 : 0;
-    e.planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
+    e.with(o);
     const PlanDecision d = e.planner->decide(n, 1, 4);
     ASSERT_EQ(d.contenders.size(), 3u);
-    auto listed = [&](const std::string& key) {
-      return std::any_of(d.contenders.begin(), d.contenders.end(),
-                         [&](const auto& c) { return plan_key(c.plan) == key; });
-    };
     // The additions expected: contender 0's family, then contender 1's (where it differs), each
     // ordered by |log2(K / the contender's K)|, then K; the first three.
     std::vector<std::string> added;
@@ -938,7 +940,8 @@ TEST(Planner, TheCloseOnesOtherKJoinTheSecondRound) {
     for (const TensorPlan& f : families) {
       std::vector<std::pair<std::pair<double, int>, std::string>> ks;
       for (const auto& r : d.ranked) {
-        if (r.plan.codec != f.codec || r.plan.strategy != f.strategy || listed(plan_key(r.plan))) {
+        if (r.plan.codec != f.codec || r.plan.strategy != f.strategy ||
+            listed(d, plan_key(r.plan))) {
           continue;
         }
         const double steps =
@@ -983,7 +986,7 @@ TEST(Planner, ExplorationClimbsKToTheBest) {
     Explorer e(3, 2, 0, 0.1, true);
     PlannerOptions o = e.planner->options();
     o.explore_neighbour_rounds = climbs;
-    e.planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
+    e.with(o);
     const PlanDecision d = e.planner->decide(n, 1, 4);
     ASSERT_EQ(d.contenders.size(), 3u);
     const TensorPlan f = d.contenders[0].plan;
@@ -1187,7 +1190,7 @@ TEST(Planner, LaterRoundsRunAsManyAsTakeExploreAgainSecondsByTheMeasuredTime) {
     ASSERT_EQ(o.explore_again_seconds, 0);  // the Explorer's, for exact counts
     o.explore_again_seconds = 0.3;
     o.explore_tie_rounds = 0;
-    e.planner = std::make_unique<Planner>(o, synthetic(12.5e6, 100e-6, 1));
+    e.with(o);
     const PlanDecision d = e.planner->decide(n, 1, 4);
     ASSERT_EQ(d.contenders.size(), 3u);
     const std::vector<double> first = {t, 1.02 * t, 3 * t};
