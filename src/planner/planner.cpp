@@ -680,11 +680,12 @@ int Planner::advance_explorations(int rank) {
     for (std::size_t i = 0; i < e.contenders.size(); ++i) {
       const auto t = measured(e.contenders[i]);
       if (e.runs[i] == 0 || !t) continue;
+      const std::pair key{n, plan_key(e.contenders[i].plan)};
       e.total[i] += *t;
-      const auto err = measured_error_.find({n, plan_key(e.contenders[i].plan)});
+      const auto err = measured_error_.find(key);
       if (err != measured_error_.end()) e.variance[i] += err->second * err->second;
       ++e.rounds[i];
-      measured_[{n, plan_key(e.contenders[i].plan)}] = e.total[i] / e.rounds[i];
+      measured_[key] = e.total[i] / e.rounds[i];
     }
     if (e.round == 1 ? start_second_round(e, decisions_.at(it->first), measured, n, rank)
                      : start_neighbour_round(e, decisions_.at(it->first), measured, n, rank) ||

@@ -688,13 +688,13 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
 
 // ---- exploration (one rank: the exchange is local) --------------------------------------------
 
-// A one-rank planner whose contenders for n are the best `count` candidates.
 // Whether the plan of key `key` is one of d's contenders.
 bool listed(const PlanDecision& d, const std::string& key) {
   return std::any_of(d.contenders.begin(), d.contenders.end(),
                      [&](const PlanCandidate& c) { return plan_key(c.plan) == key; });
 }
 
+// A one-rank planner whose contenders for n are the best `count` candidates.
 struct Explorer {
   // explore_seconds: 0 for exactly `runs` runs per contender. close: explore_close (0: one
   // round).
