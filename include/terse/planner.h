@@ -522,12 +522,12 @@ class Planner {
     std::size_t current = 0;
     int unmeasured = 0;  // exchanges after the runs that left a contender without a time
     // Which round this is (1: all contenders; 2: the close ones, explore_close; later: a near
-    // tie, explore_tie), and per contender the sum of its agreed times over the rounds it ran
-    // and their count (a contender sits a round out with runs 0).
+    // tie, explore_tie), per round each contender's agreed time (0: it sat the round out, with
+    // runs 0), and per contender the number of rounds it ran.
     int round = 1;
     int climbs = 0;  // rounds of the fastest's new K neighbours (explore_neighbour_rounds)
     int ties = 0;    // near-tie rounds (explore_tie_rounds)
-    std::vector<double> total;
+    std::vector<std::vector<double>> medians;
     std::vector<double> variance;  // the sum over its rounds of its median's squared error
     std::vector<int> rounds;
     // A further round in which each contender runs `again[i]` times (0: it sits the round out

@@ -391,7 +391,6 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
     e.uses.assign(e.contenders.size(), 0);
     e.uses[0] = 1;
     for (const auto& c : e.contenders) e.runs.push_back(runs_for(c));
-    e.total.assign(e.contenders.size(), 0.0);
     e.variance.assign(e.contenders.size(), 0.0);
     e.rounds.assign(e.contenders.size(), 0);
     exploring_[key] = std::move(e);
@@ -453,7 +452,6 @@ bool Planner::Exploration::has(const std::string& key) const {
 
 void Planner::Exploration::join(const PlanCandidate& c, int runs, std::vector<int>& again) {
   contenders.push_back(c);
-  total.push_back(0);
   variance.push_back(0);
   rounds.push_back(0);
   again.push_back(runs);
@@ -675,17 +673,24 @@ int Planner::advance_explorations(int rank) {
       ++it;
       continue;
     }
-    // Each contender's time is the mean of the rounds it ran (one that ran without a time this
-    // round keeps its mean: measured_ still holds it; one that sat it out keeps its mean too).
+    // Each contender's time: fitted over the rounds it ran, each round's conditions taken out
+    // (planner::fit_rounds), under round 1's, in which all ran. (One that ran without a time
+    // this round counts with its time so far: measured_ still holds it.) A plain mean of its
+    // rounds, as until stop 50, favoured the contenders of the later rounds, which have fewer
+    // contenders and run faster.
+    std::vector<double> row(e.contenders.size(), 0.0);
     for (std::size_t i = 0; i < e.contenders.size(); ++i) {
       const auto t = measured(e.contenders[i]);
       if (e.runs[i] == 0 || !t) continue;
-      const std::pair key{n, plan_key(e.contenders[i].plan)};
-      e.total[i] += *t;
-      const auto err = measured_error_.find(key);
+      row[i] = *t;
+      const auto err = measured_error_.find({n, plan_key(e.contenders[i].plan)});
       if (err != measured_error_.end()) e.variance[i] += err->second * err->second;
       ++e.rounds[i];
-      measured_[key] = e.total[i] / e.rounds[i];
+    }
+    e.medians.push_back(std::move(row));
+    const std::vector<double> fitted = planner::fit_rounds(e.medians, e.contenders.size());
+    for (std::size_t i = 0; i < e.contenders.size(); ++i) {
+      if (e.rounds[i] > 0) measured_[{n, plan_key(e.contenders[i].plan)}] = fitted[i];
     }
     if (e.round == 1 ? start_second_round(e, decisions_.at(it->first), measured, n, rank)
                      : start_neighbour_round(e, decisions_.at(it->first), measured, n, rank) ||
