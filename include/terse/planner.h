@@ -348,12 +348,13 @@ struct PlannerOptions {
   double explore_seconds = 0.2;
   int explore_max_runs = 25;
   // A second round: where two or more contenders measured within `explore_close` (relative)
-  // of the fastest, those run their runs again, in turn, and each is judged by the mean of its
-  // two rounds' agreed times, so that the gaps of a few percent that decide between them are
-  // not left to one round's noise (the rest were not close: they sit it out, and stay in the
-  // verdict). 0 disables. (explore_seconds 0.2 and explore_close 0.15 since stop 45: with 0.1
-  // and 0.1, a first round of 5 runs at 16 MiB on 4 ranks sharing 2 cores left sharded onebit
-  // K = 4 out of the second round at 11% behind K = 1, which it beat by 8% re-timed.)
+  // of the fastest, those run their runs again, in turn, and each is judged by its two rounds'
+  // agreed times (fitted on round 1's footing, planner::fit_rounds, since stop 50), so that the
+  // gaps of a few percent that decide between them are not left to one round's noise (the rest were
+  // not close: they sit it out, and stay in the verdict). 0 disables. (explore_seconds 0.2 and
+  // explore_close 0.15 since stop 45: with 0.1 and 0.1, a first round of 5 runs at 16 MiB on 4
+  // ranks sharing 2 cores left sharded onebit K = 4 out of the second round at 11% behind K = 1,
+  // which it beat by 8% re-timed.)
   double explore_close = 0.15;
   // Each contender of the second round and of the near-tie rounds below runs as many runs as
   // take `explore_again_seconds` by its measured time (at least its first round's runs, at most
@@ -385,13 +386,13 @@ struct PlannerOptions {
   // 16 MiB a K costs about 0.3 s of runs, at 256 MiB over 1 s. 0 disables.
   double explore_family_seconds = 1.0;
   // Near ties: where, after the second round (or a later one), the two fastest contenders'
-  // mean times are within `explore_tie` (relative) of each other, those two run another round,
-  // and each is judged by the mean of all its rounds; at most `explore_tie_rounds` such rounds,
-  // and only while one costs them at most `explore_tie_seconds` by their expected times (fast
-  // tensors: a median of a few dozen runs of a millisecond on a loaded core errs by a few
-  // percent, which is the size of these gaps; long runs are steadier and dear). The other
-  // contenders sit these rounds out but stay in the verdict (a compressed plan must still beat
-  // the raw ones measured by min_gain). explore_tie_rounds 0 disables.
+  // times are within `explore_tie` (relative) of each other, those two run another round,
+  // and each is judged by all its rounds (fitted on round 1's footing); at most
+  // `explore_tie_rounds` such rounds, and only while one costs them at most `explore_tie_seconds`
+  // by their expected times (fast tensors: a median of a few dozen runs of a millisecond on a
+  // loaded core errs by a few percent, which is the size of these gaps; long runs are steadier and
+  // dear). The other contenders sit these rounds out but stay in the verdict (a compressed plan
+  // must still beat the raw ones measured by min_gain). explore_tie_rounds 0 disables.
   double explore_tie = 0.05;
   // And they are a near tie too where their gap is within `explore_tie_noise` times its
   // standard error, the one the rounds' runs give (each median's from the spread of its agreed
@@ -565,7 +566,7 @@ class Planner {
   template <typename Measured>
   bool start_second_round(Exploration& e, PlanDecision& d, const Measured& measured, std::size_t n,
                           int rank) const;
-  // After the second round or a later one: where the two fastest (by their mean over rounds)
+  // After the second round or a later one: where the two fastest (by their fitted times)
   // are within explore_tie of each other or within explore_tie_noise standard errors, starts
   // another round of those two (the others sit it out); false where they are not, or no more such
   // rounds are allowed or affordable.

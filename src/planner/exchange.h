@@ -54,25 +54,36 @@ inline double median_standard_error(std::vector<double> v) {
 // Returns each contender's time under round 0's conditions (0 for one never measured).
 inline std::vector<double> fit_rounds(const std::vector<std::vector<double>>& medians,
                                       std::size_t contenders) {
-  std::vector<double> own(contenders, 0.0), round(medians.size(), 0.0);
-  auto at = [&](std::size_t r, std::size_t i) { return i < medians[r].size() ? medians[r][i] : 0; };
+  // The logs of the times, once (0 where none), and each contender's count of rounds.
+  const std::size_t rounds = medians.size();
+  std::vector<std::vector<double>> logs(rounds, std::vector<double>(contenders, 0.0));
+  std::vector<std::vector<bool>> ran(rounds, std::vector<bool>(contenders, false));
+  std::vector<int> count(contenders, 0);
+  for (std::size_t r = 0; r < rounds; ++r) {
+    for (std::size_t i = 0; i < contenders && i < medians[r].size(); ++i) {
+      if (medians[r][i] <= 0) continue;
+      logs[r][i] = std::log(medians[r][i]);
+      ran[r][i] = true;
+      ++count[i];
+    }
+  }
+  std::vector<double> own(contenders, 0.0), round(rounds, 0.0);
   for (int iteration = 0; iteration < 200; ++iteration) {
     for (std::size_t i = 0; i < contenders; ++i) {
       double sum = 0;
-      int count = 0;
-      for (std::size_t r = 0; r < medians.size(); ++r) {
-        if (at(r, i) > 0) sum += std::log(at(r, i)) - round[r], ++count;
+      for (std::size_t r = 0; r < rounds; ++r) {
+        if (ran[r][i]) sum += logs[r][i] - round[r];
       }
-      own[i] = count > 0 ? sum / count : 0;
+      own[i] = count[i] > 0 ? sum / count[i] : 0;
     }
     double moved = 0;
-    for (std::size_t r = 1; r < medians.size(); ++r) {  // round 0 is the footing
+    for (std::size_t r = 1; r < rounds; ++r) {  // round 0 is the footing
       double sum = 0;
-      int count = 0;
+      int n = 0;
       for (std::size_t i = 0; i < contenders; ++i) {
-        if (at(r, i) > 0) sum += std::log(at(r, i)) - own[i], ++count;
+        if (ran[r][i]) sum += logs[r][i] - own[i], ++n;
       }
-      const double next = count > 0 ? sum / count : 0;
+      const double next = n > 0 ? sum / n : 0;
       moved = std::max(moved, std::abs(next - round[r]));
       round[r] = next;
     }
@@ -80,12 +91,7 @@ inline std::vector<double> fit_rounds(const std::vector<std::vector<double>>& me
   }
   std::vector<double> out(contenders, 0.0);
   for (std::size_t i = 0; i < contenders; ++i) {
-    for (std::size_t r = 0; r < medians.size(); ++r) {
-      if (at(r, i) > 0) {
-        out[i] = std::exp(own[i]);
-        break;
-      }
-    }
+    if (count[i] > 0) out[i] = std::exp(own[i]);
   }
   return out;
 }

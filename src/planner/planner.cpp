@@ -611,7 +611,7 @@ bool Planner::start_tie_round(Exploration& e, const Measured& measured, std::siz
   if (options_.explore_tie_rounds <= 0 || e.ties >= options_.explore_tie_rounds) {
     return false;
   }
-  // The two fastest by their mean over rounds (the first listed among equal times).
+  // The two fastest by their fitted times (the first listed among equal times).
   std::vector<std::pair<double, std::size_t>> timed;
   for (std::size_t i = 0; i < e.contenders.size(); ++i) {
     if (const auto t = measured(e.contenders[i])) timed.emplace_back(*t, i);
@@ -620,8 +620,8 @@ bool Planner::start_tie_round(Exploration& e, const Measured& measured, std::siz
   std::partial_sort(timed.begin(), timed.begin() + 2, timed.end());
   const auto [ta, a] = timed[0];
   const auto [tb, b] = timed[1];
-  // The standard error of a mean over rounds: the rounds' medians' errors added in quadrature,
-  // over the number of rounds; of the gap: both added in quadrature.
+  // The standard error of a time over rounds, taken as a mean's: the rounds' medians' errors
+  // added in quadrature, over the number of rounds; of the gap: both added in quadrature.
   auto error = [&](std::size_t i) {
     return e.rounds[i] > 0 ? std::sqrt(e.variance[i]) / e.rounds[i] : 0.0;
   };

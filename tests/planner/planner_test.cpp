@@ -1068,8 +1068,9 @@ TEST(Planner, ExplorationRunsTheTwoFastestAgainWhileTheyAreANearTie) {
   };
   {
     // Round 1: three contenders; the third is far behind. Round 2: the first two, 2% apart
-    // (the third sits it out). Round 3: the same two again; the second is judged by the mean of
-    // its three rounds (1.013 ms) against the first's (1.1 ms), 8.5% apart: it is kept.
+    // (the third sits it out). Round 3: the same two again; the second is judged by its three
+    // rounds, fitted on round 1's footing (0.973 ms), against the first's (1.048 ms), 7.7%
+    // apart: it is kept.
     Explorer e(3, 2, 0, 0.1);
     const PlanDecision d = e.planner->decide(n, 1, 4);
     ASSERT_EQ(d.contenders.size(), 3u);
@@ -1081,7 +1082,7 @@ TEST(Planner, ExplorationRunsTheTwoFastestAgainWhileTheyAreANearTie) {
     EXPECT_EQ(plan_key(settled), plan_key(d.contenders[1].plan));
   }
   {
-    // A tie that stays one: explore_tie_rounds (2) more rounds, then the faster mean.
+    // A tie that stays one: explore_tie_rounds (2) more rounds, then the faster fitted time.
     Explorer e(3, 2, 0, 0.1);
     const PlanDecision d = e.planner->decide(n, 1, 4);
     run(e, d, {0, 1, 2}, {1.01e-3, 1.00e-3, 2e-3}, "round 1");
@@ -1110,7 +1111,7 @@ TEST(Planner, AGapWithinTheRunsNoiseIsANearTieToo) {
   // run of each takes the same time, the gap is a verdict: the second round is the last. Where
   // single runs spread by +-30% about the same medians (a standard error of about 8% each per
   // round), it is within explore_tie_noise (2) standard errors: the two run again, twice
-  // (explore_tie_rounds), and the faster mean is kept.
+  // (explore_tie_rounds), and the faster fitted time is kept.
   const std::size_t n = std::size_t{1} << 22;
   const std::vector<double> spread = {1.0, 0.7, 1.3, 0.8, 1.2, 0.9, 1.1, 1.0};  // median 1
   for (const bool noisy : {false, true}) {
