@@ -700,8 +700,8 @@ int Planner::advance_explorations(int rank) {
     }
     PlanDecision& d = decisions_.at(it->first);
     // Settle: the fastest measured. The model's choice stands unless measured times overturn
-    // it (unmeasured, it stands), and a compressed plan must beat the raw ones measured by
-    // min_gain, as predicted ones must.
+    // it by explore_displace (unmeasured, it stands), and a compressed plan must beat the raw
+    // ones measured by min_gain, as predicted ones must.
     const PlanCandidate* best = &e.contenders.front();
     if (auto first = measured(*best)) {
       double best_time = *first;
@@ -714,6 +714,10 @@ int Planner::advance_explorations(int rank) {
         if (c.plan.strategy == Strategy::kRaw && (raw == nullptr || *t < raw_time)) {
           raw = &c, raw_time = *t;
         }
+      }
+      // A gap smaller than explore_displace is no verdict against the model's choice.
+      if (best_time > (1 - options_.explore_displace) * *first) {
+        best = &e.contenders.front(), best_time = *first;
       }
       if (raw != nullptr && best->plan.strategy != Strategy::kRaw &&
           best_time > (1 - options_.min_gain) * raw_time) {
