@@ -408,8 +408,8 @@ struct PlannerOptions {
   // rotation and an alternating pair disagree by a few percent on the same two plans (stop 50:
   // re-timing pairs inside a full rotation moved verdicts by up to 9%), so a smaller measured gap
   // is not a verdict, while keeping a choice that is truly that much slower stays within the
-  // choice target's 5%. Replayed on grids s90-s95 (176 points), 4% kept the model's choice at 19
-  // points and put 165 within 5% of the best, against 161 with 0 (stop 51). 0: the fastest wins.
+  // choice target's 5%. Replayed on grids s90-s95 (180 points), 4% kept the model's choice at 19
+  // points and put 169 within 5% of the best, against 165 with 0 (stop 51). 0: the fastest wins.
   double explore_displace = 0.04;
   double explore_tie_seconds = 1.0;
   // Beyond those, the best plan of each allowed codec not among them, when it is expected
