@@ -403,14 +403,6 @@ struct PlannerOptions {
   // in pairs) is no verdict. 0: explore_tie alone.
   double explore_tie_noise = 2.0;
   int explore_tie_rounds = 2;
-  // When exploration settles, the model's choice (the first contender) stands unless the
-  // fastest contender measured at least this much (relative) faster than it. Exploration's
-  // rotation and an alternating pair disagree by a few percent on the same two plans (stop 50:
-  // re-timing pairs inside a full rotation moved verdicts by up to 9%), so a smaller measured gap
-  // is not a verdict, while keeping a choice that is truly that much slower stays within the
-  // choice target's 5%. Replayed on grids s90-s95 (180 points), 4% kept the model's choice at 19
-  // points and put 169 within 5% of the best, against 165 with 0 (stop 51). 0: the fastest wins.
-  double explore_displace = 0.04;
   double explore_tie_seconds = 1.0;
   // Beyond those, the best plan of each allowed codec not among them, when it is expected
   // within this many times the choice and its runs cost at most explore_seconds more than the
@@ -425,6 +417,14 @@ struct PlannerOptions {
   // time, that raw plan is explored too (after the others, beyond explore_candidates), so the
   // settled plan beats raw by min_gain in measured time. 0 disables.
   double explore_raw_within = 2.0;
+  // When exploration settles, the model's choice (the first contender) stands unless the
+  // fastest contender measured at least this much (relative) faster than it. Exploration's
+  // rotation and an alternating pair disagree by a few percent on the same two plans (stop 50:
+  // re-timing pairs inside a full rotation moved verdicts by up to 9%), so a smaller measured gap
+  // is not a verdict, while keeping a choice that is truly that much slower stays within the
+  // choice target's 5%. Replayed on grids s90-s95 (180 points), 4% kept the model's choice at 19
+  // points and put 169 within 5% of the best, against 165 with 0 (stop 51). 0: the fastest wins.
+  double explore_displace = 0.04;
   // Calibration cache: "" for default_calibration_path(); "-" for none.
   std::string cache_path;
   CalibrationOptions calibration;
