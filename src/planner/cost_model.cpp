@@ -34,7 +34,12 @@
 // (M: messages this rank sends per partition, 2(N-1), or N-1 for allgather and gathered raw;
 // X: the transport's measured CPU for W bytes sent; u >= 1: host_efficiency, measured on a
 // compressed allreduce: how much longer it took than this model's CPU for it over the cores,
-// the cores' idling while ranks wait on each other and the CPU the fits do not see).
+// the cores' idling while ranks wait on each other and the CPU the fits do not see). On a wire
+// (a link the cores do not pace: engine_link not measured) the last partition's bytes cross
+// while nothing is left to compute, and at K = 1 the ranks compute, then wait on the wire:
+//   T = max(T, host bound + W*beta - X(W))
+// (one partition's W; without it, 1 Gbit/s 16 MiB sharded onebit K = 1 and 2 were predicted
+// 9% and 14% fast and K >= 4 11% slow over grids s93-s97, and the model chose K = 1).
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -292,6 +292,33 @@ TEST(CostModel, NeverBelowWhatTheHostsCoresCanDo) {
       3 * 80e-6, 1e-12);
 }
 
+TEST(CostModel, AWiresTimeDoesNotOverlapTheHostsCPUWork) {
+  // Three ranks on two cores behind 1 Gbit/s wires (a shaped link: the cores do not pace it).
+  Calibration c = synthetic(125e6, 50e-6, 3);
+  c.ranks_on_host = 3;
+  c.cores = 2;
+  c.transport_cpu = testing::line(0, 0.1e-9);
+  const std::string onebit = make_codec("onebit:ef=1")->spec();
+  const std::size_t n = std::size_t{4} << 20;
+  // One partition: the ranks compute together, then their bytes cross while none computes.
+  const Prediction one = CostModel(c).predict(n, onebit, Strategy::kSharded, 1, 3, 4);
+  const double W = one.bytes_sent;
+  ASSERT_GT(one.host_bound, c.link_seconds(W));
+  EXPECT_DOUBLE_EQ(one.seconds, one.host_bound + c.link_seconds(W) - c.transport_cpu(W));
+  // Eight: only the last partition's bytes are left to cross once the cores are done.
+  const Prediction eight = CostModel(c).predict(n, onebit, Strategy::kSharded, 8, 3, 4);
+  const double w = eight.bytes_sent / 8;
+  EXPECT_DOUBLE_EQ(eight.seconds, eight.host_bound + c.link_seconds(w) - c.transport_cpu(w));
+  EXPECT_LT(eight.seconds, one.seconds);
+  // Where the cores pace the links (loopback), the link is their work and runs beside theirs:
+  // the same link costs less than the host's CPU and the wire in turn.
+  c.engine_link = testing::line(0, c.beta);
+  c.engine_link.points = 2;
+  const Prediction paced = CostModel(c).predict(n, onebit, Strategy::kSharded, 1, 3, 4);
+  EXPECT_DOUBLE_EQ(paced.host_bound, one.host_bound);
+  EXPECT_LT(paced.seconds, paced.host_bound + c.link_seconds(W) - c.transport_cpu(W));
+}
+
 TEST(CostModel, APiecesWorkCostsItsRateOverTheWholeTensor) {
   // onebit's encode costs 3x as much per element once its data leave the cache (512 Ki floats).
   Calibration c = synthetic(10e9, 50e-6);
