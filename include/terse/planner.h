@@ -194,6 +194,8 @@ struct Calibration {
 
   const CodecCosts* find(std::string_view canonical_spec) const;
   double link_beta() const { return std::max(beta, engine_beta); }
+  // Whether the cores pace the links (engine_link measured: loopback), not a wire.
+  bool cores_pace_links() const { return engine_link.points > 0; }
   // Seconds the links take for `bytes` a rank sends in one partition: engine_link where it was
   // measured (the cores pace the links, and a bare exchange's slope, taken out of the cache,
   // is neither what the engine's copies cost in the cache nor steady: 0.37-1.2 ns/B against

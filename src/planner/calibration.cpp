@@ -190,7 +190,7 @@ const CodecCosts* Calibration::find(std::string_view spec) const {
 }
 
 double Calibration::link_seconds(double bytes) const {
-  if (engine_link.points > 0) return engine_link(bytes);
+  if (cores_pace_links()) return engine_link(bytes);
   return bytes * link_beta();
 }
 

@@ -231,13 +231,13 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   // all of it over the host's cores. Where the links are the kernel's copies and the ranks
   // share the cores (loopback, or emulated links on one host), link and CPU do not overlap
   // and this bound is what decides.
-  out.host_cpu = K * (p.cpu + c.transport_cpu(p.bytes) + p.messages * c.cpu_per_message);
+  const double transport = c.transport_cpu(p.bytes);
+  out.host_cpu = K * (p.cpu + transport + p.messages * c.cpu_per_message);
   out.host_bound = c.host_share() * c.host_efficiency * out.host_cpu;
   // The wire's own time (the link beyond the transport's CPU for it: a shaped link's queue) of
   // the last partition does not overlap the host's CPU work: nothing is left to compute while
   // its bytes cross, and the CPU work of the first partitions ran before any were sent.
-  const double wire =
-      c.engine_link.points > 0 ? 0.0 : std::max(0.0, link - c.transport_cpu(p.bytes));
+  const double wire = c.cores_pace_links() ? 0.0 : std::max(0.0, link - transport);
   out.seconds = std::max(out.seconds, out.host_bound + wire);
   out.network = K * link;
   out.cpu = K * p.cpu * sigma;
