@@ -89,16 +89,20 @@ burst_bytes() {
 # tbf's bucket (burst) is the traffic a link lets through at full speed after idling, which no
 # real link does, so it is kept to what holds the rate: 2.1 ms of traffic (at 1 Gbit/s, 256 KiB
 # held the rate within 4-7% where 64 KiB, 0.5 ms, ran at 1.4-1.5x its time), and at least
-# 64 KiB, one GSO packet (at 100 Mbit/s, 64 KiB held the rate within 6-7% for a raw ring on
-# 2 and 4 ranks; 4 ranks' fp16 allgathers of 1 MiB ran at 1.18-1.24x the link time, against
-# 1.03 with 256 KiB). Its queue (limit) stays what it was when every bucket was at least
-# 256 KiB: 10 ms of traffic plus 256 KiB.
+# 16 KiB, eleven full frames. tbf cuts a GSO packet larger than the bucket into frames, so the
+# bucket need not hold one (until stop 53 it was at least 64 KiB for that reason: 5.2 ms of
+# traffic at 100 Mbit/s, which let the 30-50 KB payloads of a compressed 1 MiB allreduce
+# through at 2-3x the rate, by an amount that depended on what ran just before: 4 ranks'
+# sharded onebit K = 1 ran 1.9 ms in the grid and 3.7 ms in exploration, grid s99; with
+# 26 KiB, 3.3 and 3.4 ms, and the raw ring of 1 MiB within 2% of its time with 64 KiB).
+# Its queue (limit) stays what it was when every bucket was at least 256 KiB: 10 ms of
+# traffic plus 256 KiB.
 limit=""
 if [ "$rate" != unshaped ]; then
   bps=$(rate_bps "$rate")
   if [ -z "$burst" ]; then
     bytes=$((bps / 80000 * 21))
-    [ "$bytes" -lt 65536 ] && bytes=65536
+    [ "$bytes" -lt 16384 ] && bytes=16384
     burst="${bytes}b"
   fi
   bucket=$(burst_bytes "$burst")
