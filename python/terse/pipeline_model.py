@@ -55,8 +55,9 @@ KERNEL_SECONDS_PER_BYTE = 1e-9
 def tbf_burst_bytes(rate_bps: float) -> float:
     """The token bucket scripts/cluster.sh gives a link of this rate: 2.1 ms of traffic, at
     least 16 KiB (256 KiB at 1 Gbit/s, 26 KiB at 100 Mbit/s; until stop 35 every bucket was at
-    least 256 KiB, until stop 53 at least 64 KiB). A link direction idles while the other phase of a GPipe step runs, so each
-    phase starts with a full bucket, whose bytes leave at line rate."""
+    least 256 KiB, until stop 53 at least 64 KiB). A link direction idles while the other
+    phase of a GPipe step runs, so each phase starts with a full bucket, whose bytes leave at
+    line rate."""
     if rate_bps >= UNSHAPED_BPS:
         return 0.0
     return max(16384.0, float(int(rate_bps) // 80000 * 21))
