@@ -427,6 +427,14 @@ struct PlannerOptions {
   // choice target's 5%. Replayed on grids s90-s95 (180 points), 4% kept the model's choice at 19
   // points and put 169 within 5% of the best, against 165 with 0 (stop 51). 0: the fastest wins.
   double explore_displace = 0.04;
+  // Each pass over the contenders (one submission each) runs them in a fresh order, the same on
+  // every rank, so that what one run leaves behind for the next (a drained token bucket on a
+  // shaped link, an evicted cache) does not always land on the same contender. In a fixed
+  // order each follows the same one every pass: over grids s90-s102, the contender run right
+  // after the model's choice timed 0.868 of its grid time (relative to its point's median) at
+  // 100 Mbit/s, 1 MiB, and the last contender 1.086 unshaped at 1 MiB, where the others' was
+  // 0.99-1.00. false: the contenders' order in every pass (the first with runs first).
+  bool explore_shuffle = true;
   // Calibration cache: "" for default_calibration_path(); "-" for none.
   std::string cache_path;
   CalibrationOptions calibration;
@@ -523,14 +531,19 @@ class Planner {
     int partitions;
     auto operator<=>(const Key&) const = default;
   };
-  // A size being explored: its contenders, taken in turn one submission each (so that load
-  // from outside the job, which comes in bursts, slows them alike), how many submissions each
-  // has had and gets, and the one of the latest submission.
+  // A size being explored: its contenders, taken in passes of one submission each (so that
+  // load from outside the job, which comes in bursts, slows them alike; explore_shuffle), how
+  // many submissions each has had and gets, and the one of the latest submission.
   struct Exploration {
     std::vector<PlanCandidate> contenders;
     std::vector<int> uses;
     std::vector<int> runs;  // runs_for each contender (more where a time is still missing)
     std::size_t current = 0;
+    // The pass under way: the contenders' order in it, the position of the next one, and how
+    // many passes there were (which seeds each pass's shuffle alike on every rank).
+    std::vector<std::size_t> order;
+    std::size_t next = 0;
+    std::uint64_t passes = 0;
     int unmeasured = 0;  // exchanges after the runs that left a contender without a time
     // Which round this is (1: all contenders; 2: the close ones, explore_close; later: a near
     // tie, explore_tie), per round each contender's agreed time (0: it sat the round out, with
@@ -542,12 +555,19 @@ class Planner {
     std::vector<double> variance;  // the sum over its rounds of its median's squared error
     std::vector<int> rounds;
     // A further round in which each contender runs `again[i]` times (0: it sits the round out
-    // but stays in the verdict), in turn, the first with runs first.
+    // but stays in the verdict), in passes.
     void start_round(std::vector<int> again) {
       runs = std::move(again);
       uses.assign(runs.size(), 0);
-      current = runs.size() - 1;
+      order.clear();
+      next = 0;
     }
+    // Starts a pass: the contenders in their order, those after the first `kept` shuffled
+    // where `shuffle`; the first `kept` count as run.
+    void start_pass(bool shuffle, std::size_t kept);
+    // The next contender of the pass with runs left (from a new pass where this one has none);
+    // none where no contender has runs left.
+    std::optional<std::size_t> next_with_runs(bool shuffle);
     // Whether a contender has the plan of key `key` (plan_key).
     bool has(const std::string& key) const;
     // `c` joins the round being set up in `again` (start_round's), with `runs` runs.

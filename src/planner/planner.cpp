@@ -14,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -390,6 +392,7 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
     e.contenders = d.contenders;
     e.uses.assign(e.contenders.size(), 0);
     e.uses[0] = 1;
+    e.start_pass(options_.explore_shuffle, 1);
     for (const auto& c : e.contenders) e.runs.push_back(runs_for(c));
     e.variance.assign(e.contenders.size(), 0.0);
     e.rounds.assign(e.contenders.size(), 0);
@@ -455,6 +458,31 @@ void Planner::Exploration::join(const PlanCandidate& c, int runs, std::vector<in
   variance.push_back(0);
   rounds.push_back(0);
   again.push_back(runs);
+}
+
+void Planner::Exploration::start_pass(bool shuffle, std::size_t kept) {
+  order.resize(contenders.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  next = std::min(kept, order.size());
+  ++passes;
+  if (!shuffle) return;
+  // Fisher-Yates by the generator's raw output (std::shuffle's use of it is the library's own,
+  // and ranks must agree).
+  std::mt19937_64 gen(passes);
+  for (std::size_t j = order.size(); j > next + 1; --j) {
+    std::swap(order[j - 1], order[next + gen() % (j - next)]);
+  }
+}
+
+std::optional<std::size_t> Planner::Exploration::next_with_runs(bool shuffle) {
+  if (done()) return std::nullopt;
+  for (;;) {  // a new pass has one: not done
+    while (next < order.size()) {
+      const std::size_t i = order[next++];
+      if (uses[i] < runs[i]) return i;
+    }
+    start_pass(shuffle, 0);
+  }
 }
 
 template <typename Measured>
@@ -764,15 +792,11 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
     int switched = 0;
     for (const auto& [key, k] : count) {
       Exploration& e = exploring_.at(key);
-      const std::size_t size = e.contenders.size();
-      for (std::size_t step = 1; step <= size; ++step) {
-        const std::size_t i = (e.current + step) % size;
-        if (e.uses[i] >= e.runs[i]) continue;
+      if (const auto i = e.next_with_runs(options_.explore_shuffle)) {
         PlanDecision& d = decisions_.at(key);
-        switched += plan_key(d.chosen.plan) != plan_key(e.contenders[i].plan);
-        d.chosen = e.contenders[i];
-        e.current = i;
-        break;
+        switched += plan_key(d.chosen.plan) != plan_key(e.contenders[*i].plan);
+        d.chosen = e.contenders[*i];
+        e.current = *i;
       }
       e.uses[e.current] += k;
     }

@@ -728,8 +728,10 @@ struct Explorer {
   // round).
   // neighbours: explore_neighbours (off here but in its own test, so that the second rounds
   // of the others hold the close contenders alone; explore_family_seconds is off likewise).
+  // shuffle: explore_shuffle (off but in its own test, so that the others can check which
+  // contender runs when).
   explicit Explorer(int count, int runs = 2, double explore_seconds = 0, double close = 0,
-                    bool neighbours = false) {
+                    bool neighbours = false, bool shuffle = false) {
     dir = testing::temp_dir();
     CommunicatorOptions co;
     co.timeout = 5s;
@@ -745,6 +747,7 @@ struct Explorer {
     o.explore_close = close;
     o.explore_neighbours = neighbours;
     o.explore_family_seconds = 0;  // off but in its own test, as explore_neighbours
+    o.explore_shuffle = shuffle;
     with(o);
   }
   // A fresh planner with the options `o` (a test's changes to options()).
@@ -808,6 +811,41 @@ TEST(Planner, ExplorationTakesContendersInTurnThenKeepsTheFastestMeasured) {
   EXPECT_EQ(changed, 5);  // settling on the third, which ran last, changes nothing
   // Settled for good: the plan stays.
   for (int run = 0; run < 5; ++run) EXPECT_EQ(plan_key(e.submit(n)), plan_key(settled));
+}
+
+TEST(Planner, ExplorationRunsEachPassInAFreshOrderTheSameOnEveryRank) {
+  // Two planners with the same options stand for two ranks. Four contenders, five runs each,
+  // one round: five passes, each running every contender once; the first starts with the
+  // model's choice (it runs when the size is first planned). The third contender measures
+  // fastest, by 20%.
+  const std::size_t n = std::size_t{1} << 22;
+  std::vector<std::string> in_turn;
+  std::vector<std::string> ran[2];
+  TensorPlan settled[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    Explorer e(4, 5, 0, 0, false, true);
+    const PlanDecision d = e.planner->decide(n, 1, 4);
+    ASSERT_EQ(d.contenders.size(), 4u);
+    in_turn.clear();
+    for (const auto& c : d.contenders) in_turn.push_back(plan_key(c.plan));
+    auto time_of = [&](const std::string& key) { return key == in_turn[2] ? 0.8e-3 : 1e-3; };
+    ran[rank] = e.explore(n, time_of, settled[rank]);
+    EXPECT_FALSE(e.planner->exploring(n, 4));
+  }
+  EXPECT_EQ(ran[0], ran[1]);
+  ASSERT_EQ(ran[0].size(), 20u);
+  EXPECT_EQ(ran[0].front(), in_turn.front());
+  std::vector<std::string> all = in_turn;
+  std::sort(all.begin(), all.end());
+  int shuffled = 0;
+  for (std::size_t pass = 0; pass < 5; ++pass) {
+    std::vector<std::string> order(ran[0].begin() + 4 * pass, ran[0].begin() + 4 * pass + 4);
+    shuffled += order != in_turn;
+    std::sort(order.begin(), order.end());
+    EXPECT_EQ(order, all) << "pass " << pass << ": each contender once";
+  }
+  EXPECT_GE(shuffled, 3) << "passes in the contenders' own order";
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(plan_key(settled[rank]), in_turn[2]) << rank;
 }
 
 TEST(Planner, ExplorationRunsTheCloseContendersAgainAndKeepsTheBestOfBothRounds) {
