@@ -30,7 +30,8 @@ os.environ["OMP_NUM_THREADS"] = "1"  # the machine has 2 cores; ranks share them
 from terse import _paths  # noqa: E402
 
 WORKER = HERE / "ddp_worker.py"
-PYTHON = _paths.PYTHON
+# Ranks run on the interpreter this suite runs on (torch 2.x, or the torch 1.13 leg).
+PYTHON = sys.executable
 TERSE_CLI = _paths.TERSE_CLI
 
 

@@ -157,7 +157,8 @@ def test_different_codecs_across_ranks_are_a_mismatch_error(tmp_path):
         assert r["failed"] and r["is_mismatch"], r
         assert r["error_type"] == "MismatchError"
         assert "fp16" in r["error"] and "onebit" in r["error"]
-        assert "MismatchError" in r["message"]
+        # What DDP raises carries terse's text (torch 1.13 prefixes the type's name, 2.x not).
+        assert r["error"].splitlines()[0] in r["message"]
 
 
 def test_spawned_ranks_bootstrap_through_a_file_store(tmp_path):
