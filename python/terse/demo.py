@@ -1,17 +1,18 @@
 """The terse demo: data-parallel training of a real model on Fashion-MNIST, once with
 DistributedDataParallel's own allreduce and once with the terse hook, side by side.
 
-    python3 -m terse.demo [--ranks 4] [--codec powersgd] [--samples 60000] [--epochs 1]
-                          [--link 1gbit]
+    python -m terse.demo [--ranks 4] [--codec powersgd] [--samples 60000] [--epochs 1]
+                         [--link 1gbit|100mbit|unshaped|loopback]
 
-The driver starts each run's ranks on this machine with `terse run` (torchrun's environment),
-shows rank 0's progress, and prints a table: samples/s, median time per step, bytes sent per
-step and rank, test accuracy, and whether the replicas ended bit-identical. JSON goes to --json.
+By default every rank sits on its own emulated host behind 1 Gbit/s links in each direction
+(scripts/cluster.sh: network namespaces, a bridge and tbf shaping), the setting terse is made
+for: the bytes each step sends decide its time, as on a cluster of machines. That needs root;
+where hosts cannot be emulated the demo says why and runs over loopback instead, where bytes
+are nearly free and the step time is mostly the computation the ranks share two cores for.
 
-By default the ranks talk over loopback, where bytes are nearly free and the ranks share two
-cores, so the step time is mostly computation. --link RATE (root) puts every rank on its own
-emulated host behind a link of RATE in each direction (scripts/cluster.sh: network namespaces,
-a bridge and tbf shaping), where the bytes sent decide the step time as on a real cluster.
+The driver starts each run's ranks on this machine, shows rank 0's progress, and prints a
+table: samples/s, median time per step, bytes sent per step and rank, test accuracy, and
+whether the replicas ended bit-identical. JSON goes to --json.
 
 Both runs train the same MLP (784-2048-2048-10, 5.8 M parameters) from the same initial weights
 on the same batches; only gradient communication differs. The model, data and training loop are
@@ -24,7 +25,7 @@ import os
 import tempfile
 from typing import Dict, List, Optional
 
-from terse.training import MODELS, RunConfig, launch
+from terse.training import MODELS, RunConfig, emulated_hosts_unavailable, launch
 
 MODEL = MODELS["mlp"]
 
@@ -86,7 +87,7 @@ def _table(results: List[Dict]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python3 -m terse.demo",
+    p = argparse.ArgumentParser(prog="python -m terse.demo",
                                 description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--ranks", type=int, default=4, help="local ranks (default 4)")
     p.add_argument("--codec", default="powersgd",
@@ -98,17 +99,28 @@ def main(argv: Optional[List[str]] = None) -> None:
                    help="terse worker threads per rank (default 1: ranks share the cores)")
     p.add_argument("--timeout", type=float, default=120,
                    help="communication timeout in seconds (TERSE_TIMEOUT)")
-    p.add_argument("--link", default="",
-                   help="emulate a network link of this rate between the ranks, e.g. 1gbit "
-                        "(needs root: network namespaces and tc; default: loopback)")
+    p.add_argument("--link", default="auto",
+                   help="each rank on its own emulated host behind links of this rate "
+                        "(1gbit, 100mbit, unshaped; needs root: network namespaces and tc), or "
+                        "loopback; default auto: 1gbit where hosts can be emulated, else "
+                        "loopback")
     p.add_argument("--json", default="results/demo.json", help="where to write the results")
     args = p.parse_args(argv)
 
     from terse.data import load_fashion_mnist
 
     load_fashion_mnist("test", limit=1)  # fail early, with the fix, if the data is missing
-    if args.link and os.geteuid() != 0:
-        raise SystemExit("terse demo: --link needs root (network namespaces and tc)")
+    import torch
+
+    why_not = None if args.link == "loopback" else emulated_hosts_unavailable()
+    if args.link == "auto":
+        args.link = "" if why_not else "1gbit"
+    elif args.link == "loopback":
+        args.link = ""
+    elif why_not:
+        raise SystemExit(f"terse demo: --link {args.link}: {why_not}")
+    if why_not and not args.link:
+        print(f"terse demo: running over loopback: {why_not}", flush=True)
     args.samples = min(args.samples, 60000)
     subset = args.samples < 60000 or args.epochs != 1
     print(f"terse demo: MLP 784-2048-2048-10 on Fashion-MNIST, {args.ranks} local ranks, "
@@ -116,7 +128,9 @@ def main(argv: Optional[List[str]] = None) -> None:
           f"{args.samples:,} training images x {args.epochs} epoch(s)"
           f"{' (a subset: use --samples 60000 --epochs 1 for the full epoch)' if subset else ''}; "
           f"test accuracy on all 10,000 test images. Timing excludes the first "
-          f"{RunConfig.warmup_steps} steps. Links: {args.link or 'loopback'}.", flush=True)
+          f"{RunConfig.warmup_steps} steps. PyTorch {torch.__version__}. Links: "
+          f"{args.link + ' (one emulated host per rank)' if args.link else 'loopback'}.",
+          flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="terse-demo-") as tmp:
         results.append(_run("DDP allreduce", "ddp", args, os.path.join(tmp, "ddp.json")))
@@ -132,8 +146,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         print("Bytes: over loopback nothing is counted per rank, so DDP's follow from Gloo's "
               "ring (2 (N-1)/N of the gradient per step and rank) and terse counts what it sent.")
         print("The ranks share this machine's cores and talk over loopback, so time per step is "
-              "mostly computation here; over a network link the bytes decide it (try --link "
-              "1gbit as root).")
+              "mostly computation here; over a network link the bytes decide it (as root, the "
+              "demo puts each rank on its own host behind 1 Gbit/s links).")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

@@ -107,7 +107,8 @@ def build_model(name: str):
 
 # ---- how gradients travel -------------------------------------------------------------------
 
-METHODS = ("ddp", "ddp-fp16", "ddp-powersgd", "terse", "local", "sync")
+METHODS = ("ddp", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "ddp-powersgd-batched", "terse",
+           "local", "sync")
 
 
 @dataclasses.dataclass
@@ -115,8 +116,10 @@ class RunConfig:
     """One training run, the same on every rank.
 
     method: ``ddp`` (DistributedDataParallel's fp32 allreduce over Gloo), ``ddp-fp16``
-    (PyTorch's fp16_compress_hook), ``ddp-powersgd`` (PyTorch's powerSGD_hook of rank
-    ``powersgd_rank`` with error feedback and warm start), ``terse`` (terse's hook with
+    (PyTorch's fp16_compress_hook), ``ddp-bf16`` (its bf16_compress_hook; torch 2.x),
+    ``ddp-powersgd`` (PyTorch's powerSGD_hook of rank ``powersgd_rank`` with error feedback and
+    warm start), ``ddp-powersgd-batched`` (its batched_powerSGD_hook: one matrix per bucket;
+    broken in torch 1.13), ``terse`` (terse's hook with
     ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto``,
     ``auto_codecs``), ``local`` (a hook that returns
     each rank's own gradient without communicating: the compute-only floor of a step; replicas
@@ -194,7 +197,11 @@ def _communication(model: Any, config: RunConfig) -> Optional[Any]:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif config.method == "ddp-powersgd":
+    elif config.method == "ddp-bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif config.method in ("ddp-powersgd", "ddp-powersgd-batched"):
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
         # start_powerSGD_iter=2 is the earliest PyTorch allows with error feedback or warm start
@@ -202,7 +209,9 @@ def _communication(model: Any, config: RunConfig) -> Optional[Any]:
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=config.powersgd_rank,
             use_error_feedback=True, warm_start=True, start_powerSGD_iter=2)
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook
+                                 if config.method == "ddp-powersgd"
+                                 else powerSGD_hook.batched_powerSGD_hook)
     elif config.method == "local":
         model.register_comm_hook(None, _local_hook())
     elif config.method == "sync":
@@ -226,8 +235,12 @@ def method_label(config: RunConfig) -> str:
         return "DDP fp32"
     if config.method == "ddp-fp16":
         return "DDP fp16 hook"
+    if config.method == "ddp-bf16":
+        return "DDP bf16 hook"
     if config.method == "ddp-powersgd":
         return f"DDP PowerSGD r{config.powersgd_rank}"
+    if config.method == "ddp-powersgd-batched":
+        return f"DDP batched PowerSGD r{config.powersgd_rank}"
     if config.method == "local":
         return "compute only (no communication)"
     if config.method == "sync":
@@ -392,7 +405,7 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = MODELS[config.model]
     data = _Data(spec, config, rank, world)
-    if config.method == "ddp-powersgd":
+    if config.method in ("ddp-powersgd", "ddp-powersgd-batched"):
         # PyTorch's powerSGD_hook starts its second allreduce (of Q) from a callback of the
         # first; with several buckets that callback races the next bucket's hook, the ranks
         # enqueue Gloo collectives in different orders and Gloo aborts ("op.preamble.length <=
@@ -501,6 +514,7 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
             "config": dataclasses.asdict(config), "label": label, "model": config.model,
             "model_description": spec.description, "method": config.method,
             "ranks": world, "batch_per_rank": spec.batch, "global_batch": global_batch,
+            "torch_version": torch.__version__.split("+")[0],
             "lr": spec.lr, "momentum": momentum, "parameters": parameters,
             "gradient_bytes": parameters * 4, "train_samples": data.train_size,
             "steps_per_epoch": steps_per_epoch, "steps": total, "timed_steps": timed,
@@ -572,6 +586,30 @@ class _MachineLoad:
                 "loadavg_start": self.loadavg, "loadavg_end": self._loadavg()}
 
 
+def cluster_script() -> str:
+    """Path of scripts/cluster.sh, which emulates one host per rank (network namespaces)."""
+    from terse import _paths
+
+    return os.path.join(_paths.SOURCE_DIR, "scripts", "cluster.sh")
+
+
+def emulated_hosts_unavailable() -> Optional[str]:
+    """None if this process can emulate hosts with scripts/cluster.sh (root, network
+    namespaces, tc's tbf), else why not. Tries a one-host cluster: about a second."""
+    if os.geteuid() != 0:
+        return "emulated hosts need root (network namespaces and tc)"
+    try:
+        probe = subprocess.run(["bash", cluster_script(), "-n", "1", "-r", "1gbit", "-p", "29499",
+                                "--", "true"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"scripts/cluster.sh could not run: {e}"
+    if probe.returncode != 0:
+        last = (probe.stdout.strip().splitlines() or ["no output"])[-1]
+        return f"scripts/cluster.sh failed: {last}"
+    return None
+
+
 def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
            log: Optional[str] = None, echo: bool = True) -> Dict[str, Any]:
     """Runs ``config`` on ``ranks`` ranks of this machine and returns rank 0's result (also
@@ -587,13 +625,15 @@ def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=python_path)
+    # torch 2.x's c10d warns on every rank of an emulated host that the client socket's host name
+    # cannot be looked up (the namespaces have no resolver); nothing depends on it.
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     worker = [sys.executable, "-m", "terse.training", "--config",
               json.dumps(dataclasses.asdict(config)), "--out", out]
     if link and link != "loopback":
         # Each rank in its own namespace: torch's Gloo must bind the namespace's eth0 (terse
         # gets TERSE_IFNAME=eth0 from cluster.sh); the environment is passed through env(1).
-        cluster = os.path.join(_paths.SOURCE_DIR, "scripts", "cluster.sh")
-        cmd = ["bash", cluster, "-n", str(ranks), "-r", link, "--", "env",
+        cmd = ["bash", cluster_script(), "-n", str(ranks), "-r", link, "--", "env",
                f"PYTHONPATH={python_path}", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
                "GLOO_SOCKET_IFNAME=eth0", f"TERSE_TIMEOUT={config.timeout}", *worker]
         rank0 = "[host 0] "
