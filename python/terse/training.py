@@ -119,7 +119,7 @@ class RunConfig:
     (PyTorch's fp16_compress_hook), ``ddp-bf16`` (its bf16_compress_hook; torch 2.x),
     ``ddp-powersgd`` (PyTorch's powerSGD_hook of rank ``powersgd_rank`` with error feedback and
     warm start), ``ddp-powersgd-batched`` (its batched_powerSGD_hook: one matrix per bucket;
-    broken in torch 1.13), ``terse`` (terse's hook with
+    it fails on its first compressed step in torch 1.13 and 2.15.0), ``terse`` (terse's hook with
     ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto``,
     ``auto_codecs``), ``local`` (a hook that returns
     each rank's own gradient without communicating: the compute-only floor of a step; replicas
