@@ -299,7 +299,7 @@ def launch(model: str, compressors: List[str], link: str, out: str, extra: List[
         cmd = [_paths.TERSE_CLI, "run", "-n", str(stages), "--timeout", str(timeout), "--",
                *worker_cmd]
     else:
-        cluster = os.path.join(_paths.SOURCE_DIR, "scripts", "cluster.sh")
+        cluster = _paths.CLUSTER_SCRIPT
         cmd = ["bash", cluster, "-n", str(stages), "-r", link, "--", "env",
                f"PYTHONPATH={env['PYTHONPATH']}", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
                f"TERSE_TIMEOUT={timeout}", *worker_cmd]

@@ -592,7 +592,7 @@ def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
     if link and link != "loopback":
         # Each rank in its own namespace: torch's Gloo must bind the namespace's eth0 (terse
         # gets TERSE_IFNAME=eth0 from cluster.sh); the environment is passed through env(1).
-        cluster = os.path.join(_paths.SOURCE_DIR, "scripts", "cluster.sh")
+        cluster = _paths.CLUSTER_SCRIPT
         cmd = ["bash", cluster, "-n", str(ranks), "-r", link, "--", "env",
                f"PYTHONPATH={python_path}", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
                "GLOO_SOCKET_IFNAME=eth0", f"TERSE_TIMEOUT={config.timeout}", *worker]
