@@ -6,7 +6,8 @@
 # The environment sees the system's packages (Debian's torch 1.13 and numpy: nothing large to
 # download) and gets the pinned build requirements (scripts/requirements-build.txt) from PyPI
 # or pip's cache, so that pip builds without isolation. WORK_DIR/build keeps scikit-build-core's
-# CMake build between runs, and ccache, where present, serves a fresh one.
+# CMake build between runs, and ccache, where present, serves a fresh one. Warnings are errors
+# here, as in CI's other builds (pyproject.toml turns them off for users).
 set -euo pipefail
 source_dir=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:?usage: $0 WORK_DIR}
@@ -19,7 +20,8 @@ venv=$(cd "$work/venv" && pwd)
 "$venv/bin/pip" install -q --disable-pip-version-check \
   -r "$source_dir/scripts/requirements-build.txt"
 
-settings=(--config-settings=build-dir="$work/build")
+settings=(--config-settings=build-dir="$work/build"
+          --config-settings=cmake.define.TERSE_WERROR=ON)
 if command -v ccache >/dev/null; then
   settings+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
