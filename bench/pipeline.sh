@@ -21,5 +21,5 @@ args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   [ "${args[$i]}" = --out ] && out=${args[$((i + 1))]}
 done
-/usr/bin/python3 -m terse.pipeline_bench run "$@"
-/usr/bin/python3 -m terse.pipeline_bench report --out "$out" --docs docs
+/usr/bin/python3 bench/pipeline_grid.py run "$@"
+/usr/bin/python3 bench/pipeline_grid.py report --out "$out" --docs docs

@@ -12,7 +12,7 @@ packages=(
   libopenblas-dev libopenblas0-pthread
   libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
   # python side: Debian's torch, tests, plots
-  python3 python3-dev python3-torch python3-pytest python3-numpy python3-matplotlib
+  python3 python3-dev python3-venv python3-torch python3-pytest python3-numpy python3-matplotlib
   # data and cluster emulation
   dataset-fashion-mnist iproute2 iperf3
 )

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
-echo "== optimized build and tests (C++ and the pytest suites python_*)"
+echo "== optimized build and tests (C++, the pytest suites python_*, install_consumer, install_pip)"
 bash scripts/build.sh build release
 ctest --test-dir build --output-on-failure -j 2
 

@@ -18,15 +18,21 @@
 namespace terse::tools {
 namespace {
 
-// Debian's torch imports only into /usr/bin/python3 (docs/python.md); TERSE_PYTHON overrides.
+// TERSE_PYTHON if set. A command that pip installed into a virtual environment has that
+// environment's interpreter beside it, the one that imports its package. Otherwise (the build
+// tree, /usr/local/bin, ~/.local/bin) /usr/bin/python3, the only one Debian's torch imports
+// into (docs/python.md).
 std::string python_interpreter() {
   const char* env = std::getenv("TERSE_PYTHON");
-  return env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
+  if (env != nullptr && *env != '\0') return env;
+  const std::filesystem::path beside = std::filesystem::path(self_path()).parent_path() / "python3";
+  if (::access(beside.c_str(), X_OK) == 0) return beside.string();
+  return "/usr/bin/python3";
 }
 
 [[noreturn]] void exec_planner(const std::vector<std::string>& args) {
   // The build tree keeps the package beside the executable (build/python/terse); an installed
-  // terse relies on the interpreter's own path.
+  // terse relies on the interpreter's own path (site-packages).
   const std::filesystem::path package = std::filesystem::path(self_path()).parent_path() / "python";
   if (std::filesystem::exists(package / "terse" / "plan_pipeline.py")) {
     const char* old = std::getenv("PYTHONPATH");

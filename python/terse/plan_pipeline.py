@@ -6,10 +6,10 @@
     python3 -m terse.plan_pipeline ...                          # the same, without the C++ tool
 
 Calibration comes from the per-stage profiles the runtime writes (``Pipeline.profile()``) of a
-short measured run: ``--profile FILE`` reads them (a JSON object with "profiles", one per
-stage, and "micro_batch", optionally "measured_step_seconds" and "link" of that run, as
-``python3 -m terse.pipeline_bench`` writes under results/pipeline/calibration/; or a bare list
-of profiles with ``--micro-batch``). ``--model mlp|cnn|transformer`` instead runs the benchmark's
+short measured run: ``--profile FILE`` reads them (a JSON object with "profiles", one per stage,
+and "micro_batch", optionally "measured_step_seconds" and "link" of that run, as the pipeline
+benchmark (bench/pipeline_grid.py) writes under results/pipeline/calibration/; or a bare list of
+profiles with ``--micro-batch``). ``--model mlp|cnn|transformer`` instead runs the benchmark's
 model uncompressed for 12 steps on loopback (4 local ranks) to measure it. Each compressor's own
 cost (bytes, encode and decode, autoencoder products, delta cache work) is measured here on
 tensors of the boundary's size; terse.pipeline_model explains the cost model.

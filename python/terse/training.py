@@ -590,7 +590,7 @@ def cluster_script() -> str:
     """Path of scripts/cluster.sh, which emulates one host per rank (network namespaces)."""
     from terse import _paths
 
-    return os.path.join(_paths.SOURCE_DIR, "scripts", "cluster.sh")
+    return _paths.CLUSTER_SCRIPT
 
 
 def emulated_hosts_unavailable() -> Optional[str]:
