@@ -390,8 +390,9 @@ class TerseHookState:
     def state_dict(self) -> Dict[str, Any]:
         """The hook's state for a checkpoint: per-parameter error-feedback residuals, codec
         state (PowerSGD's Q), step counters (which key stochastic codecs' random streams) and the
-        hook's count of communicated steps (where warm-up ends). Save it with the model and optimizer after ``optimizer.step()``; every rank saves its
-        own (residuals differ per rank)."""
+        hook's count of communicated steps (where warm-up ends). Save it with the model and
+        optimizer after ``optimizer.step()``; every rank saves its own (residuals differ per
+        rank)."""
         self.engine.synchronize()
         return {
             "version": _STATE_VERSION,

@@ -435,21 +435,22 @@ def scenario_compile(args) -> Dict:
 
 def scenario_disagree(args) -> Dict:
     rank = dist.get_rank()
-    start = time.monotonic()
+    start = None
     state = None
     try:
         if args.codecs == ["names"]:
             # The same shapes (DDP's own check passes) under other names on rank 1.
             net = make_model()
             if rank == 1:
-                net = torch.nn.Sequential(
-                    collections.OrderedDict((f"layer{name}", m) for name, m in net.named_children()))
+                net = torch.nn.Sequential(collections.OrderedDict(
+                    (f"layer{name}", m) for name, m in net.named_children()))
         else:  # shapes: rank 1's hidden layer is wider
             torch.manual_seed(1234)
             hidden = 64 + rank
             net = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(),
                                       torch.nn.Linear(128, hidden), torch.nn.ReLU(),
                                       torch.nn.Linear(hidden, 10))
+        start = time.monotonic()  # DDP checks shapes here, the hook names at the first step
         model = DDP(net, bucket_cap_mb=BUCKET_CAP_MB)
         state, hook = terse.torch.ddp_hook(model, codec="fp16", min_bytes=MIN_BYTES, threads=2,
                                            timeout=5)

@@ -315,7 +315,9 @@ def test_ranks_whose_parameter_names_differ_fail_with_a_mismatch_error(tmp_path)
         assert r["failed"] and r["error_type"] == "MismatchError", r
         assert "'0.weight'" in r["error"] and "'layer0.weight'" in r["error"]
         assert r["error"].splitlines()[0] in r["message"]
-        assert r["seconds"] < 5 + 10
+        # The hook's timeout is 5 s; DDP's own collectives would wait 30 minutes. The margin
+        # covers connecting and a first step on a busy machine.
+        assert r["seconds"] < 60, r["seconds"]
 
 
 def test_ranks_whose_parameter_shapes_differ_fail_before_training(tmp_path):
@@ -323,7 +325,7 @@ def test_ranks_whose_parameter_shapes_differ_fail_before_training(tmp_path):
     # parameter differs gets DDP's message naming it, the others a connection error; none hangs.
     results = launch(2, ["disagree", "shapes"], tmp_path)
     for r in results:
-        assert r["failed"] and r["seconds"] < 30, r
+        assert r["failed"] and r["seconds"] < 60, r
     assert "params[2]" in results[1]["message"] and "[65, 128]" in results[1]["message"]
 
 
