@@ -171,6 +171,8 @@ class Engine {
   void load_state(std::span<const std::byte> bytes);
 
   Communicator& communicator();
+  // The options the engine runs with (as given; a tracer from TERSE_TRACE filled in).
+  const EngineOptions& options() const;
   int rank() const;
   int size() const;
 

@@ -686,6 +686,9 @@ void bind(py::module_& m) {
       .def_property_readonly(
           "bytes_sent", [](const PyEngine& e) { return e.get()->bytes_sent(); },
           "Bytes this rank sent so far (payloads and fp32 chunks, no transport framing).")
+      .def_property_readonly(
+          "options", [](const PyEngine& e) { return EngineOptions(e.get()->options()); },
+          "A copy of the EngineOptions this engine runs with (changing it changes nothing).")
       .def_property_readonly("communicator", &PyEngine::communicator)
       .def_property_readonly("closed", &PyEngine::closed)
       .def("close", &PyEngine::close,

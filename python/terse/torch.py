@@ -15,6 +15,13 @@ callback.
 The hook state (error-feedback residuals, PowerSGD's Q, step counters) is keyed by parameter
 name, so it survives DDP's bucket rebuilds, and ``state.state_dict()`` /
 ``state.load_state_dict()`` make it part of a checkpoint: a resumed run continues bit for bit.
+
+It runs wherever DDP's C++ reducer calls bucket hooks: eager DDP, ``torch.compile`` of a DDP
+model (``torch._dynamo.config.optimize_ddp`` True, the default DDPOptimizer, or False),
+``no_sync()`` gradient accumulation, ``static_graph=True``, ``gradient_as_bucket_view=True``
+and uneven inputs under ``torch.distributed.algorithms.Join``. DDP's Python reducer
+(``optimize_ddp="python_reducer"``, the mode compiled autograd needs) calls hooks per gradient
+and drops their futures; :func:`ddp_hook` refuses such a model.
 """
 
 import itertools
@@ -27,14 +34,53 @@ import torch.distributed as dist
 import terse
 from terse.pipeline import Autoencoder, Delta, Pipeline, pipeline
 
-__all__ = ["TerseHookState", "ddp_hook", "hook", "communicator_for", "pipeline", "Pipeline",
-           "Autoencoder", "Delta"]
+__all__ = ["TerseHookState", "ddp_hook", "hook", "check_parameter", "communicator_for",
+           "pipeline", "Pipeline", "Autoencoder", "Delta"]
 
 # Communicators created by this process, numbered in creation order. Every rank creates its
 # hooks in the same order, so the n-th one gets the same store prefix on every rank.
 _communicator_ids = itertools.count()
 
 _STATE_VERSION = 1
+
+# What the hook reduces; every other dtype is refused with this list in the message.
+_HOOK_DTYPES = (torch.float32,)
+# Every parameter's options during warm-up: terse's raw fp32 allreduce.
+_RAW = terse.AllreduceOptions(codec="none")
+
+
+def check_parameter(name: str, param: torch.Tensor) -> None:
+    """Raises if the hook cannot reduce the gradient of ``param`` (named ``name``): it must be a
+    dense CPU tensor of a dtype in ``_HOOK_DTYPES``. :func:`ddp_hook` checks every trainable
+    parameter of the model it is given before it connects, and the hook checks each bucket."""
+    if param.layout != torch.strided:
+        raise terse.InvalidArgument(
+            f"terse.torch: parameter '{name}' has a {param.layout} gradient; the hook reduces "
+            "dense gradients only (e.g. nn.Embedding(sparse=False))")
+    if param.device.type != "cpu":
+        raise terse.InvalidArgument(
+            f"terse.torch: parameter '{name}' is on {param.device}; the hook reduces CPU tensors "
+            "only (train with the Gloo backend on CPU)")
+    if param.dtype not in _HOOK_DTYPES:
+        supported = ", ".join(str(d) for d in _HOOK_DTYPES)
+        raise TypeError(
+            f"terse.torch: parameter '{name}' is {param.dtype}; the hook reduces {supported} "
+            "parameters (convert the model, e.g. model.float())")
+
+
+def _sparse_parameters(module: torch.nn.Module) -> List[str]:
+    """Names of the parameters DDP gives sparse gradients (as DDP decides: sparse embeddings)."""
+    return [f"{prefix}.{name}" if prefix else name
+            for prefix, m in module.named_modules()
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse
+            for name, p in m.named_parameters(recurse=False) if p.requires_grad]
+
+
+_PYTHON_REDUCER = (
+    "DDP runs its Python reducer (torch._dynamo.config.optimize_ddp = {mode!r}, the mode "
+    "compiled autograd needs): it calls comm hooks once per gradient and drops their futures, so "
+    "the terse hook cannot run there. Use optimize_ddp=True (DDPOptimizer, the default) or "
+    "False, without compiled autograd")
 
 
 def communicator_for(
@@ -113,6 +159,13 @@ class TerseHookState:
         Parameters whose gradient is smaller than this travel uncompressed. Biases and norms
         gain nothing from compression and are fused into one raw message per bucket; the
         default, 64 KiB, keeps every weight matrix of a typical MLP or CNN compressed.
+    warmup_steps
+        The first ``warmup_steps`` communicated steps reduce raw fp32 through terse (codec
+        ``"none"`` for every parameter, whatever ``codec`` says: plain allreduce, as PowerSGD's
+        ``start_powerSGD_iter``); compression starts at step ``warmup_steps``, with fresh
+        error-feedback and codec state. A step is one DDP iteration that communicates (the
+        last bucket's hook ends it), so ``no_sync()`` micro-batches do not count. The count is
+        part of :meth:`state_dict`, so a resumed run switches at the same step.
     matrix_view
         For PowerSGD without an explicit ``rows=``: view each gradient as a matrix of
         ``param.shape[0]`` rows (as PyTorch's PowerSGD hook does) rather than the most nearly
@@ -139,9 +192,20 @@ class TerseHookState:
         The DDP model's process group (None: the default group). terse connects its own Gloo
         TCP mesh over the same ranks, bootstrapped through the default group's store.
 
-    Attributes: ``engine`` (the :class:`terse.Engine`), ``error`` (the first terse error the hook
-    met, with its type: DDP re-raises hook failures as RuntimeError carrying the same text),
-    ``bytes_sent`` (bytes this rank has sent), ``steps`` (buckets submitted).
+    Attributes: ``engine`` (the :class:`terse.Engine`; ``engine.options`` are the
+    :class:`terse.EngineOptions` it runs with), ``error`` (the first terse error the hook met,
+    with its type: DDP re-raises hook failures as RuntimeError carrying the same text),
+    ``bytes_sent`` (bytes this rank has sent), ``steps`` (communicated steps: DDP iterations
+    whose gradients the hook reduced, counted when the last bucket is submitted; ``no_sync()``
+    iterations do not count, a rank that has joined under ``Join`` counts the steps it shadows),
+    ``buckets`` (buckets submitted).
+
+    Where it runs: see the module's docstring. Limits: dense float32 CPU parameters only
+    (:func:`check_parameter` says what a parameter lacks); averages divide by the world size,
+    as DDP does under ``Join`` with ``divide_by_initial_world_size=True`` (its default), so
+    ``divide_by_initial_world_size=False`` is not honoured; every rank must hold the same
+    parameters under the same names (the engine checks each bucket on first use and raises
+    :class:`terse.MismatchError` on every rank, listing both sides).
     """
 
     def __init__(
@@ -153,6 +217,7 @@ class TerseHookState:
         strategy: str = "auto",
         partitions: int = 0,
         min_bytes: int = 64 << 10,
+        warmup_steps: int = 0,
         matrix_view: bool = True,
         seed: int = 0,
         threads: int = 0,
@@ -166,10 +231,13 @@ class TerseHookState:
     ) -> None:
         if min_bytes < 0:
             raise terse.InvalidArgument(f"min_bytes must be >= 0, not {min_bytes}")
+        if warmup_steps < 0:
+            raise terse.InvalidArgument(f"warmup_steps must be >= 0, not {warmup_steps}")
         self.codec = codec
         self.strategy = strategy
         self.partitions = partitions
         self.min_bytes = min_bytes
+        self.warmup_steps = warmup_steps
         self.matrix_view = matrix_view
         # Validate the options before any rank connects: a typo fails fast, on this rank alone.
         if codec != "auto":
@@ -181,12 +249,25 @@ class TerseHookState:
 
         self._names: Dict[int, str] = {}
         if model is not None:
+            if getattr(model, "_use_python_reducer", False):  # torch 2.x only
+                raise terse.InvalidArgument(
+                    _PYTHON_REDUCER.format(mode=torch._dynamo.config.optimize_ddp))
             module = getattr(model, "module", model)  # DDP wraps the user's module
             self._names = {id(p): name for name, p in module.named_parameters()}
+            # Fail on this rank, before connecting, for what the hook could never reduce.
+            sparse = _sparse_parameters(module)
+            if sparse:
+                raise terse.InvalidArgument(
+                    f"terse.torch: parameter '{sparse[0]}' gets sparse gradients (a sparse "
+                    "embedding); the hook reduces dense gradients only: use sparse=False")
+            for name, p in module.named_parameters():
+                if p.requires_grad:
+                    check_parameter(name, p)
         self._options: Dict[str, terse.AllreduceOptions] = {}
         self._elements: Dict[str, int] = {}
         self.error: Optional[BaseException] = None
         self.steps = 0
+        self.buckets = 0
 
         comm = communicator if communicator is not None else communicator_for(
             process_group, timeout=timeout)
@@ -231,7 +312,8 @@ class TerseHookState:
         return options
 
     def plan(self) -> List[Tuple[str, int, terse.TensorPlan]]:
-        """(name, elements, plan) of every parameter the hook has seen: what travels how."""
+        """(name, elements, plan) of every parameter the hook has seen: what travels how (after
+        warm-up; during it, everything travels raw)."""
         return [(name, self._elements[name],
                  self.engine.plan(self._elements[name], codec=options.codec,
                                   strategy=options.strategy, partitions=options.partitions))
@@ -243,13 +325,38 @@ class TerseHookState:
         if self.error is None:
             self.error = error
 
+    def _items(self, bucket: dist.GradBucket) -> List[Tuple[str, torch.Tensor,
+                                                            terse.AllreduceOptions]]:
+        """(name, gradient, options) of each parameter of a bucket; raises for what the hook
+        cannot reduce, on every rank alike (they hold the same model), so none waits."""
+        if not isinstance(bucket, dist.GradBucket):
+            # DDP's Python reducer calls hooks with a (gradient, parameter) pair.
+            raise terse.InvalidArgument(
+                _PYTHON_REDUCER.format(mode=torch._dynamo.config.optimize_ddp))
+        params = bucket.parameters()
+        if bucket.buffer().layout != torch.strided:
+            # DDP gives a sparse gradient a bucket of its own, with no dense views in it.
+            name = self._name(params[0]) if params else "?"
+            raise terse.InvalidArgument(
+                f"terse.torch: parameter '{name}' has a {bucket.buffer().layout} gradient; the "
+                "hook reduces dense gradients only (e.g. nn.Embedding(sparse=False))")
+        warming_up = self.steps < self.warmup_steps
+        items = []
+        for param, grad in zip(params, bucket.gradients()):
+            name = self._name(param)
+            check_parameter(name, grad)
+            options = self._options_for(name, param)
+            items.append((name, grad, _RAW if warming_up else options))
+        return items
+
     def submit(self, bucket: dist.GradBucket) -> "torch.futures.Future[torch.Tensor]":
         """Starts the allreduce of one bucket; the future completes with the averaged buffer."""
+        try:
+            items = self._items(bucket)
+        except BaseException as e:
+            self._record(e)
+            raise
         buffer = bucket.buffer()
-        items = []
-        for param, grad in zip(bucket.parameters(), bucket.gradients()):
-            name = self._name(param)
-            items.append((name, grad, self._options_for(name, param)))
         # Submit in name order: the layout of the fused raw message, and with it the order in
         # which each element is summed across 3 or more ranks, then depends on which tensors
         # share the bucket and not on their order in it, which changes when DDP rebuilds its
@@ -260,7 +367,9 @@ class TerseHookState:
         except BaseException as e:
             self._record(e)
             raise
-        self.steps += 1
+        self.buckets += 1
+        if bucket.is_last():  # DDP runs bucket hooks in index order
+            self.steps += 1
 
         # DDP reads the returned future from C++, which sees an error only when a then()
         # callback raised; Future.set_exception() alone would reach it as a value of the wrong
@@ -280,9 +389,10 @@ class TerseHookState:
 
     def state_dict(self) -> Dict[str, Any]:
         """The hook's state for a checkpoint: per-parameter error-feedback residuals, codec
-        state (PowerSGD's Q) and step counters (which key stochastic codecs' random streams).
-        Save it with the model and optimizer after ``optimizer.step()``; every rank saves its
-        own (residuals differ per rank)."""
+        state (PowerSGD's Q), step counters (which key stochastic codecs' random streams) and the
+        hook's count of communicated steps (where warm-up ends). Save it with the model and
+        optimizer after ``optimizer.step()``; every rank saves its own (residuals differ per
+        rank)."""
         self.engine.synchronize()
         return {
             "version": _STATE_VERSION,
@@ -290,6 +400,8 @@ class TerseHookState:
             "auto_codecs": self.auto_codecs,
             "strategy": self.strategy,
             "min_bytes": self.min_bytes,
+            "warmup_steps": self.warmup_steps,
+            "steps": self.steps,
             "rank": self.engine.rank,
             "size": self.engine.size,
             "engine": self.engine.save_state(),
@@ -303,14 +415,18 @@ class TerseHookState:
                 f"terse hook state: version {state.get('version')!r}, expected {_STATE_VERSION}")
         expected = {"codec": self.codec, "auto_codecs": self.auto_codecs,
                     "strategy": self.strategy, "min_bytes": self.min_bytes,
+                    "warmup_steps": self.warmup_steps,
                     "rank": self.engine.rank, "size": self.engine.size}
+        # Keys a hook without them would have saved as these values.
+        absent = {"auto_codecs": [], "warmup_steps": 0}
         for key, value in expected.items():
-            if state.get(key, [] if key == "auto_codecs" else None) != value:
+            if state.get(key, absent.get(key)) != value:
                 raise terse.MismatchError(
                     f"rank {self.engine.rank}: terse hook state was saved with {key}="
                     f"{state.get(key)!r}, this hook has {key}={value!r}")
         self.engine.synchronize()
         self.engine.load_state(state["engine"])
+        self.steps = int(state.get("steps", 0))
 
     @property
     def bytes_sent(self) -> int:

@@ -1036,6 +1036,7 @@ void Engine::synchronize() {
 }
 
 Communicator& Engine::communicator() { return *impl_->comm; }
+const EngineOptions& Engine::options() const { return impl_->options; }
 int Engine::rank() const { return impl_->comm->rank(); }
 int Engine::size() const { return impl_->comm->size(); }
 std::uint64_t Engine::bytes_sent() const { return impl_->bytes_sent.load(); }

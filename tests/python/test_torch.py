@@ -200,6 +200,70 @@ def test_gather_bytes_reaches_the_engine_options(one_rank_group):
     assert terse.EngineOptions(gather_bytes=1 << 20).gather_bytes == 1 << 20
     # The hook builds its engine with it (0: every raw message rings); training still works.
     model, state = hooked("none", gather_bytes=0)
+    assert state.engine.options.gather_bytes == 0
     backward(model)
     assert state.error is None
+    state.close()
+    # The other engine knobs reach it too, and the default is the engine's default.
+    model, state = hooked("none", seed=7, threads=1, fuse_bytes=1 << 16, partition_bytes=1 << 16,
+                          keep_input_on_error=True)
+    options = state.engine.options
+    assert options.gather_bytes == 16 << 10
+    assert (options.seed, options.threads, options.fuse_bytes, options.partition_bytes,
+            options.keep_input_on_error) == (7, 1, 1 << 16, 1 << 16, True)
+    # A copy: changing it changes nothing in the engine.
+    options.gather_bytes = 1
+    assert state.engine.options.gather_bytes == 16 << 10
+    state.close()
+
+
+def test_parameters_the_hook_cannot_reduce_are_refused_by_name():
+    check = terse.torch.check_parameter
+    check("w", torch.zeros(3))
+    # A CUDA tensor cannot exist on a CPU-only machine; the "meta" device takes the same path.
+    with pytest.raises(terse.InvalidArgument, match="'w' is on meta; .*CPU tensors only"):
+        check("w", torch.zeros(3, device="meta"))
+    for dtype in (torch.float64, torch.int32):
+        with pytest.raises(TypeError, match=f"'w' is {dtype}; the hook reduces torch.float32"):
+            check("w", torch.zeros(3, dtype=dtype))
+    with pytest.raises(terse.InvalidArgument, match="'w' has a torch.sparse_coo gradient"):
+        check("w", torch.zeros(3).to_sparse())
+    # ddp_hook checks the model it is given before it connects: no process group needed.
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    with pytest.raises(TypeError, match="'1.weight' is torch.float64"):
+        net[1].double()
+        terse.torch.ddp_hook(net, codec="fp16")
+    with pytest.raises(terse.InvalidArgument, match="'0.weight' is on meta"):
+        terse.torch.ddp_hook(torch.nn.Sequential(torch.nn.Linear(4, 4, device="meta")))
+    embedding = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Embedding(10, 4, sparse=True))
+    with pytest.raises(terse.InvalidArgument, match="'1.weight' gets sparse gradients"):
+        terse.torch.ddp_hook(embedding)
+
+
+def test_warmup_reduces_raw_for_its_steps_then_compresses(one_rank_group):
+    with pytest.raises(terse.InvalidArgument, match="warmup_steps"):
+        terse.torch.ddp_hook(codec="fp16", warmup_steps=-1)
+    reference = make_ddp()
+    model, state = hooked("onebit:ef=1", warmup_steps=2)
+    x, y = torch.randn(16, 784), torch.randint(0, 10, (16,))
+    for step in range(3):
+        for m in (reference, model):
+            m.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+        same = torch.equal(model.module[0].weight.grad, reference.module[0].weight.grad)
+        assert same == (step < 2), step  # raw during warm-up, one bit per element after
+        assert state.steps == step + 1
+    saved = state.state_dict()
+    assert (saved["steps"], saved["warmup_steps"]) == (3, 2)
+    state.close()
+    model, state = hooked("onebit:ef=1", warmup_steps=2)
+    state.load_state_dict(saved)
+    assert state.steps == 3
+    state.close()
+    model, state = hooked("onebit:ef=1")
+    with pytest.raises(terse.MismatchError, match="warmup_steps=2"):
+        state.load_state_dict(saved)
+    # A checkpoint from a hook without warm-up counts as warmup_steps=0 and step 0.
+    state.load_state_dict({k: v for k, v in saved.items() if k not in ("steps", "warmup_steps")})
+    assert state.steps == 0
     state.close()
