@@ -8,6 +8,8 @@
 #include <span>
 #include <string_view>
 
+#include "terse/dtype.h"
+
 namespace terse::kit {
 
 // Index of the first NaN or +-Inf in x, or x.size() if every element is finite.
@@ -54,5 +56,15 @@ bool from_fp16(const std::uint16_t* in, std::span<float> y, bool accumulate);
 // fp32 -> bfloat16, round to nearest even, finite values beyond the largest bfloat16 saturate.
 bool to_bf16(std::span<const float> x, std::uint16_t* out);
 bool from_bf16(const std::uint16_t* in, std::span<float> y, bool accumulate);
+
+// The two by DType (kFloat16 or kBFloat16). widen() writes every value, NaN and Inf included,
+// exactly (y = in, or y += in), and returns false if any was not finite; narrow() rounds to
+// nearest even and returns false if x held NaN or Inf.
+inline bool widen(DType dtype, const std::uint16_t* in, std::span<float> y, bool accumulate) {
+  return dtype == DType::kFloat16 ? from_fp16(in, y, accumulate) : from_bf16(in, y, accumulate);
+}
+inline bool narrow(DType dtype, std::span<const float> x, std::uint16_t* out) {
+  return dtype == DType::kFloat16 ? to_fp16(x, out) : to_bf16(x, out);
+}
 
 }  // namespace terse::kit
