@@ -28,7 +28,7 @@ struct TensorView {
 
   TensorView() = default;
   TensorView(void* d, std::size_t n, DType t) : data(d), elements(n), dtype(t) {}
-  TensorView(std::span<float> x) : data(x.data()), elements(x.size()) {}  // NOLINT: implicit
+  explicit TensorView(std::span<float> x) : data(x.data()), elements(x.size()) {}
   std::size_t bytes() const { return elements * element_bytes(dtype); }
   // The 16-bit values of a half tensor.
   std::span<std::uint16_t> half() const {

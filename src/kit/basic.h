@@ -63,6 +63,14 @@ bool from_bf16(const std::uint16_t* in, std::span<float> y, bool accumulate);
 inline bool widen(DType dtype, const std::uint16_t* in, std::span<float> y, bool accumulate) {
   return dtype == DType::kFloat16 ? from_fp16(in, y, accumulate) : from_bf16(in, y, accumulate);
 }
+// Index of the first NaN or Inf among 16-bit values of dtype, or x.size() if all are finite.
+inline std::size_t find_non_finite(std::span<const std::uint16_t> x, DType dtype) {
+  const std::uint16_t exponent = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if ((x[i] & exponent) == exponent) return i;
+  }
+  return x.size();
+}
 inline bool narrow(DType dtype, std::span<const float> x, std::uint16_t* out) {
   return dtype == DType::kFloat16 ? to_fp16(x, out) : to_bf16(x, out);
 }
