@@ -15,6 +15,12 @@ callback.
 The hook state (error-feedback residuals, PowerSGD's Q, step counters) is keyed by parameter
 name, so it survives DDP's bucket rebuilds, and ``state.state_dict()`` /
 ``state.load_state_dict()`` make it part of a checkpoint: a resumed run continues bit for bit.
+
+Gradients in float16 or bfloat16 (a model cast with ``model.to(torch.bfloat16)``: DDP's bucket
+then has the parameters' dtype) are reduced in place in their own dtype: each partition is
+summed and decoded in fp32 scratch and rounded once, the same on every rank; raw parameters
+travel in the bucket's own precision (terse's summable ring of fp16 or bf16), as DDP sends them.
+CPU autocast with fp32 master weights keeps fp32 gradients and the fp32 path.
 """
 
 import itertools
@@ -110,7 +116,8 @@ class TerseHookState:
         Pieces each compressed tensor is split into so that encoding one overlaps sending
         another; 0 lets the engine choose from the size (about 8 MiB per piece).
     min_bytes
-        Parameters whose gradient is smaller than this travel uncompressed. Biases and norms
+        Parameters whose gradient is smaller than this (in its own dtype's bytes) travel
+        uncompressed. Biases and norms
         gain nothing from compression and are fused into one raw message per bucket; the
         default, 64 KiB, keeps every weight matrix of a typical MLP or CNN compressed.
     matrix_view
@@ -185,6 +192,7 @@ class TerseHookState:
             self._names = {id(p): name for name, p in module.named_parameters()}
         self._options: Dict[str, terse.AllreduceOptions] = {}
         self._elements: Dict[str, int] = {}
+        self._dtypes: Dict[str, torch.dtype] = {}
         self.error: Optional[BaseException] = None
         self.steps = 0
 
@@ -218,7 +226,8 @@ class TerseHookState:
         options = self._options.get(name)
         if options is None:
             self._elements[name] = param.numel()
-            if param.numel() * 4 < self.min_bytes:
+            self._dtypes[name] = param.dtype
+            if param.numel() * param.element_size() < self.min_bytes:
                 options = terse.AllreduceOptions(codec="none")
             else:
                 codec = self.codec
@@ -234,7 +243,8 @@ class TerseHookState:
         """(name, elements, plan) of every parameter the hook has seen: what travels how."""
         return [(name, self._elements[name],
                  self.engine.plan(self._elements[name], codec=options.codec,
-                                  strategy=options.strategy, partitions=options.partitions))
+                                  strategy=options.strategy, partitions=options.partitions,
+                                  dtype=self._dtypes[name]))
                 for name, options in self._options.items()]
 
     # ---- the hook ----------------------------------------------------------------------------
