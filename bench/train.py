@@ -7,6 +7,7 @@ cluster (scripts/cluster.sh: one network namespace per host), at several link ra
     bench/train.py run --link 1gbit [--models mlp,cnn,vgg] [--methods ddp,terse-fp16,...]
     bench/train.py report [--results results/train] [--update docs/training.md] [--plots docs]
     bench/train.py list                    # the matrix: models, methods, budgets
+    bench/train.py run --link loopback --dtype bfloat16   # the model (and gradients) in bf16
 
 `run` trains every (model, method) of one link rate ("unshaped", "1gbit", "100mbit", or
 "loopback": local processes without an emulated network) and writes one JSON per configuration,
@@ -131,6 +132,10 @@ def run(args: argparse.Namespace) -> None:
                                    ("samples", args.samples), ("warmup_steps", args.warmup),
                                    ("evals_per_epoch", args.evals_per_epoch))
                  if v is not None}
+    if args.dtype != "float32":
+        overrides["dtype"] = args.dtype
+    if args.results is None:
+        args.results = "results/train" + ("" if args.dtype == "float32" else f"-{args.dtype}")
     todo = configs(_split(args.models, MODELS, "models"),
                    _split(args.methods, dict(METHODS), "methods"), overrides)
     started = time.perf_counter()
@@ -609,11 +614,15 @@ def main(argv: Optional[List[str]] = None) -> None:
                    help="unshaped, 1gbit, 100mbit (any tc rate), or loopback (no emulation)")
     r.add_argument("--models", default=",".join(MODELS))
     r.add_argument("--methods", default=",".join(n for n, _ in METHODS))
-    r.add_argument("--results", default="results/train")
+    r.add_argument("--results", help="default: results/train, or results/train-DTYPE")
     r.add_argument("--ranks", type=int, default=4)
     r.add_argument("--force", action="store_true", help="run configurations that have a JSON")
     r.add_argument("--keep-going", action="store_true", help="go on after a failed run")
     r.add_argument("--verbose", action="store_true", help="show rank 0's output")
+    r.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the model's dtype (model.to(dtype)): its gradients and DDP's buckets; "
+                        "results default to results/train-DTYPE, so that report compares "
+                        "the methods at one dtype")
     r.add_argument("--steps", type=int, help="override: train this many steps")
     r.add_argument("--epochs", type=int, help="override: epochs")
     r.add_argument("--samples", type=int, help="override: training images used")

@@ -1,5 +1,7 @@
 // terse bench codecs: each codec's single-thread encode and decode throughput on a synthetic
-// gradient, against a memory copy of the same data measured in the same run.
+// gradient, against a memory copy of the same data measured in the same run. With --dtype
+// float16 or bfloat16 the gradient is given in that type (Codec::encode of 16-bit values) and
+// GB/s count its 2-byte elements; Melem/s compares the types.
 #include <fmt/format.h>
 #include <sys/mman.h>
 
@@ -14,6 +16,7 @@
 
 #include "bench_util.h"
 #include "commands.h"
+#include "kit/basic.h"
 #include "terse/codec.h"
 
 namespace terse::tools {
@@ -44,6 +47,7 @@ struct Options {
   int reps = 5;
   std::vector<std::string> codecs;
   std::string json;
+  std::string dtype = "float32";
 };
 
 void run(const Options& opt) {
@@ -56,24 +60,33 @@ void run(const Options& opt) {
   std::normal_distribution<float> normal(0.0f, 1e-3f);
   for (auto& v : x) v = normal(gen);
   for (std::size_t i = 0; i < n; i += 9973) x[i] *= 50.0f;
+  const DType dtype = opt.dtype == "float16"    ? DType::kFloat16
+                      : opt.dtype == "bfloat16" ? DType::kBFloat16
+                                                : DType::kFloat32;
+  std::vector<std::uint16_t> half;
+  if (dtype != DType::kFloat32) {
+    half = std::vector<std::uint16_t>(n);
+    kit::narrow(dtype, x, half.data());
+  }
 
   auto copy = touched<float>(n);
-  const double bytes_in = static_cast<double>(n) * sizeof(float);
+  const double bytes_in = static_cast<double>(n) * element_bytes(dtype);
   double t_copy = median_seconds(opt.reps, [&] {
     std::memcpy(copy.data(), x.data(), bytes_in);
   });
   double copy_gbs = bytes_in / t_copy / 1e9;
 
-  fmt::print("terse bench codecs: {} floats ({:.1f} MB), median of {} runs, single thread\n", n,
-             bytes_in / 1e6, opt.reps);
+  fmt::print("terse bench codecs: {} {} ({:.1f} MB), median of {} runs, single thread\n", n,
+             to_string(dtype), bytes_in / 1e6, opt.reps);
   fmt::print("memory copy (reference): {:.2f} GB/s\n\n", copy_gbs);
-  fmt::print("{:<28} {:>12} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7}  {}\n", "codec", "bytes", "ratio",
-             "enc GB/s", "dec GB/s", "enc %", "dec %", "target", "verdict");
+  fmt::print("{:<28} {:>12} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}  {}\n", "codec", "bytes",
+             "ratio", "enc GB/s", "enc Me/s", "dec GB/s", "enc %", "dec %", "target", "verdict");
 
   nlohmann::json report;
   report["elements"] = n;
   report["reps"] = opt.reps;
   report["memcpy_gbs"] = copy_gbs;
+  report["dtype"] = to_string(dtype);
   report["codecs"] = nlohmann::json::array();
 
   auto y = touched<float>(n);
@@ -89,7 +102,8 @@ void run(const Options& opt) {
     ctx.workspace = &ws;
     std::size_t bytes = 0;
     double t_enc = median_seconds(opt.reps, [&] {
-      bytes = codec->encode(x, out, ctx);
+      bytes = dtype == DType::kFloat32 ? codec->encode(x, out, ctx)
+                                       : codec->encode(half, dtype, out, ctx);
       ++ctx.step;
     });
     std::span<const std::byte> payload(out.data(), bytes);
@@ -97,14 +111,16 @@ void run(const Options& opt) {
     double enc = bytes_in / t_enc / 1e9, dec = bytes_in / t_dec / 1e9;
     double target = target_fraction(codec->name());
     bool met = enc >= target * copy_gbs && dec >= target * copy_gbs;
-    fmt::print("{:<28} {:>12} {:>8.2f} {:>9.2f} {:>9.2f} {:>6.0f}% {:>6.0f}% {:>6.0f}%  {}\n",
-               codec->spec().substr(0, 28), bytes, bytes_in / bytes, enc, dec,
+    fmt::print("{:<28} {:>12} {:>8.2f} {:>9.2f} {:>9.0f} {:>9.2f} {:>6.0f}% {:>6.0f}% "
+               "{:>6.0f}%  {}\n",
+               codec->spec().substr(0, 28), bytes, bytes_in / bytes, enc, n / t_enc / 1e6, dec,
                100 * enc / copy_gbs, 100 * dec / copy_gbs, 100 * target,
                target == 0 ? "-" : (met ? "meets" : "MISSES"));
     report["codecs"].push_back({{"spec", codec->spec()},
                                 {"bytes", bytes},
                                 {"ratio", bytes_in / bytes},
                                 {"encode_gbs", enc},
+                                {"encode_elements_per_s", n / t_enc},
                                 {"decode_gbs", dec},
                                 {"encode_s", t_enc},
                                 {"decode_s", t_dec},
@@ -126,6 +142,9 @@ void add_bench_codecs_command(CLI::App& bench) {
   cmd->add_option("--reps", opt->reps, "Timed runs per figure (median)")->capture_default_str();
   cmd->add_option("--codec,--codecs", opt->codecs, "Codec specs (default: all registered)");
   cmd->add_option("--json", opt->json, "Write results as JSON to this file");
+  cmd->add_option("--dtype", opt->dtype, "Element type of the input")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
+      ->capture_default_str();
   cmd->callback([opt] { run(*opt); });
 }
 

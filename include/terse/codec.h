@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "terse/dtype.h"
 #include "terse/error.h"
 #include "terse/spec.h"
 
@@ -68,6 +69,9 @@ class Workspace {
   // Codecs use slots [0, kWrapperSlot); wrappers (error feedback) use kWrapperSlot and above,
   // so a wrapper's buffers survive the wrapped codec's use of its own.
   static constexpr std::size_t kWrapperSlot = 16;
+  // The fp32 copy of a half-precision input (Codec::encode of 16-bit values), which both the
+  // codec and its wrappers read while they use their own slots.
+  static constexpr std::size_t kInputSlot = 24;
 
   template <typename T>
   std::span<T> get(std::size_t slot, std::size_t n) {
@@ -143,6 +147,18 @@ class Codec {
   // Encodes x into out (at least max_encoded_bytes(x.size()) long); returns the bytes written.
   std::size_t encode(std::span<const float> x, std::span<std::byte> out,
                      EncodeContext& ctx) const;
+  // Encodes 16-bit values of `dtype` (kFloat16 or kBFloat16; kFloat32 throws InvalidArgument):
+  // the same bytes as encode() of the same values widened to fp32 (widening is exact), with the
+  // same non-finite policy. Codecs for which reads_directly(dtype) is true read the 16-bit
+  // values in their own pass; the others encode an fp32 copy made in the workspace
+  // (Workspace::kInputSlot).
+  std::size_t encode(std::span<const std::uint16_t> x, DType dtype, std::span<std::byte> out,
+                     EncodeContext& ctx) const;
+  // Whether encode() of 16-bit values of `dtype` does without an fp32 copy of the whole input
+  // (it may widen a chunk at a time, in cache).
+  virtual bool reads_directly(DType dtype) const {
+    return dtype == DType::kFloat32;
+  }
   // Decodes a payload of exactly y.size() elements into y. Throws DecodeError on anything the
   // encoder of this codec, with these parameters, could not have produced.
   void decode(std::span<const std::byte> in, std::span<float> y,
@@ -167,6 +183,11 @@ class Codec {
   // x is finite-checked by the codec itself (see the policy above).
   virtual std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
                                      EncodeContext& ctx) const = 0;
+  // Half-precision input (dtype kFloat16 or kBFloat16); must write what encode_payload writes for
+  // the widened values. The default widens x into the workspace and calls encode_payload.
+  // Overrides that meet a NaN or Inf may call this default, which throws the usual error.
+  virtual std::size_t encode_half_payload(std::span<const std::uint16_t> x, DType dtype,
+                                          std::span<std::byte> out, EncodeContext& ctx) const;
   // in is exactly the payload the header announced; y has the announced element count.
   virtual void decode_payload(std::span<const std::byte> in, std::span<float> y,
                               DecodeMode mode) const = 0;
@@ -184,6 +205,10 @@ class Codec {
   std::string spec_;
   std::uint8_t id_;
   std::uint32_t digest_;
+
+  void check_encode_args(std::size_t n, std::span<std::byte> out,
+                         const EncodeContext& ctx) const;
+  std::size_t write_header(std::size_t n, std::size_t payload, std::span<std::byte> out) const;
 
   friend class ErrorFeedbackCodec;  // runs the wrapped codec's payload coder directly
 };

@@ -1,5 +1,5 @@
-// The engine: asynchronous, compression-aware allreduce of named fp32 tensors across the ranks of
-// a Communicator.
+// The engine: asynchronous, compression-aware allreduce of named fp32, fp16 and bf16 tensors
+// across the ranks of a Communicator.
 //
 // A submission (one tensor, or a group such as a DDP bucket) is planned per tensor: raw fp32 or a
 // codec, with a collective strategy and a number of partitions K. Each partition is one task; a
@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "terse/communicator.h"
+#include "terse/dtype.h"
 #include "terse/error.h"
 
 namespace terse {
@@ -76,9 +77,18 @@ struct AllreduceOptions {
 // One tensor of a submission. `data` is read as this rank's contribution and overwritten with
 // the result; it must stay valid and untouched until the submission completes.
 struct TensorRef {
+  TensorRef() = default;
+  TensorRef(std::string name, std::span<float> data, AllreduceOptions options = {})
+      : name(std::move(name)), data(data), options(std::move(options)) {}
+  // A tensor of any DType (see Engine::allreduce).
+  TensorRef(std::string name, TensorView tensor, AllreduceOptions options = {})
+      : name(std::move(name)), options(std::move(options)), typed(tensor) {}
+
   std::string name;
   std::span<float> data;
   AllreduceOptions options;
+  // A tensor of another element type instead (then `data` stays empty).
+  TensorView typed;
 };
 
 // The outcome of a submission. Copyable; all copies share it.
@@ -153,12 +163,23 @@ class Engine {
   // Starts an allreduce of one tensor. Throws at once (nothing submitted) for invalid options
   // (unknown codec, a strategy the codec cannot use, a name submitted twice in flight).
   Handle allreduce(std::string name, std::span<float> data, AllreduceOptions options = {});
+  // The same for a tensor of any DType. A float16 or bfloat16 tensor is reduced a partition at a
+  // time: its partition's values are read by the codec (fp16, bf16, minmax8 and onebit read them
+  // directly; the others widen the piece they encode), sums and decoding run in the partition's
+  // fp32 scratch, and the result is rounded to the tensor's type (nearest even) once, the same
+  // on every rank. No fp32 copy of the whole tensor is made beyond one partition
+  // (EngineOptions::partition_bytes of fp32) per running task. Codec "none" on a half tensor
+  // sends its own precision: the summable ring with the codec of its format (fp16 or bf16),
+  // which sums each hop in fp32 and rounds it, as DDP's allreduce of a half bucket sends half
+  // values; its plan says so. Error-feedback residuals and codec state stay fp32.
+  Handle allreduce(std::string name, TensorView tensor, AllreduceOptions options = {});
   // Starts one submission of several tensors (e.g. a DDP bucket), planned per tensor.
   Handle allreduce_group(std::vector<TensorRef> tensors);
 
   // What the engine will do with a tensor of n elements under options (validates them). With
   // codec "auto" the first call is a collective (see EngineOptions::planner).
-  TensorPlan plan(std::size_t elements, const AllreduceOptions& options) const;
+  TensorPlan plan(std::size_t elements, const AllreduceOptions& options,
+                  DType dtype = DType::kFloat32) const;
 
   // Blocks until every submission so far has completed (errors stay with their handles).
   void synchronize();

@@ -2,9 +2,10 @@
 // the point-to-point Channel).
 // The pure-Python package terse re-exports it; terse.torch builds the DDP hook on top.
 //
-// Tensors are borrowed zero-copy: a contiguous float32 CPU torch.Tensor is read through its
-// data_ptr() and numel() (so the module does not link libtorch, whose C++ ABI is tied to one
-// torch build), any other object through the buffer protocol (numpy arrays, array('f')). The
+// Tensors are borrowed zero-copy: a contiguous float32 CPU torch.Tensor (float16 and bfloat16
+// too, for the engine) is read through its data_ptr() and numel() (so the module does not link
+// libtorch, whose C++ ABI is tied to one torch build), any other object through the buffer
+// protocol (numpy arrays of float32, or float16 for the engine; array('f')). The
 // binding keeps every submitted object alive until its submission completes.
 //
 // GIL: released around every call that can block or talk to other ranks (communicator creation,
@@ -63,14 +64,27 @@ std::string type_name(py::handle obj) {
 
 // ---- borrowing tensors ----------------------------------------------------------------------
 
-std::span<float> torch_tensor_span(py::handle tensor, const std::string& name) {
-  // torch.float32, looked up once and kept for the life of the process (no destructor at exit).
+constexpr const char* kEngineDtypes = "torch.float32, torch.float16 and torch.bfloat16";
+
+// dtypes the engine reduces (float32 only where `half` is false).
+TensorView torch_tensor_view(py::handle tensor, const std::string& name, bool half) {
+  // torch's dtypes, looked up once and kept for the life of the process (no destructor at exit).
   static PyObject* float32 =
       py::object(py::module_::import("torch").attr("float32")).release().ptr();
+  static PyObject* float16 =
+      py::object(py::module_::import("torch").attr("float16")).release().ptr();
+  static PyObject* bfloat16 =
+      py::object(py::module_::import("torch").attr("bfloat16")).release().ptr();
   py::object dtype = tensor.attr("dtype");
-  if (!dtype.is(py::handle(float32))) {
-    throw py::type_error(fmt::format("tensor '{}': dtype is {}, terse reduces torch.float32", name,
-                                     std::string(py::str(dtype))));
+  DType type = DType::kFloat32;
+  if (half && dtype.is(py::handle(float16))) {
+    type = DType::kFloat16;
+  } else if (half && dtype.is(py::handle(bfloat16))) {
+    type = DType::kBFloat16;
+  } else if (!dtype.is(py::handle(float32))) {
+    throw py::type_error(fmt::format("tensor '{}': dtype is {}, terse reduces {}", name,
+                                     std::string(py::str(dtype)),
+                                     half ? kEngineDtypes : "torch.float32"));
   }
   const auto device = tensor.attr("device").attr("type").cast<std::string>();
   if (device != "cpu") {
@@ -85,10 +99,10 @@ std::span<float> torch_tensor_span(py::handle tensor, const std::string& name) {
   }
   const auto n = tensor.attr("numel")().cast<std::size_t>();
   const auto address = tensor.attr("data_ptr")().cast<std::uintptr_t>();
-  return {n == 0 ? nullptr : reinterpret_cast<float*>(address), n};
+  return TensorView(n == 0 ? nullptr : reinterpret_cast<void*>(address), n, type);
 }
 
-std::span<float> buffer_span(py::handle obj, const std::string& name) {
+TensorView buffer_view(py::handle obj, const std::string& name, bool half) {
   py::buffer_info info;
   try {
     info = py::reinterpret_borrow<py::buffer>(obj).request(/*writable=*/true);
@@ -97,11 +111,14 @@ std::span<float> buffer_span(py::handle obj, const std::string& name) {
     throw InvalidArgument(fmt::format("tensor '{}': not a writable buffer ({})", name, e.what()));
   }
   const std::string& f = info.format;
-  if (info.itemsize != 4 || (f != "f" && f != "<f" && f != "=f" && f != "@f")) {
-    throw py::type_error(
-        fmt::format("tensor '{}': buffer holds '{}' items of {} bytes, terse "
-                    "reduces float32",
-                    name, f, info.itemsize));
+  const bool is_float = info.itemsize == 4 && (f == "f" || f == "<f" || f == "=f" || f == "@f");
+  const bool is_half =
+      half && info.itemsize == 2 && (f == "e" || f == "<e" || f == "=e" || f == "@e");
+  if (!is_float && !is_half) {
+    throw py::type_error(fmt::format("tensor '{}': buffer holds '{}' items of {} bytes, terse "
+                                     "reduces {}",
+                                     name, f, info.itemsize,
+                                     half ? "float32 and float16" : "float32"));
   }
   py::ssize_t expected = info.itemsize;
   for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
@@ -110,19 +127,39 @@ std::span<float> buffer_span(py::handle obj, const std::string& name) {
     }
     expected *= info.shape[d];
   }
-  return {info.size == 0 ? nullptr : static_cast<float*>(info.ptr),
-          static_cast<std::size_t>(info.size)};
+  return TensorView(info.size == 0 ? nullptr : info.ptr, static_cast<std::size_t>(info.size),
+                    is_half ? DType::kFloat16 : DType::kFloat32);
+}
+
+// A tensor for the engine: float32, float16 or bfloat16.
+TensorView tensor_view(py::handle obj, const std::string& name) {
+  if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "numel")) {
+    return torch_tensor_view(obj, name, true);
+  }
+  if (PyObject_CheckBuffer(obj.ptr()) != 0) return buffer_view(obj, name, true);
+  throw py::type_error(fmt::format("tensor '{}': expected a torch.Tensor ({}) or a writable "
+                                   "float32 or float16 buffer, got {}",
+                                   name, kEngineDtypes, type_name(obj)));
 }
 
 std::span<float> float_span(py::handle obj, const std::string& name) {
   if (py::hasattr(obj, "data_ptr") && py::hasattr(obj, "numel")) {
-    return torch_tensor_span(obj, name);
+    return torch_tensor_view(obj, name, false).floats();
   }
-  if (PyObject_CheckBuffer(obj.ptr()) != 0) return buffer_span(obj, name);
+  if (PyObject_CheckBuffer(obj.ptr()) != 0) return buffer_view(obj, name, false).floats();
   throw py::type_error(
       fmt::format("tensor '{}': expected a float32 torch.Tensor or a writable "
                   "float32 buffer, got {}",
                   name, type_name(obj)));
+}
+
+DType parse_dtype(py::handle dtype) {
+  std::string s = py::str(dtype);
+  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+  if (s == "float32" || s == "float") return DType::kFloat32;
+  if (s == "float16" || s == "half") return DType::kFloat16;
+  if (s == "bfloat16") return DType::kBFloat16;
+  throw py::type_error(fmt::format("dtype {} is not one terse reduces ({})", s, kEngineDtypes));
 }
 
 // ---- handles --------------------------------------------------------------------------------
@@ -214,13 +251,13 @@ class PyEngine {
                      const std::string& strategy, int partitions, bool average) {
     auto engine = get();
     AllreduceOptions options = make_options(std::move(codec), strategy, partitions, average);
-    const std::span<float> span = float_span(data, name);
+    const TensorView view = tensor_view(data, name);
     py::list borrowed;
     borrowed.append(data);
     Handle handle;
     {
       py::gil_scoped_release release;
-      handle = engine->allreduce(std::move(name), span, std::move(options));
+      handle = engine->allreduce(std::move(name), view, std::move(options));
     }
     return PyHandle(std::move(handle), std::move(borrowed));
   }
@@ -238,7 +275,7 @@ class PyEngine {
       }
       TensorRef ref;
       ref.name = t[0].cast<std::string>();
-      ref.data = float_span(t[1], ref.name);
+      ref.typed = tensor_view(t[1], ref.name);
       if (t.size() == 3 && !t[2].is_none()) ref.options = t[2].cast<AllreduceOptions>();
       borrowed.append(t[1]);
       refs.push_back(std::move(ref));
@@ -628,7 +665,9 @@ void bind(py::module_& m) {
       .def("allreduce", &PyEngine::allreduce, py::arg("name"), py::arg("tensor"),
            py::arg("codec") = "none", py::arg("strategy") = "auto", py::arg("partitions") = 0,
            py::arg("average") = true,
-           "Starts an allreduce of one tensor (float32 CPU torch.Tensor or buffer, contiguous); "
+           "Starts an allreduce of one tensor (a contiguous CPU torch.Tensor of float32, float16 "
+           "or bfloat16, or a float32 or float16 buffer; 16-bit tensors are reduced in fp32 a "
+           "partition at a time and rounded once); "
            "returns a Handle. Raises at once for invalid options.")
       .def("allreduce_group", &PyEngine::allreduce_group, py::arg("items"),
            "Starts one submission of (name, tensor[, AllreduceOptions]) items, e.g. a DDP "
@@ -636,17 +675,20 @@ void bind(py::module_& m) {
       .def(
           "plan",
           [](PyEngine& e, std::size_t elements, std::string codec, const std::string& strategy,
-             int partitions, bool average) {
+             int partitions, bool average, py::object dtype) {
             auto engine = e.get();
             const AllreduceOptions options =
                 make_options(std::move(codec), strategy, partitions, average);
+            const DType type = dtype.is_none() ? DType::kFloat32 : parse_dtype(dtype);
             py::gil_scoped_release release;  // codec "auto": the first call calibrates
-            return engine->plan(elements, options);
+            return engine->plan(elements, options, type);
           },
           py::arg("elements"), py::arg("codec") = "none", py::arg("strategy") = "auto",
-          py::arg("partitions") = 0, py::arg("average") = true,
+          py::arg("partitions") = 0, py::arg("average") = true, py::arg("dtype") = py::none(),
           "What the engine will do with a tensor of that many elements (validates the options). "
-          "With codec 'auto' the first call is a collective: the planner calibrates.")
+          "dtype (torch.float16, torch.bfloat16 or their names; default float32) is the "
+          "tensor's: codec 'none' on a 16-bit tensor plans the summable ring of its own "
+          "format. With codec 'auto' the first call is a collective: the planner calibrates.")
       .def(
           "synchronize",
           [](PyEngine& e) {

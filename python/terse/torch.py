@@ -22,6 +22,12 @@ model (``torch._dynamo.config.optimize_ddp`` True, the default DDPOptimizer, or 
 and uneven inputs under ``torch.distributed.algorithms.Join``. DDP's Python reducer
 (``optimize_ddp="python_reducer"``, the mode compiled autograd needs) calls hooks per gradient
 and drops their futures; :func:`ddp_hook` refuses such a model.
+
+Gradients in float16 or bfloat16 (a model cast with ``model.to(torch.bfloat16)``: DDP's bucket
+then has the parameters' dtype) are reduced in place in their own dtype: each partition is
+summed and decoded in fp32 scratch and rounded once, the same on every rank; raw parameters
+travel in the bucket's own precision (terse's summable ring of fp16 or bf16), as DDP sends them.
+CPU autocast with fp32 master weights keeps fp32 gradients and the fp32 path.
 """
 
 import itertools
@@ -44,7 +50,7 @@ _communicator_ids = itertools.count()
 _STATE_VERSION = 1
 
 # What the hook reduces; every other dtype is refused with this list in the message.
-_HOOK_DTYPES = (torch.float32,)
+_HOOK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Every parameter's options during warm-up: terse's raw fp32 allreduce.
 _RAW = terse.AllreduceOptions(codec="none")
 
@@ -65,7 +71,7 @@ def check_parameter(name: str, param: torch.Tensor) -> None:
         supported = ", ".join(str(d) for d in _HOOK_DTYPES)
         raise TypeError(
             f"terse.torch: parameter '{name}' is {param.dtype}; the hook reduces {supported} "
-            "parameters (convert the model, e.g. model.float())")
+            "parameters (convert the model, e.g. model.float() or model.bfloat16())")
 
 
 def _sparse_parameters(module: torch.nn.Module) -> List[str]:
@@ -156,7 +162,8 @@ class TerseHookState:
         Pieces each compressed tensor is split into so that encoding one overlaps sending
         another; 0 lets the engine choose from the size (about 8 MiB per piece).
     min_bytes
-        Parameters whose gradient is smaller than this travel uncompressed. Biases and norms
+        Parameters whose gradient is smaller than this (in its own dtype's bytes) travel
+        uncompressed. Biases and norms
         gain nothing from compression and are fused into one raw message per bucket; the
         default, 64 KiB, keeps every weight matrix of a typical MLP or CNN compressed.
     warmup_steps
@@ -265,6 +272,7 @@ class TerseHookState:
                     check_parameter(name, p)
         self._options: Dict[str, terse.AllreduceOptions] = {}
         self._elements: Dict[str, int] = {}
+        self._dtypes: Dict[str, torch.dtype] = {}
         self.error: Optional[BaseException] = None
         self.steps = 0
         self.buckets = 0
@@ -299,7 +307,8 @@ class TerseHookState:
         options = self._options.get(name)
         if options is None:
             self._elements[name] = param.numel()
-            if param.numel() * 4 < self.min_bytes:
+            self._dtypes[name] = param.dtype
+            if param.numel() * param.element_size() < self.min_bytes:
                 options = terse.AllreduceOptions(codec="none")
             else:
                 codec = self.codec
@@ -316,7 +325,8 @@ class TerseHookState:
         warm-up; during it, everything travels raw)."""
         return [(name, self._elements[name],
                  self.engine.plan(self._elements[name], codec=options.codec,
-                                  strategy=options.strategy, partitions=options.partitions))
+                                  strategy=options.strategy, partitions=options.partitions,
+                                  dtype=self._dtypes[name]))
                 for name, options in self._options.items()]
 
     # ---- the hook ----------------------------------------------------------------------------

@@ -111,6 +111,9 @@ METHODS = ("ddp", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "ddp-powersgd-batched"
            "local", "sync")
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
 @dataclasses.dataclass
 class RunConfig:
     """One training run, the same on every rank.
@@ -149,12 +152,17 @@ class RunConfig:
     timeout: float = 120.0  # seconds every terse wait is bounded by
     label: str = ""
     progress_every: int = 0  # rank 0 prints a progress line every this many steps (0: 10x)
+    # The model's parameters, and with them its gradients and DDP's buckets: float32, or
+    # bfloat16 / float16 (the model cast with model.to(dtype), inputs cast to match).
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; known: {', '.join(METHODS)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPES)}")
         if MODELS[self.model].dataset == "synthetic" and self.steps <= 0:
             raise ValueError(f"model {self.model} trains on synthetic data: give steps > 0")
 
@@ -230,7 +238,13 @@ def _communication(model: Any, config: RunConfig) -> Optional[Any]:
 
 
 def method_label(config: RunConfig) -> str:
-    """How the method reads in tables: "DDP fp32", "DDP PowerSGD r4", "terse fp16", ..."""
+    """How the method reads in tables: "DDP fp32", "DDP PowerSGD r4", "terse fp16", ...; a
+    model in bfloat16 or float16 adds its dtype: "DDP fp32 [bfloat16 model]"."""
+    label = _method_label(config)
+    return label if config.dtype == "float32" else f"{label} [{config.dtype} model]"
+
+
+def _method_label(config: RunConfig) -> str:
     if config.method == "ddp":
         return "DDP fp32"
     if config.method == "ddp-fp16":
@@ -316,9 +330,11 @@ def evaluate(module: Any, data: _Data) -> float:
     module.eval()
     correct = 0
     share = torch.arange(data.rank, len(data.x_test), data.world)
+    dtype = next(module.parameters()).dtype
     with torch.no_grad():
         for chunk in share.split(1000):
-            correct += int((module(data.x_test[chunk]).argmax(1) == data.y_test[chunk]).sum())
+            correct += int((module(data.x_test[chunk].to(dtype)).argmax(1) ==
+                            data.y_test[chunk]).sum())
     module.train()
     counts = torch.tensor([float(correct), float(len(share))], dtype=torch.float64)
     dist.all_reduce(counts)
@@ -327,9 +343,14 @@ def evaluate(module: Any, data: _Data) -> float:
 
 def parameter_digest(module: Any) -> str:
     """SHA-256 of every parameter's bytes, in order: equal digests mean bit-identical replicas."""
+    import torch
+
     digest = hashlib.sha256()
     for p in module.parameters():
-        digest.update(p.detach().contiguous().numpy().tobytes())
+        p = p.detach()
+        if p.dtype in (torch.bfloat16, torch.float16):
+            p = p.float()  # numpy has no bfloat16; widening is exact
+        digest.update(p.contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -405,15 +426,16 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = MODELS[config.model]
     data = _Data(spec, config, rank, world)
+    dtype = getattr(torch, config.dtype)
     if config.method in ("ddp-powersgd", "ddp-powersgd-batched"):
         # PyTorch's powerSGD_hook starts its second allreduce (of Q) from a callback of the
         # first; with several buckets that callback races the next bucket's hook, the ranks
         # enqueue Gloo collectives in different orders and Gloo aborts ("op.preamble.length <=
         # op.nbytes"). One bucket holding every parameter keeps the order the same everywhere.
         dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 62
-        model = DDP(build_model(config.model), bucket_cap_mb=1 << 20)
+        model = DDP(build_model(config.model).to(dtype), bucket_cap_mb=1 << 20)
     else:
-        model = DDP(build_model(config.model))
+        model = DDP(build_model(config.model).to(dtype))
     state = _communication(model, config)
     momentum = config.momentum if config.momentum >= 0 else spec.momentum
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=momentum)
@@ -454,7 +476,7 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
             xb, yb = data.batch_of_step(i)
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(model(xb), yb)
+            loss = F.cross_entropy(model(xb.to(dtype)), yb)
             t1 = time.perf_counter()
             loss.backward()
             t2 = time.perf_counter()

@@ -9,10 +9,20 @@
 #include <mutex>
 
 #include "codecs/wire.h"
+#include "kit/basic.h"
 #include "kit/hash.h"
 #include "kit/memory.h"
 
 namespace terse {
+
+std::string_view to_string(DType d) {
+  switch (d) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+  }
+  return "?";
+}
 
 // ---- Workspace ----------------------------------------------------------------------------
 
@@ -73,27 +83,53 @@ std::size_t Codec::max_encoded_bytes(std::size_t n) const {
   return wire::kHeaderBytes + max_payload_bytes(n);
 }
 
-std::size_t Codec::encode(std::span<const float> x, std::span<std::byte> out,
-                          EncodeContext& ctx) const {
-  if (out.size() < max_encoded_bytes(x.size())) {
+void Codec::check_encode_args(std::size_t n, std::span<std::byte> out,
+                              const EncodeContext& ctx) const {
+  if (out.size() < max_encoded_bytes(n)) {
     throw InvalidArgument(fmt::format("terse: {}: output buffer of {} bytes is smaller than "
                                       "max_encoded_bytes({}) = {}",
-                                      spec_, out.size(), x.size(), max_encoded_bytes(x.size())));
+                                      spec_, out.size(), n, max_encoded_bytes(n)));
   }
   if (traits().stateful && ctx.state == nullptr) {
     throw InvalidArgument(fmt::format("terse: {} is stateful and needs EncodeContext::state",
                                       spec_));
   }
-  std::size_t payload =
-      encode_payload(x, out.subspan(wire::kHeaderBytes), ctx);
+}
+
+std::size_t Codec::write_header(std::size_t n, std::size_t payload,
+                                std::span<std::byte> out) const {
   wire::Writer w(out.first(wire::kHeaderBytes));
   w.put(wire::kMagic);
   w.put(wire::kVersion);
   w.put(id_);
   w.put(digest_);
-  w.put(static_cast<std::uint64_t>(x.size()));
+  w.put(static_cast<std::uint64_t>(n));
   w.put(static_cast<std::uint64_t>(payload));
   return wire::kHeaderBytes + payload;
+}
+
+std::size_t Codec::encode(std::span<const float> x, std::span<std::byte> out,
+                          EncodeContext& ctx) const {
+  check_encode_args(x.size(), out, ctx);
+  std::size_t payload = encode_payload(x, out.subspan(wire::kHeaderBytes), ctx);
+  return write_header(x.size(), payload, out);
+}
+
+std::size_t Codec::encode(std::span<const std::uint16_t> x, DType dtype,
+                          std::span<std::byte> out, EncodeContext& ctx) const {
+  if (dtype == DType::kFloat32) {
+    throw InvalidArgument(fmt::format("terse: {}: 16-bit values cannot be float32", spec_));
+  }
+  check_encode_args(x.size(), out, ctx);
+  std::size_t payload = encode_half_payload(x, dtype, out.subspan(wire::kHeaderBytes), ctx);
+  return write_header(x.size(), payload, out);
+}
+
+std::size_t Codec::encode_half_payload(std::span<const std::uint16_t> x, DType dtype,
+                                       std::span<std::byte> out, EncodeContext& ctx) const {
+  std::span<float> wide = ctx.scratch().get<float>(Workspace::kInputSlot, x.size());
+  kit::widen(dtype, x.data(), wide, false);  // NaN and Inf widen exactly: encode_payload throws
+  return encode_payload(wide, out, ctx);
 }
 
 PayloadInfo Codec::peek(std::span<const std::byte> in) {

@@ -16,6 +16,7 @@ namespace {
 
 struct Fp16Format {
   static constexpr const char* kName = "fp16";
+  static constexpr DType kDType = DType::kFloat16;
   static constexpr std::uint8_t kId = 1;
   static bool to(std::span<const float> x, std::uint16_t* out) { return kit::to_fp16(x, out); }
   static bool from(const std::uint16_t* in, std::span<float> y, bool acc) {
@@ -25,12 +26,24 @@ struct Fp16Format {
 
 struct Bf16Format {
   static constexpr const char* kName = "bf16";
+  static constexpr DType kDType = DType::kBFloat16;
   static constexpr std::uint8_t kId = 2;
   static bool to(std::span<const float> x, std::uint16_t* out) { return kit::to_bf16(x, out); }
   static bool from(const std::uint16_t* in, std::span<float> y, bool acc) {
     return kit::from_bf16(in, y, acc);
   }
 };
+
+// Copies 16-bit values of `dtype`; false if any is NaN or Inf (all exponent bits set).
+bool copy_finite(std::span<const std::uint16_t> x, DType dtype, std::uint16_t* out) {
+  const std::uint16_t exponent = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
+  unsigned bad = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    out[i] = x[i];
+    bad |= static_cast<unsigned>((x[i] & exponent) == exponent);
+  }
+  return bad == 0;
+}
 
 template <class Format>
 class HalfCodec final : public Codec {
@@ -42,6 +55,8 @@ class HalfCodec final : public Codec {
     t.summable = true;
     return t;
   }
+
+  bool reads_directly(DType) const override { return true; }
 
   // Sums two encodings in fp32 and rounds once, block by block, so the result equals
   // encode(decode(acc) + decode(in)).
@@ -72,6 +87,25 @@ class HalfCodec final : public Codec {
     if (!Format::to(x, reinterpret_cast<std::uint16_t*>(out.data()))) {
       kit::throw_non_finite(x, spec());
     }
+    return x.size() * 2;
+  }
+
+  // Input in this format is copied; the other 16-bit format is widened a block at a time (exact)
+  // and rounded, which is what encoding its fp32 widening does.
+  std::size_t encode_half_payload(std::span<const std::uint16_t> x, DType dtype,
+                                  std::span<std::byte> out, EncodeContext& ctx) const override {
+    auto* dst = reinterpret_cast<std::uint16_t*>(out.data());
+    bool finite = true;
+    if (dtype == Format::kDType) {
+      finite = copy_finite(x, dtype, dst);
+    } else {
+      std::array<float, 2048> buf;
+      for (std::size_t i = 0; i < x.size() && finite; i += buf.size()) {
+        std::span<float> block(buf.data(), std::min(buf.size(), x.size() - i));
+        finite = kit::widen(dtype, x.data() + i, block, false) && Format::to(block, dst + i);
+      }
+    }
+    if (!finite) return Codec::encode_half_payload(x, dtype, out, ctx);  // throws, naming the index
     return x.size() * 2;
   }
 

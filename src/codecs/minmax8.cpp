@@ -49,26 +49,29 @@ class MinMaxCodec final : public Codec {
 
   std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
                              EncodeContext&) const override {
-    const std::size_t n = x.size(), nc = chunks(n);
-    auto* ranges = out.data();
-    auto* codes = reinterpret_cast<std::uint8_t*>(out.data() + 8 * nc);
-    const unsigned levels = (1u << p_.bits) - 1;
-    for (std::size_t c = 0; c < nc; ++c) {
+    for (std::size_t c = 0; c < chunks(x.size()); ++c) {
       const std::size_t start = c * p_.chunk;
-      auto xs = x.subspan(start, std::min(p_.chunk, n - start));
-      float lo, hi;
-      if (!kit::min_max_finite(xs, &lo, &hi)) kit::throw_non_finite(x, spec());
-      std::memcpy(ranges + 8 * c, &lo, 4);
-      std::memcpy(ranges + 8 * c + 4, &hi, 4);
-      if (p_.bits == 8) {
-        kit::quantize_range(xs, lo, hi, levels, codes + start);
-        continue;
+      if (!encode_chunk(x.subspan(start, std::min(p_.chunk, x.size() - start)), c, x.size(), out)) {
+        kit::throw_non_finite(x, spec());
       }
-      alignas(64) std::uint8_t buf[kBlock];
-      for (std::size_t b = 0; b < xs.size(); b += kBlock) {
-        auto xb = xs.subspan(b, std::min(kBlock, xs.size() - b));
-        kit::quantize_range(xb, lo, hi, levels, buf);
-        kit::pack_bits(buf, xb.size(), p_.bits, codes + (start + b) / 8 * p_.bits);
+    }
+    return max_payload_bytes(x.size());
+  }
+
+  bool reads_directly(DType) const override { return true; }
+
+  // Each chunk is widened into a chunk of scratch (in cache at the default chunk size) and
+  // encoded from there: the same bytes as the fp32 path, without an fp32 copy of the input.
+  std::size_t encode_half_payload(std::span<const std::uint16_t> x, DType dtype,
+                                  std::span<std::byte> out, EncodeContext& ctx) const override {
+    const std::size_t n = x.size();
+    std::span<float> wide =
+        ctx.scratch().get<float>(Workspace::kInputSlot, std::min(p_.chunk, n));
+    for (std::size_t c = 0; c < chunks(n); ++c) {
+      const std::size_t start = c * p_.chunk;
+      std::span<float> xs = wide.first(std::min(p_.chunk, n - start));
+      if (!kit::widen(dtype, x.data() + start, xs, false) || !encode_chunk(xs, c, n, out)) {
+        return Codec::encode_half_payload(x, dtype, out, ctx);  // throws, naming the index
       }
     }
     return max_payload_bytes(n);
@@ -114,6 +117,31 @@ class MinMaxCodec final : public Codec {
   }
 
  private:
+  // Chunk c (values xs) of a tensor of n elements into its range and codes; false if xs holds
+  // NaN or Inf.
+  bool encode_chunk(std::span<const float> xs, std::size_t c, std::size_t n,
+                    std::span<std::byte> out) const {
+    auto* ranges = out.data();
+    auto* codes = reinterpret_cast<std::uint8_t*>(out.data() + 8 * chunks(n));
+    const unsigned levels = (1u << p_.bits) - 1;
+    const std::size_t start = c * p_.chunk;
+    float lo, hi;
+    if (!kit::min_max_finite(xs, &lo, &hi)) return false;
+    std::memcpy(ranges + 8 * c, &lo, 4);
+    std::memcpy(ranges + 8 * c + 4, &hi, 4);
+    if (p_.bits == 8) {
+      kit::quantize_range(xs, lo, hi, levels, codes + start);
+      return true;
+    }
+    alignas(64) std::uint8_t buf[kBlock];
+    for (std::size_t b = 0; b < xs.size(); b += kBlock) {
+      auto xb = xs.subspan(b, std::min(kBlock, xs.size() - b));
+      kit::quantize_range(xb, lo, hi, levels, buf);
+      kit::pack_bits(buf, xb.size(), p_.bits, codes + (start + b) / 8 * p_.bits);
+    }
+    return true;
+  }
+
   MinMaxCodec(MinMaxParams p, SpecReader& r) : Codec("minmax8", 7, r.canonical()), p_(p) {}
 
   std::size_t chunks(std::size_t n) const { return (n + p_.chunk - 1) / p_.chunk; }

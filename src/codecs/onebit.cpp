@@ -46,19 +46,32 @@ class OneBitCodec final : public Codec {
 
   std::size_t encode_payload(std::span<const float> x, std::span<std::byte> out,
                              EncodeContext&) const override {
-    const std::size_t n = x.size(), nc = chunks(n);
-    auto* scales = out.data();
-    auto* bits = reinterpret_cast<std::uint8_t*>(out.data() + 4 * nc);
-    const std::size_t len = chunk_len(n);
-    for (std::size_t c = 0; c < nc; ++c) {
+    const std::size_t n = x.size(), len = chunk_len(n);
+    for (std::size_t c = 0; c < chunks(n); ++c) {
       const std::size_t start = c * len;
-      auto xs = x.subspan(start, std::min(len, n - start));
-      kit::SignStats st;
-      if (!kit::sign_pack(xs, bits + start / 8, &st)) kit::throw_non_finite(x, spec());
-      // mean |x| minimises the L2 error of +-scale given the signs; a zero chunk gets scale 0.
-      float scale = p_.use_max ? st.abs_max
-                               : static_cast<float>(st.abs_sum / static_cast<double>(xs.size()));
-      std::memcpy(scales + 4 * c, &scale, 4);
+      if (!encode_chunk(x.subspan(start, std::min(len, n - start)), c, n, out)) {
+        kit::throw_non_finite(x, spec());
+      }
+    }
+    return max_payload_bytes(n);
+  }
+
+  // Per-chunk scales: each chunk is widened into a chunk of scratch (in cache at the default
+  // chunk size) and encoded from there. One scale for the whole tensor (chunk=0) needs the
+  // whole tensor widened, which the default does.
+  bool reads_directly(DType) const override { return p_.chunk != 0; }
+
+  std::size_t encode_half_payload(std::span<const std::uint16_t> x, DType dtype,
+                                  std::span<std::byte> out, EncodeContext& ctx) const override {
+    const std::size_t n = x.size(), len = chunk_len(n);
+    if (p_.chunk == 0) return Codec::encode_half_payload(x, dtype, out, ctx);
+    std::span<float> wide = ctx.scratch().get<float>(Workspace::kInputSlot, std::min(len, n));
+    for (std::size_t c = 0; c < chunks(n); ++c) {
+      const std::size_t start = c * len;
+      std::span<float> xs = wide.first(std::min(len, n - start));
+      if (!kit::widen(dtype, x.data() + start, xs, false) || !encode_chunk(xs, c, n, out)) {
+        return Codec::encode_half_payload(x, dtype, out, ctx);  // throws, naming the index
+      }
     }
     return max_payload_bytes(n);
   }
@@ -89,6 +102,20 @@ class OneBitCodec final : public Codec {
   }
 
  private:
+  // Chunk c (values xs) of a tensor of n elements into its scale and sign bits; false if xs
+  // holds NaN or Inf.
+  bool encode_chunk(std::span<const float> xs, std::size_t c, std::size_t n,
+                    std::span<std::byte> out) const {
+    auto* bits = reinterpret_cast<std::uint8_t*>(out.data() + 4 * chunks(n));
+    kit::SignStats st;
+    if (!kit::sign_pack(xs, bits + c * chunk_len(n) / 8, &st)) return false;
+    // mean |x| minimises the L2 error of +-scale given the signs; a zero chunk gets scale 0.
+    float scale = p_.use_max ? st.abs_max
+                             : static_cast<float>(st.abs_sum / static_cast<double>(xs.size()));
+    std::memcpy(out.data() + 4 * c, &scale, 4);
+    return true;
+  }
+
   OneBitCodec(OneBitParams p, SpecReader& r) : Codec("onebit", 3, r.canonical()), p_(p) {}
 
   std::size_t chunk_len(std::size_t n) const { return p_.chunk == 0 ? n : p_.chunk; }

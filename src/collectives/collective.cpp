@@ -173,13 +173,17 @@ std::span<const std::byte> encode_or_fail(PartitionContext& ctx, std::span<const
                                           std::size_t offset, int piece, int slot,
                                           std::span<std::byte> out, bool sum) {
   if (!ctx.failure.any()) {
-    Stage s(ctx, "encode", -1, x.size() * 4);
+    const bool half = !sum && !ctx.half_input.empty();
+    Stage s(ctx, "encode", -1, x.size() * (half ? 2 : 4));
     EncodeContext ec = piece_context(ctx, piece, slot, x.size());
+    std::span<const std::uint16_t> h;
+    if (half) h = ctx.half_input.subspan(offset, x.size());
     try {
-      std::size_t n = ctx.codec->encode(x, out, ec);
+      const std::size_t n =
+          half ? ctx.codec->encode(h, ctx.dtype, out, ec) : ctx.codec->encode(x, out, ec);
       return out.first(n);
     } catch (const InvalidArgument&) {
-      const std::size_t bad = kit::find_non_finite(x);
+      const std::size_t bad = half ? kit::find_non_finite(h, ctx.dtype) : kit::find_non_finite(x);
       if (bad == x.size()) throw;  // not a finiteness problem: a bug, fail the whole job
       Failure f;
       f.kind = sum ? Failure::kSumNotFinite : Failure::kInputNotFinite;
@@ -189,6 +193,21 @@ std::span<const std::byte> encode_or_fail(PartitionContext& ctx, std::span<const
     }
   }
   return failure_message(ctx, out);
+}
+
+bool add_input(PartitionContext& ctx, std::size_t offset, std::span<float> acc, bool accumulate) {
+  if (!ctx.half_input.empty()) {
+    auto h = ctx.half_input.subspan(offset, acc.size());
+    if (kit::widen(ctx.dtype, h.data(), acc, accumulate)) return true;
+    ctx.failure.merge({Failure::kInputNotFinite, ctx.rank(),
+                       ctx.offset + offset + kit::find_non_finite(h, ctx.dtype), {}});
+    return false;
+  }
+  std::span<const float> own = ctx.input.subspan(offset, acc.size());
+  if (kit::store_or_add(own.data(), acc, accumulate)) return true;
+  ctx.failure.merge(
+      {Failure::kInputNotFinite, ctx.rank(), ctx.offset + offset + kit::find_non_finite(own), {}});
+  return false;
 }
 
 std::span<const std::byte> received_message(PartitionContext& ctx,

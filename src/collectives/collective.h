@@ -114,6 +114,12 @@ struct PartitionContext {
   std::span<const float> input;
   std::span<float> output;
   int divisor = 1;
+  // A half-precision tensor's input (16-bit values of `dtype`; empty for fp32). Strategies then
+  // read their input only through encode_or_fail and add_input, which read these values without
+  // an fp32 copy, and `input` is the partition's fp32 scratch (its size is what they use). Not
+  // for round codecs: the engine gives those a widened fp32 input.
+  std::span<const std::uint16_t> half_input;
+  DType dtype = DType::kFloat32;
 
   const Codec* codec = nullptr;        // null: raw fp32
   const RoundCodec* rounds = nullptr;  // multi-round codecs (PowerSGD)
@@ -164,10 +170,14 @@ std::size_t message_capacity(const Codec& codec, std::size_t n);
 // every rank encodes piece c with the same shared key (random-k picks the same indices) and
 // its own pieces with independent noise. Writes a failure payload instead when the partition has already
 // failed or x holds NaN/Inf (the failure is recorded; `sum` says whether x is a partial sum of
-// several ranks rather than this rank's input). Returns the message.
+// several ranks rather than this rank's input; without it, x is the input at `offset`, read from
+// ctx.half_input for a half tensor). Returns the message.
 std::span<const std::byte> encode_or_fail(PartitionContext& ctx, std::span<const float> x,
                                           std::size_t offset, int piece, int slot,
                                           std::span<std::byte> out, bool sum = false);
+// acc = (accumulate ? acc + : ) this rank's input at `offset` (acc.size() elements), widened from
+// ctx.half_input for a half tensor. Records kInputNotFinite and returns false for NaN or Inf.
+bool add_input(PartitionContext& ctx, std::size_t offset, std::span<float> acc, bool accumulate);
 // The EncodeContext a strategy uses for piece `piece` with state slot `slot`.
 EncodeContext piece_context(PartitionContext& ctx, int piece, int slot, std::size_t n);
 

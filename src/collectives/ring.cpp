@@ -39,11 +39,7 @@ void ring_allreduce(PartitionContext& ctx) {
                      prev);
     if (!ctx.failure.any()) {
       Stage m(ctx, "merge", -1, acc.size_bytes());
-      std::span<const float> own = split.piece(ctx.input, c);
-      if (!kit::store_or_add(own.data(), acc, true)) {
-        ctx.failure.merge({Failure::kInputNotFinite, r,
-                           ctx.offset + split.begin(c) + kit::find_non_finite(own), {}});
-      }
+      add_input(ctx, split.begin(c), acc, true);
     }
     const bool last = s == n - 2;
     if (last && !ctx.failure.any()) apply_divisor(ctx, acc);

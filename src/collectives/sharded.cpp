@@ -46,11 +46,7 @@ void sharded_allreduce(PartitionContext& ctx) {
       continue;
     }
     Stage m(ctx, "merge", -1, acc.size_bytes());
-    std::span<const float> own = split.piece(ctx.input, r);
-    if (!kit::store_or_add(own.data(), acc, mode == DecodeMode::kAccumulate)) {
-      ctx.failure.merge({Failure::kInputNotFinite, r,
-                         ctx.offset + split.begin(r) + kit::find_non_finite(own), {}});
-    }
+    add_input(ctx, split.begin(r), acc, mode == DecodeMode::kAccumulate);
   }
   if (!ctx.failure.any()) apply_divisor(ctx, acc);
   std::span<const std::byte> final_payload =

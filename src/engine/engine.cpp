@@ -211,9 +211,20 @@ struct Task {
   std::uint64_t tag_base = 0;
 };
 
+// A submitted tensor's view: `typed` once submit() has checked it (fp32 ones too).
+std::size_t elements(const TensorRef& t) {
+  return t.typed.dtype == DType::kFloat32 && t.typed.data == nullptr ? t.data.size()
+                                                                     : t.typed.elements;
+}
+
 std::string config_of(const TensorRef& t, const TensorPlan& p) {
-  return fmt::format("{} floats, codec {}, strategy {}, {} partition{}, {}", t.data.size(),
-                     p.codec, to_string(p.strategy), p.partitions, p.partitions == 1 ? "" : "s",
+  // fp32 tensors keep the description they always had (it names saved state and message tags).
+  const std::string values =
+      t.typed.dtype == DType::kFloat32
+          ? fmt::format("{} floats", elements(t))
+          : fmt::format("{} {} values", elements(t), to_string(t.typed.dtype));
+  return fmt::format("{}, codec {}, strategy {}, {} partition{}, {}", values, p.codec,
+                     to_string(p.strategy), p.partitions, p.partitions == 1 ? "" : "s",
                      t.options.average ? "average" : "sum");
 }
 
@@ -282,9 +293,17 @@ struct Engine::Impl {
     return *slot;
   }
 
-  TensorPlan plan(std::size_t n, const AllreduceOptions& o,
-                  const Codec** codec_out = nullptr) const {
-    if (o.codec == "auto") return plan_auto(n, o, codec_out);
+  TensorPlan plan(std::size_t n, const AllreduceOptions& o, const Codec** codec_out = nullptr,
+                  DType dtype = DType::kFloat32) const {
+    if (o.codec == "auto") return plan_auto(n, o, codec_out, dtype);
+    if (dtype != DType::kFloat32 && codec_for(o.codec).name() == "none" &&
+        (o.strategy == Strategy::kAuto || o.strategy == Strategy::kRaw)) {
+      // Raw on a half tensor sends the tensor's own precision (see Engine::allreduce).
+      AllreduceOptions own = o;
+      own.codec = dtype == DType::kFloat16 ? "fp16" : "bf16";
+      own.strategy = Strategy::kSummable;
+      return plan(n, own, codec_out, dtype);
+    }
     TensorPlan p;
     const std::string spec = o.codec == "auto" ? "none" : o.codec;
     const Codec& codec = codec_for(spec);
@@ -354,7 +373,8 @@ struct Engine::Impl {
     return *planner;
   }
 
-  TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, const Codec** codec_out) const {
+  TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, const Codec** codec_out,
+                       DType dtype) const {
     Planner& planner = auto_planner();
     if (!planner.calibrated()) {
       // Calibration measures the links: let submitted work finish first (every rank does).
@@ -367,7 +387,7 @@ struct Engine::Impl {
     chosen.codec = p.codec;
     chosen.strategy = p.strategy;
     chosen.partitions = p.partitions;
-    return plan(n, chosen, codec_out);
+    return plan(n, chosen, codec_out, dtype);
   }
 
   static bool planned(const Item& it) { return it.ref.options.codec == "auto"; }
@@ -378,7 +398,7 @@ struct Engine::Impl {
     std::vector<Planner::Use> uses;
     for (const auto& t : tensors) {
       if (t.options.codec == "auto") {
-        uses.push_back({t.data.size(), threads, t.options.strategy, t.options.partitions});
+        uses.push_back({elements(t), threads, t.options.strategy, t.options.partitions});
       }
     }
     if (!uses.empty()) auto_planner().before_submission(*comm, uses);
@@ -399,11 +419,12 @@ struct Engine::Impl {
   void report_spans(const Job& job) {
     for (std::size_t i = 0; i < job.spans.size(); ++i) {
       const Item& it = job.items[i];
+      // The planner's model prices fp32 tensors; half ones are not what it measured.
       if (!planned(it) || it.plan.fused || it.step == 0 ||
-          job.spans[i].second < job.spans[i].first) {
+          it.ref.typed.dtype != DType::kFloat32 || job.spans[i].second < job.spans[i].first) {
         continue;
       }
-      planner->observe(it.ref.data.size(), it.plan,
+      planner->observe(it.ref.typed.elements, it.plan,
                        static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9);
     }
   }
@@ -495,9 +516,24 @@ struct Engine::Impl {
                                           "submission",
                                           t.name));
       }
+      if (t.typed.data != nullptr || t.typed.elements != 0 || t.typed.dtype != DType::kFloat32) {
+        if (!t.data.empty()) {
+          throw InvalidArgument(fmt::format("allreduce: tensor '{}' has both fp32 data and a "
+                                            "typed view; give one",
+                                            t.name));
+        }
+        if (t.typed.data == nullptr && t.typed.elements != 0) {
+          throw InvalidArgument(
+              fmt::format("allreduce: tensor '{}' has {} elements and no data", t.name,
+                          t.typed.elements));
+        }
+        if (t.typed.dtype == DType::kFloat32) t.data = t.typed.floats();
+      } else {
+        t.typed = TensorView(t.data);
+      }
       Item it;
       const Codec* codec = nullptr;
-      it.plan = plan(t.data.size(), t.options, &codec);
+      it.plan = plan(t.typed.elements, t.options, &codec, t.typed.dtype);
       if (it.plan.strategy != Strategy::kRaw) {
         it.codec = codec;
         if (codec->traits().multi_round) it.rounds = dynamic_cast<const RoundCodec*>(codec);
@@ -529,7 +565,8 @@ struct Engine::Impl {
       const AllreduceOptions& o = it.ref.options;
       rec.use(config,
               planned(it) && (rec.config != config || !rec.parked.empty()) &&
-                  auto_planner().exploring(it.ref.data.size(), threads, o.strategy, o.partitions));
+                  auto_planner().exploring(it.ref.typed.elements, threads, o.strategy,
+                                           o.partitions));
       rec.verified = true;
       rec.partitions.resize(it.plan.partitions);
       set_in_flight(rec, true);
@@ -546,7 +583,7 @@ struct Engine::Impl {
         if (fusable_item(it)) {
           it.plan.fused = true;
           job->fused.push_back(static_cast<int>(i));
-          job->fused_elements += it.ref.data.size();
+          job->fused_elements += it.ref.typed.elements;
         }
       }
       // Fused tensors are laid out by name: an element's position in the fused ring decides the
@@ -560,13 +597,13 @@ struct Engine::Impl {
     for (int i : job->fused) {
       job->items[i].staging = staging;
       job->items[i].staged = true;
-      staging += job->items[i].ref.data.size();
+      staging += job->items[i].ref.typed.elements;
     }
     for (auto& it : job->items) {
       if (it.plan.fused || !options.keep_input_on_error) continue;
       it.staging = staging;
       it.staged = true;
-      staging += it.ref.data.size();
+      staging += staged_floats(it);
     }
     if (staging > 0) job->staging = pool.acquire(staging * sizeof(float));
     if (std::any_of(job->items.begin(), job->items.end(), planned)) {
@@ -621,7 +658,7 @@ struct Engine::Impl {
   // Small raw tensors that average (DDP's case) travel together in one message.
   bool fusable_item(const Item& it) const {
     return it.plan.strategy == Strategy::kRaw && it.ref.options.average &&
-           it.ref.data.size_bytes() <= options.fuse_bytes;
+           it.ref.typed.dtype == DType::kFloat32 && it.ref.data.size_bytes() <= options.fuse_bytes;
   }
 
   // ---- running tasks ------------------------------------------------------------------------
@@ -712,11 +749,29 @@ struct Engine::Impl {
         run_fused(task, ctx);
       } else {
         const Item& it = job.items[task.item];
-        const collectives::Split split(it.ref.data.size(), task.partitions);
+        const collectives::Split split(it.ref.typed.elements, task.partitions);
         ctx.tensor = it.ref.name;
         ctx.offset = split.begin(task.partition);
-        ctx.input = split.piece(std::span<const float>(it.ref.data), task.partition);
-        ctx.output = split.piece(result(job, task.item), task.partition);
+        const DType dtype = it.ref.typed.dtype;
+        engine::Buffer wide;  // a half tensor's partition in fp32: sums and decoded results
+        if (dtype == DType::kFloat32) {
+          ctx.input = split.piece(std::span<const float>(it.ref.data), task.partition);
+          ctx.output = split.piece(result(job, task.item), task.partition);
+        } else {
+          const auto half = split.piece(std::span<const std::uint16_t>(it.ref.typed.half()),
+                                        task.partition);
+          wide = pool.acquire(half.size() * sizeof(float));
+          ctx.output = wide.as<float>(half.size());
+          ctx.input = ctx.output;
+          if (it.rounds != nullptr) {
+            // Round codecs read their input as fp32 arrays: widen it (exactly; NaN and Inf
+            // included, which the codec then reports).
+            kit::widen(dtype, half.data(), ctx.output, false);
+          } else {
+            ctx.half_input = half;
+            ctx.dtype = dtype;
+          }
+        }
         ctx.divisor = it.ref.options.average ? comm->size() : 1;
         ctx.codec = it.codec;
         ctx.rounds = it.rounds;
@@ -735,6 +790,14 @@ struct Engine::Impl {
           case Strategy::kRing: collectives::ring_allreduce(ctx); break;
           case Strategy::kSummable: collectives::summable_allreduce(ctx); break;
           case Strategy::kAuto: throw InvalidArgument("engine: unresolved strategy");
+        }
+        if (dtype != DType::kFloat32 && !ctx.failure.any()) {
+          // Every rank rounds the same fp32 result the same way.
+          auto out = split.piece(half_result(job, task.item), task.partition);
+          if (!kit::narrow(dtype, ctx.output, out.data())) {
+            throw InvalidArgument(fmt::format("engine: {}: decoded result is not finite",
+                                              ctx.label()));
+          }
         }
       }
       if (ctx.failure.any()) {
@@ -826,7 +889,7 @@ struct Engine::Impl {
       e.stage = "allreduce";
       e.tensor = job.items.size() == 1 ? job.items[0].ref.name
                                        : fmt::format("group of {}", job.items.size());
-      for (const auto& it : job.items) e.bytes += it.ref.data.size_bytes();
+      for (const auto& it : job.items) e.bytes += it.ref.typed.bytes();
       e.begin_ns = job.submitted_ns;
       e.end_ns = trace_now_ns();
       e.thread = 1000;  // a track of its own
@@ -873,6 +936,17 @@ struct Engine::Impl {
     const Item& it = job.items[i];
     if (!it.staged) return it.ref.data;
     return job.staging.as<float>(it.staging + it.ref.data.size()).subspan(it.staging);
+  }
+  // The same for a half tensor: its 16-bit values.
+  static std::span<std::uint16_t> half_result(const Job& job, int i) {
+    const Item& it = job.items[i];
+    if (!it.staged) return it.ref.typed.half();
+    auto area = job.staging.as<float>(it.staging + staged_floats(it)).subspan(it.staging);
+    return {reinterpret_cast<std::uint16_t*>(area.data()), it.ref.typed.elements};
+  }
+  // Floats of staging an item's result takes.
+  static std::size_t staged_floats(const Item& it) {
+    return (it.ref.typed.bytes() + sizeof(float) - 1) / sizeof(float);
   }
 
   bool in_flight(const TensorRecord& rec) {
@@ -949,9 +1023,11 @@ struct Engine::Impl {
   void copy_back(Job& job) {
     for (std::size_t i = 0; i < job.items.size(); ++i) {
       Item& it = job.items[i];
-      if (!it.staged || it.ref.data.empty()) continue;
-      std::memcpy(it.ref.data.data(), result(job, static_cast<int>(i)).data(),
-                  it.ref.data.size_bytes());
+      if (!it.staged || it.ref.typed.elements == 0) continue;
+      const void* from = it.ref.typed.dtype == DType::kFloat32
+                             ? static_cast<const void*>(result(job, static_cast<int>(i)).data())
+                             : half_result(job, static_cast<int>(i)).data();
+      std::memcpy(it.ref.typed.data, from, it.ref.typed.bytes());
     }
   }
 };
@@ -1018,7 +1094,13 @@ Engine::~Engine() {
 
 Handle Engine::allreduce(std::string name, std::span<float> data, AllreduceOptions options) {
   std::vector<TensorRef> one;
-  one.push_back(TensorRef{std::move(name), data, std::move(options)});
+  one.emplace_back(std::move(name), data, std::move(options));
+  return impl_->submit(std::move(one));
+}
+
+Handle Engine::allreduce(std::string name, TensorView tensor, AllreduceOptions options) {
+  std::vector<TensorRef> one;
+  one.emplace_back(std::move(name), tensor, std::move(options));
   return impl_->submit(std::move(one));
 }
 
@@ -1026,8 +1108,9 @@ Handle Engine::allreduce_group(std::vector<TensorRef> tensors) {
   return impl_->submit(std::move(tensors));
 }
 
-TensorPlan Engine::plan(std::size_t elements, const AllreduceOptions& options) const {
-  return impl_->plan(elements, options);
+TensorPlan Engine::plan(std::size_t elements, const AllreduceOptions& options,
+                        DType dtype) const {
+  return impl_->plan(elements, options, nullptr, dtype);
 }
 
 void Engine::synchronize() {

@@ -8,6 +8,8 @@
 #include <span>
 #include <string_view>
 
+#include "terse/dtype.h"
+
 namespace terse::kit {
 
 // Index of the first NaN or +-Inf in x, or x.size() if every element is finite.
@@ -54,5 +56,23 @@ bool from_fp16(const std::uint16_t* in, std::span<float> y, bool accumulate);
 // fp32 -> bfloat16, round to nearest even, finite values beyond the largest bfloat16 saturate.
 bool to_bf16(std::span<const float> x, std::uint16_t* out);
 bool from_bf16(const std::uint16_t* in, std::span<float> y, bool accumulate);
+
+// The two by DType (kFloat16 or kBFloat16). widen() writes every value, NaN and Inf included,
+// exactly (y = in, or y += in), and returns false if any was not finite; narrow() rounds to
+// nearest even and returns false if x held NaN or Inf.
+inline bool widen(DType dtype, const std::uint16_t* in, std::span<float> y, bool accumulate) {
+  return dtype == DType::kFloat16 ? from_fp16(in, y, accumulate) : from_bf16(in, y, accumulate);
+}
+// Index of the first NaN or Inf among 16-bit values of dtype, or x.size() if all are finite.
+inline std::size_t find_non_finite(std::span<const std::uint16_t> x, DType dtype) {
+  const std::uint16_t exponent = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if ((x[i] & exponent) == exponent) return i;
+  }
+  return x.size();
+}
+inline bool narrow(DType dtype, std::span<const float> x, std::uint16_t* out) {
+  return dtype == DType::kFloat16 ? to_fp16(x, out) : to_bf16(x, out);
+}
 
 }  // namespace terse::kit

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "codec_testing.h"
+#include "kit/basic.h"
 #include "terse/codec.h"
 
 namespace terse {
@@ -88,6 +89,86 @@ TEST_P(CodecContract, RejectsNaNAndInfNamingTheIndex) {
         std::vector<std::byte> after;
         state->save(after);
         EXPECT_EQ(before, after);
+      }
+    }
+  }
+}
+
+// Half-precision input: 16-bit values of x, and their exact fp32 widening.
+struct HalfInput {
+  std::vector<std::uint16_t> bits;
+  std::vector<float> wide;
+};
+HalfInput to_half(DType dtype, std::span<const float> x) {
+  HalfInput h{std::vector<std::uint16_t>(x.size()), std::vector<float>(x.size())};
+  EXPECT_TRUE(kit::narrow(dtype, x, h.bits.data()));
+  EXPECT_TRUE(kit::widen(dtype, h.bits.data(), h.wide, false));
+  return h;
+}
+
+// Encoding fp16 or bf16 values gives the bytes of encoding their fp32 widening, step after step
+// with the same state (error-feedback residuals stay fp32), so every strategy's results on half
+// tensors are the fp32 path's on the rounded values, and decoding gives the fp32 path's error.
+TEST_P(CodecContract, EncodesHalfInputAsItsWidening) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (std::size_t n : {0, 1, 7, 64, 65, 1000, 4097, 65537}) {
+      auto half_state = codec->make_state(n), wide_state = codec->make_state(n);
+      for (std::uint64_t step = 0; step < 3; ++step) {
+        const HalfInput h = to_half(dtype, gradient(n, n + step));
+        EncodeContext half_ctx = testing::context(step), wide_ctx = testing::context(step);
+        half_ctx.state = half_state.get();
+        wide_ctx.state = wide_state.get();
+        std::vector<std::byte> a(codec->max_encoded_bytes(n)), b(a.size());
+        a.resize(codec->encode(h.bits, dtype, a, half_ctx));
+        b.resize(codec->encode(h.wide, b, wide_ctx));
+        ASSERT_EQ(a, b) << to_string(dtype) << " n=" << n << " step=" << step;
+        auto y = decode(*codec, a, n);
+        double err = 0, norm = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(std::isfinite(y[i]));
+          err += (y[i] - h.wide[i]) * (y[i] - h.wide[i]);
+          norm += h.wide[i] * h.wide[i];
+        }
+        // Lossless codecs, and the codec of the input's own format, give the values back.
+        const bool exact = codec->traits().lossless ||
+                           (dtype == DType::kFloat16 && codec->spec() == "fp16") ||
+                           (dtype == DType::kBFloat16 && codec->spec() == "bf16");
+        if (exact) {
+          ASSERT_EQ(err, 0.0) << to_string(dtype) << " n=" << n;
+        }
+        // No codec's error exceeds the input's own norm by more than the sparse codecs' rescaling.
+        EXPECT_LE(err, 1e4 * norm + 1e-12) << to_string(dtype) << " n=" << n;
+      }
+      if (half_state) {
+        std::vector<std::byte> sa, sb;
+        half_state->save(sa);
+        wide_state->save(sb);
+        EXPECT_EQ(sa, sb) << to_string(dtype) << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST_P(CodecContract, RejectsNaNAndInfInHalfInputNamingTheIndex) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const std::uint16_t nan = dtype == DType::kFloat16 ? 0x7e00 : 0x7fc0;
+    const std::uint16_t inf = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
+    for (std::uint16_t bad : {nan, inf, static_cast<std::uint16_t>(inf | 0x8000)}) {
+      for (std::size_t at : {0, 5, 999}) {
+        HalfInput h = to_half(dtype, gradient(1000, 5));
+        h.bits[at] = bad;
+        auto state = codec->make_state(1000);
+        EncodeContext ctx;
+        ctx.state = state.get();
+        std::vector<std::byte> out(codec->max_encoded_bytes(1000));
+        try {
+          codec->encode(h.bits, dtype, out, ctx);
+          FAIL() << to_string(dtype) << ": accepted 0x" << std::hex << bad << " at " << at;
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("element " + std::to_string(at)),
+                    std::string::npos)
+              << e.what();
+        }
       }
     }
   }

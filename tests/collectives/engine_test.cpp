@@ -270,6 +270,11 @@ TEST_P(Ranks, EveryCodecAndStrategyMatchesTheSimulationOnEveryRank) {
   expect_all_ok(r, n, "matrix");
 }
 
+TEST_P(Ranks, HalfTensorsMatchTheSimulationRoundedAndAreIdenticalOnEveryRank) {
+  const int n = GetParam();
+  expect_all_ok(shell(run(n, "half", 300)), n, "half");
+}
+
 TEST_P(Ranks, GroupsFuseSmallTensorsAndResumeFromSavedState) {
   const int n = GetParam();
   expect_all_ok(shell(run(n, "group")), n, "group");

@@ -2,12 +2,14 @@
 torchrun's environment, or by torch.multiprocessing.spawn). Each rank writes OUT/rank-R.json.
 
 Scenarios:
-  train CODEC... [--subgroups]
+  train CODEC... [--subgroups] [--dtype bfloat16|float16] [--autocast]
                         trains a DDP model with DDP's own allreduce, then one per codec with the
                         terse hook, from the same initial weights on the same data; records a
                         digest of the parameters, the losses, the bytes sent and the largest
                         difference from DDP's own result. --subgroups: then trains over process
-                        groups {0, 1} and {2, 3}
+                        groups {0, 1} and {2, 3}. --dtype: the model cast to it (DDP's buckets
+                        and the hook's tensors too); --autocast: fp32 model, forward under CPU
+                        autocast to bfloat16 (fp32 master weights and gradients)
   resume save|load CODEC...
                         save: trains K steps, checkpoints model, optimizer and hook state, trains
                         M more; load: restores the checkpoint in fresh processes and trains the
@@ -69,12 +71,17 @@ def data():
     return _data
 
 
+# The model's dtype and whether its forward runs under CPU autocast (set from the arguments).
+DTYPE = torch.float32
+AUTOCAST = False
+
+
 def make_model(hidden: int = 128) -> torch.nn.Module:
     torch.manual_seed(1234)
     return torch.nn.Sequential(
         torch.nn.Linear(784, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, 64), torch.nn.ReLU(),
-        torch.nn.Linear(64, 10))
+        torch.nn.Linear(64, 10)).to(DTYPE)
 
 
 def batch(step: int):
@@ -88,7 +95,7 @@ def batch(step: int):
 def digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().float().numpy().tobytes())  # exact for bf16 and fp16
     return h.hexdigest()
 
 
@@ -97,7 +104,11 @@ def train(model: DDP, optimizer, first: int, last: int) -> List[float]:
     for step in range(first, last):
         x, y = batch(step)
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        if AUTOCAST:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+        else:
+            loss = F.cross_entropy(model(x.to(DTYPE)), y)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -127,7 +138,7 @@ def scenario_train(args) -> Dict:
         start = time.perf_counter()
         losses = train(model, optimizer, 0, steps)
         seconds = time.perf_counter() - start
-        diff = max((p.detach() - r).abs().max().item()
+        diff = max((p.detach().float() - r.float()).abs().max().item()
                    for p, r in zip(model.parameters(), ref_params))
         out[codec] = {
             "digest": digest(model),
@@ -138,6 +149,7 @@ def scenario_train(args) -> Dict:
             "steps": state.steps,
             "seconds": seconds,
             "plan": [(name, n, plan.codec, plan.strategy) for name, n, plan in state.plan()],
+            "parameters": sum(p.numel() for p in model.parameters()),
         }
         state.close()
     if args.subgroups:
@@ -498,6 +510,9 @@ SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "kill": scenari
 
 def run(args, init_method: str = "env://", rank: Optional[int] = None,
         world: Optional[int] = None) -> None:
+    global DTYPE, AUTOCAST
+    DTYPE = getattr(torch, args.dtype)
+    AUTOCAST = args.autocast
     torch.set_num_threads(1)
     kwargs = {} if rank is None else {"rank": rank, "world_size": world}
     dist.init_process_group("gloo", init_method=init_method, **kwargs)
@@ -532,6 +547,8 @@ def parse(argv: List[str]):
     p.add_argument("--checkpoint", default="")
     p.add_argument("--subgroups", action="store_true",
                    help="train: also two DDP jobs over process groups of 2 ranks each")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--autocast", action="store_true")
     p.add_argument("--victim", type=int, default=-1)
     p.add_argument("--at-step", type=int, default=3)
     return p.parse_args(argv)

@@ -336,3 +336,62 @@ def test_a_sparse_gradient_is_refused_naming_the_parameter(tmp_path):
         # A hook made without the model meets DDP's sparse bucket and refuses it on every rank.
         assert r["error_type"] == "InvalidArgument"
         assert "sparse_coo" in r["hook"] and "dense gradients only" in r["hook"]
+
+# ---- 16-bit gradients -------------------------------------------------------------------------
+
+# Debian's torch 1.13 cannot train a 16-bit model under DDP on CPU: its Gloo has no bfloat16
+# (DDP cannot even broadcast the parameters) and its CPU matmul no float16.
+TORCH_2 = int(torch.__version__.split(".")[0]) >= 2
+HALF = "bfloat16"
+OWN = "bf16"
+HALF_CODECS = ["none", OWN, "onebit:ef=1", "minmax8", "powersgd"]
+
+
+@pytest.fixture(scope="module")
+def train_half(tmp_path_factory):
+    if not TORCH_2:
+        pytest.skip("torch 1.13: no bf16 in Gloo, no fp16 matmul on CPU")
+    return launch(2, ["train", *HALF_CODECS, "--steps", str(STEPS), "--dtype", HALF],
+                  tmp_path_factory.mktemp("train_half"))
+
+
+def test_a_half_model_trains_with_the_hook_like_half_ddp(train_half):
+    for codec in ["ddp", *HALF_CODECS]:
+        digests = {r[codec]["digest"] for r in train_half}
+        assert len(digests) == 1, f"{codec}: {HALF} replicas disagree: {digests}"
+    r = train_half[0]
+    ddp = r["ddp"]["losses"]
+    assert sum(ddp[-3:]) / 3 < ddp[0] - 0.2, f"{HALF} DDP did not learn: {ddp}"
+    for codec in HALF_CODECS:
+        losses = r[codec]["losses"]
+        assert sum(losses[-3:]) / 3 < losses[0] - 0.2, f"{codec} did not learn in {HALF}: {losses}"
+    # Raw: the same gradients as DDP's 16-bit allreduce but for rounding (Gloo sums in the
+    # tensor's type, terse sums each hop in fp32 and rounds it), which ten steps magnify little.
+    assert max(abs(a - b) for a, b in zip(r["none"]["losses"], ddp)) < 0.05
+    assert r["none"]["max_abs_diff_from_ddp"] < 0.05
+
+
+def test_raw_half_gradients_travel_in_their_own_precision(train_half):
+    r = train_half[0]
+    plan = {name: (codec, strategy) for name, _, codec, strategy in r["none"]["plan"]}
+    assert set(plan.values()) == {(OWN, "summable")}, plan
+    # Two ranks: a ring sends each element once a step, 2 bytes in 16 bits (4 in fp32), plus a
+    # header a message.
+    fp32_bytes = 4 * r["none"]["parameters"] * STEPS
+    assert r["none"]["bytes_sent"] < 0.55 * fp32_bytes
+    assert r["onebit:ef=1"]["bytes_sent"] < 0.2 * r["none"]["bytes_sent"]
+
+
+def test_cpu_autocast_with_fp32_master_weights_uses_the_fp32_path(tmp_path):
+    results = launch(2, ["train", "none", "onebit:ef=1", "--steps", str(STEPS), "--autocast"],
+                     tmp_path)
+    for codec in ("ddp", "none", "onebit:ef=1"):
+        assert len({r[codec]["digest"] for r in results}) == 1, codec
+    r = results[0]
+    # fp32 gradients of a bf16 forward: raw equals DDP exactly on two ranks, as without autocast.
+    assert r["none"]["digest"] == r["ddp"]["digest"]
+    for codec in ("none", "onebit:ef=1"):
+        losses = r[codec]["losses"]
+        assert sum(losses[-3:]) / 3 < losses[0] - 0.2, f"{codec} did not learn: {losses}"
+    plan = {name: codec for name, _, codec, _ in r["none"]["plan"]}
+    assert set(plan.values()) == {"none"}

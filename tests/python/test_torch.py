@@ -34,6 +34,32 @@ def test_tensors_are_reduced_in_place_without_copies(engine):
     assert torch.equal(big, torch.ones(100))
 
 
+def test_half_tensors_are_reduced_in_place_in_their_own_dtype(engine):
+    for dtype, own in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        t = torch.linspace(-3, 3, 5000).to(dtype)
+        original, address = t.clone(), t.data_ptr()
+        engine.allreduce(f"raw {own}", t).wait()  # one rank: the average is the input
+        assert t.data_ptr() == address and torch.equal(t, original)
+        plan = engine.plan(5000, dtype=dtype)  # raw travels in the tensor's own format
+        assert (plan.codec, plan.strategy) == (own, "summable")
+        assert engine.plan(5000, dtype=str(dtype)).codec == own
+        # A lossy codec gives the fp32 path's result on the same values, rounded once.
+        wide = t.float()
+        engine.allreduce(f"fp32 {own}", wide, codec="onebit").wait()
+        engine.allreduce(f"onebit {own}", t, codec="onebit").wait()
+        assert torch.equal(t, wide.to(dtype))
+        assert not torch.equal(t, original)
+
+
+def test_unsupported_dtypes_are_refused_naming_the_tensor_and_what_is_supported(engine):
+    supported = "terse reduces torch.float32, torch.float16 and torch.bfloat16"
+    for dtype in (torch.float64, torch.int32, torch.int64, torch.uint8):
+        with pytest.raises(TypeError, match=f"tensor 'g': dtype is {dtype}, {supported}"):
+            engine.allreduce("g", torch.zeros(4, dtype=dtype))
+        with pytest.raises(TypeError, match=f"tensor 'g2': dtype is {dtype}, {supported}"):
+            engine.allreduce_group([("g1", torch.zeros(4)), ("g2", torch.zeros(4, dtype=dtype))])
+
+
 def test_unsuitable_tensors_are_refused(engine):
     with pytest.raises(TypeError, match="tensor 'd': dtype is torch.float64"):
         engine.allreduce("d", torch.zeros(4, dtype=torch.float64))
@@ -90,16 +116,16 @@ def one_rank_group(tmp_path_factory):
     dist.destroy_process_group()
 
 
-def make_ddp():
+def make_ddp(dtype=torch.float32):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 10))
+                                torch.nn.Linear(128, 10)).to(dtype)
     return torch.nn.parallel.DistributedDataParallel(model)
 
 
-def hooked(codec: str, **knobs):
+def hooked(codec: str, dtype=torch.float32, **knobs):
     """A one-rank DDP model with the terse hook, and the hook's state."""
-    model = make_ddp()
+    model = make_ddp(dtype)
     state, hook = terse.torch.ddp_hook(model, codec=codec, timeout=TIMEOUT, **knobs)
     model.register_comm_hook(state, hook)
     return model, state
@@ -107,6 +133,7 @@ def hooked(codec: str, **knobs):
 
 def backward(model, x=None) -> None:
     x = torch.randn(4, 784) if x is None else x
+    x = x.to(next(model.parameters()).dtype)
     torch.nn.functional.cross_entropy(model(x), torch.randint(0, 10, (len(x),))).backward()
 
 
@@ -134,6 +161,45 @@ def test_hook_plans_per_parameter_and_matches_plain_ddp(one_rank_group):
         else:
             assert torch.equal(p.grad, r.grad), name
     assert state.steps >= 1 and state.error is None
+    state.close()
+
+
+# Debian's torch 1.13 cannot train a 16-bit model under DDP on CPU: its Gloo has no bfloat16
+# (DDP cannot even broadcast the parameters) and its CPU matmul no float16.
+TORCH_2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+@pytest.mark.skipif(not TORCH_2, reason="torch 1.13: no bf16 in Gloo, no fp16 matmul on CPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_hook_reduces_a_half_model_in_its_own_dtype(one_rank_group, dtype):
+    own = "bf16" if dtype == torch.bfloat16 else "fp16"
+    reference = make_ddp(dtype)
+    model, state = hooked("onebit:ef=1", dtype)
+    x, y = torch.randn(16, 784, dtype=dtype), torch.randint(0, 10, (16,))
+    for m in (reference, model):
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+    plan = planned(state)
+    assert plan["0.weight"].codec.startswith("onebit")
+    for small in ("0.bias", "2.weight", "2.bias"):  # raw, in the bucket's own precision
+        assert (plan[small].codec, plan[small].strategy) == (own, "summable")
+    for (name, p), r in zip(model.module.named_parameters(), reference.module.parameters()):
+        assert p.grad.dtype == dtype
+        if name == "0.weight":
+            assert p.grad.float().abs().unique().numel() <= 100352 // 1024 + 1
+        else:
+            assert torch.equal(p.grad, r.grad), name
+    assert state.error is None
+    state.close()
+
+
+def test_hook_refuses_a_float64_model_naming_the_parameter(one_rank_group):
+    model, state = hooked("fp16", torch.float64)
+    # The hook raises it from backward (DDP may wrap it in a RuntimeError with the same text).
+    with pytest.raises((TypeError, RuntimeError),
+                       match="tensor '0.(weight|bias)': dtype is torch.float64, "
+                             "terse reduces torch.float32, torch.float16 and torch.bfloat16"):
+        backward(model)
+    assert isinstance(state.error, TypeError)
     state.close()
 
 

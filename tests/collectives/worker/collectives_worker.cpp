@@ -15,6 +15,10 @@
 //   stress              hundreds of concurrent submissions on few worker threads
 //   channel             point-to-point compressed messages along a chain of ranks, forward
 //                       and backward, alongside engine traffic; NaN input and codec mismatch
+//   half                fp16 and bf16 tensors: every strategy with the codecs that read half input
+//                       directly and some that widen it, and raw; results are the simulation's on
+//                       the widened inputs, rounded once, bit-identical on every rank; a NaN in one
+//                       rank's half input fails every rank naming the rank and element
 //   blas                the engine left OpenBLAS this rank's share of the cores (cores over
 //                       LOCAL_WORLD_SIZE, at least 1), or the user's choice where one is set
 // Prints "OK rank R ..." on success; "CHECK FAILED: ..." and exit 2 on a wrong result.
@@ -33,6 +37,7 @@
 
 #include "../simulate.h"
 #include "worker_check.h"
+#include "kit/basic.h"
 #include "kit/blas.h"
 #include "kit/hash.h"
 #include "kit/host.h"
@@ -214,6 +219,126 @@ int matrix(Communicator& comm, Engine& engine, std::vector<std::string> specs) {
     }
   }
   std::printf("OK rank %d matrix %d cases\n", r, cases);
+  return 0;
+}
+
+// ---- half ---------------------------------------------------------------------------------
+
+std::uint64_t digest(std::span<const std::uint16_t> y) {
+  return fnv1a64(std::string_view(reinterpret_cast<const char*>(y.data()), y.size_bytes()));
+}
+
+void check_identical(Communicator& comm, std::span<const std::uint16_t> y,
+                     const std::string& what) {
+  std::uint64_t mine = digest(y);
+  std::vector<std::uint64_t> all(comm.size());
+  std::vector<std::size_t> sizes(comm.size(), 8);
+  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
+                  sizes, "digest");
+  for (int i = 0; i < comm.size(); ++i) {
+    check(all[i] == mine, fmt::format("{}: rank {} and rank {} ended with different results",
+                                      what, comm.rank(), i));
+  }
+}
+
+int half(Communicator& comm, Engine& engine) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  // Codecs that read half input directly, some that widen it (error feedback, sparse, rounds).
+  const char* specs[] = {"none", "fp16", "bf16", "minmax8", "onebit", "onebit:ef=1",
+                         "topk:ratio=0.05,ef=1", "randomk:ratio=0.1", "qsgd", "powersgd"};
+  const Strategy strategies[] = {Strategy::kAuto, Strategy::kAllgather, Strategy::kSharded,
+                                 Strategy::kRing, Strategy::kSummable};
+  testing::Simulator sim(n_ranks, kSeed);
+  int cases = 0;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const char* spec : specs) {
+      for (Strategy strategy : strategies) {
+        for (std::size_t n : {std::size_t{1000}, std::size_t{65537}}) {
+          for (int k : {1, 3}) {
+            AllreduceOptions o;
+            o.codec = spec;
+            o.strategy = strategy;
+            o.partitions = k;
+            o.average = (n + k) % 2 == 0;
+            TensorPlan plan;
+            try {
+              plan = engine.plan(n, o, dtype);
+            } catch (const InvalidArgument&) {
+              continue;
+            }
+            if (std::string(spec) == "none" && strategy == Strategy::kAuto) {
+              // Raw on a half tensor sends the tensor's own precision.
+              check(plan.codec == (dtype == DType::kFloat16 ? "fp16" : "bf16") &&
+                        plan.strategy == Strategy::kSummable,
+                    fmt::format("raw {} planned as {} {}", to_string(dtype), plan.codec,
+                                to_string(plan.strategy)));
+            }
+            auto codec = make_codec(plan.codec);
+            const std::string name = fmt::format("{}/{}/{}/{}/{}", to_string(dtype), spec,
+                                                 to_string(strategy), n, k);
+            for (std::uint64_t step = 0; step < 2; ++step) {
+              const std::string what = fmt::format("{} step {}", name, step);
+              Inputs wide = all_inputs(n_ranks, name, step, n);
+              std::vector<std::vector<std::uint16_t>> bits(n_ranks, std::vector<std::uint16_t>(n));
+              for (int i = 0; i < n_ranks; ++i) {
+                kit::narrow(dtype, wide[i], bits[i].data());
+                kit::widen(dtype, bits[i].data(), wide[i], false);
+              }
+              std::vector<std::uint16_t> y = bits[r];
+              engine.allreduce(name, TensorView(y.data(), n, dtype), o).wait();
+              auto sum = sim.run(name, step, plan.strategy, codec.get(), plan.partitions, wide,
+                                 o.average ? n_ranks : 1);
+              std::vector<std::uint16_t> want(n);
+              kit::narrow(dtype, sum, want.data());
+              for (std::size_t i = 0; i < n; ++i) {
+                if (y[i] != want[i]) {
+                  fail(fmt::format("{}: element {} is 0x{:04x} but the simulation rounds to "
+                                   "0x{:04x}",
+                                   what, i, y[i], want[i]));
+                }
+              }
+              check_identical(comm, y, what);
+              if (codec->name() == "fp16" || codec->name() == "bf16") {
+                std::vector<float> got(n);
+                kit::widen(dtype, y.data(), got, false);
+                const double bound = codec->name() == "bf16" || dtype == DType::kBFloat16
+                                         ? 2e-2 : 2e-3;
+                check(relative_error(got, averaged(exact_sum(wide), n_ranks, o.average)) < bound,
+                      what + ": 16-bit sum is far from the exact sum");
+              }
+              ++cases;
+            }
+          }
+        }
+      }
+    }
+  }
+  // NaN in one rank's half input: every rank fails naming it, and the engine keeps working.
+  for (const char* spec : {"none", "onebit", "fp16"}) {
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      const std::size_t n = 5000;
+      const std::string name = fmt::format("nan/{}/{}", to_string(dtype), spec);
+      std::vector<std::uint16_t> y(n);
+      kit::narrow(dtype, make_input(r, name, 0, n), y.data());
+      if (r == n_ranks - 1) y[4321] = dtype == DType::kFloat16 ? 0x7e00 : 0x7fc0;
+      AllreduceOptions o;
+      o.codec = spec;
+      std::string error;
+      try {
+        engine.allreduce(name, TensorView(y.data(), n, dtype), o).wait();
+      } catch (const InvalidArgument& e) {
+        error = e.what();
+      }
+      check(error.find(fmt::format("rank {}'s input holds NaN or Inf at element 4321",
+                                   n_ranks - 1)) != std::string::npos &&
+                error.find(name) != std::string::npos,
+            fmt::format("{}: expected an error naming rank {} and element 4321, got '{}'", name,
+                        n_ranks - 1, error));
+      kit::narrow(dtype, make_input(r, name, 1, n), y.data());
+      engine.allreduce(name, TensorView(y.data(), n, dtype), o).wait();
+    }
+  }
+  std::printf("OK rank %d half %d cases\n", r, cases);
   return 0;
 }
 
@@ -601,7 +726,7 @@ int main(int argc, char** argv) {
     EngineOptions options;
     options.seed = kSeed;
     if (scenario == "stress") options.threads = 2;
-    if (scenario == "matrix") options.partition_bytes = 64 << 10;
+    if (scenario == "matrix" || scenario == "half") options.partition_bytes = 64 << 10;
     const bool keep = argc == 3 && std::string(argv[2]) == "keep";
     options.keep_input_on_error = keep;
     int rc = 0;
@@ -609,6 +734,8 @@ int main(int argc, char** argv) {
       Engine engine(comm, options);
       if (scenario == "matrix") {
         rc = matrix(*comm, engine, std::vector<std::string>(argv + 2, argv + argc));
+      } else if (scenario == "half") {
+        rc = half(*comm, engine);
       } else if (scenario == "group") {
         rc = group(*comm, engine);
       } else if (scenario == "nonfinite") {
