@@ -193,11 +193,17 @@ def test_hook_reduces_a_half_model_in_its_own_dtype(one_rank_group, dtype):
 
 
 def test_hook_refuses_a_float64_model_naming_the_parameter(one_rank_group):
-    model, state = hooked("fp16", torch.float64)
-    # The hook raises it from backward (DDP may wrap it in a RuntimeError with the same text).
+    # Given the model, ddp_hook refuses it before connecting.
+    with pytest.raises(TypeError, match="parameter '0.weight' is torch.float64; the hook reduces "
+                                        "torch.float32, torch.float16, torch.bfloat16"):
+        hooked("fp16", torch.float64)
+    # Without it, the hook's check of each bucket refuses it in backward (DDP may wrap the error
+    # in a RuntimeError with the same text), naming the parameter by its number and shape.
+    model = make_ddp(torch.float64)
+    state, hook = terse.torch.ddp_hook(codec="fp16", timeout=TIMEOUT)
+    model.register_comm_hook(state, hook)
     with pytest.raises((TypeError, RuntimeError),
-                       match="tensor '0.(weight|bias)': dtype is torch.float64, "
-                             "terse reduces torch.float32, torch.float16 and torch.bfloat16"):
+                       match=r"parameter 'param\d+\[[0-9, ]+\]' is torch.float64"):
         backward(model)
     assert isinstance(state.error, TypeError)
     state.close()
