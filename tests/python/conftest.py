@@ -49,7 +49,7 @@ def read_results(out: pathlib.Path, n: int) -> List[Dict]:
     return results
 
 
-def launch(n: int, args: List[str], out: pathlib.Path, timeout: float = 120,
+def launch(n: int, args: List[str], out: pathlib.Path, timeout: float = 240,
            worker: pathlib.Path = WORKER) -> List[Dict]:
     """Runs N ranks of a worker (ddp_worker.py) through `terse run`; returns each rank's
     result."""

@@ -16,7 +16,7 @@ from conftest import HERE, PYTHON, free_port, read_results
 WORKER = HERE / "pipeline_worker.py"
 
 
-def launch(n, args, out, timeout=90):
+def launch(n, args, out, timeout=240):
     return conftest.launch(n, args, out, timeout=timeout, worker=WORKER)
 
 
