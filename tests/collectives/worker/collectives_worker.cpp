@@ -79,13 +79,15 @@ Inputs all_inputs(int ranks, const std::string& name, std::uint64_t step, std::s
   return x;
 }
 
-std::uint64_t digest(std::span<const float> y) {
-  return fnv1a64(std::string_view(reinterpret_cast<const char*>(y.data()), y.size_bytes()));
+std::uint64_t digest(std::span<const std::byte> y) {
+  return fnv1a64(std::string_view(reinterpret_cast<const char*>(y.data()), y.size()));
 }
 
-// Every rank's digest must equal every other's.
-void check_identical(Communicator& comm, std::span<const float> y, const std::string& what) {
-  std::uint64_t mine = digest(y);
+// Every rank's digest must equal every other's. y: fp32 results, or the 16-bit values of half
+// ones (any contiguous range).
+template <typename Values>
+void check_identical(Communicator& comm, const Values& y, const std::string& what) {
+  std::uint64_t mine = digest(std::as_bytes(std::span(y)));
   std::vector<std::uint64_t> all(comm.size());
   std::vector<std::size_t> sizes(comm.size(), 8);
   comm.allgatherv(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
@@ -223,23 +225,6 @@ int matrix(Communicator& comm, Engine& engine, std::vector<std::string> specs) {
 }
 
 // ---- half ---------------------------------------------------------------------------------
-
-std::uint64_t digest(std::span<const std::uint16_t> y) {
-  return fnv1a64(std::string_view(reinterpret_cast<const char*>(y.data()), y.size_bytes()));
-}
-
-void check_identical(Communicator& comm, std::span<const std::uint16_t> y,
-                     const std::string& what) {
-  std::uint64_t mine = digest(y);
-  std::vector<std::uint64_t> all(comm.size());
-  std::vector<std::size_t> sizes(comm.size(), 8);
-  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)),
-                  sizes, "digest");
-  for (int i = 0; i < comm.size(); ++i) {
-    check(all[i] == mine, fmt::format("{}: rank {} and rank {} ended with different results",
-                                      what, comm.rank(), i));
-  }
-}
 
 int half(Communicator& comm, Engine& engine) {
   const int n_ranks = comm.size(), r = comm.rank();
