@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "terse/codec.h"
-#include "terse/planner.h"
+#include "planner/calibration.h"
 
 namespace terse::testing {
 
