@@ -237,7 +237,7 @@ void run_rank(const Options& opt) {
       // that one evicted from the cache, and in a fixed order codec "auto" always came after
       // the slowest candidate (2 ranks on loopback, 1 MiB: auto 0.631-0.676 ms against
       // 0.580-0.637 for the same raw plan as a candidate and 0.585-0.643 as the raw default
-      // right after it, in grids s76 and s77).
+      // right after it).
       std::vector<std::size_t> order(runs.size());
       std::iota(order.begin(), order.end(), std::size_t{0});
       std::mt19937 shuffler(12345);
@@ -344,13 +344,13 @@ void run_rank(const Options& opt) {
       again = time_pairs(index(auto_run), index(best), "again", false);
       // The pairs' own resolution, measured alongside: the best against itself on a second
       // tensor, as many pairs, so that a miss can be told from the machine's spread at that
-      // point (grid s88, stop 46: 0.6% from 1 at the median, at most 3.4%, over 17 points).
+      // point (0.6% from 1 at the median, at most 3.4%, over 17 points of one grid).
       control = time_pairs(index(best), index(best), "control", true);
     }
     // Do no harm is judged on codec "auto" against the raw default, measured in the same run:
     // where the two are close, a few percent of the machine's drift, or of what the
-    // configuration run before each left in the cache, decides it (2 ranks on loopback, 1 MiB,
-    // grid s78: auto 0.849 ms against 0.769 for the same raw plan as a candidate). There they
+    // configuration run before each left in the cache, decides it (2 ranks on loopback, 1 MiB:
+    // auto 0.849 ms against 0.769 for the same raw plan as a candidate). There they
     // are timed again in pairs, as the choice and the best are.
     constexpr double kCloseToRaw = 0.9;
     Again vs_raw;

@@ -4,6 +4,8 @@
 // Why everything is measured with every rank busy at once: ranks of one job may share a
 // machine (the emulated cluster runs all of them on 2 cores), and a collective runs as fast as
 // its slowest rank under that load. Measuring one rank alone would predict an idle machine.
+#include "planner/calibration.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -30,7 +32,6 @@
 #include "kit/hash.h"
 #include "kit/host.h"
 #include "kit/memory.h"
-#include "planner/calibration.h"
 #include "planner/cost_model.h"
 #include "planner/exchange.h"
 #include "terse/codec.h"
@@ -223,11 +224,10 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LinearFit, a, b, knee, b2, rms_relative_error
                                    max_relative_error, points, outliers, xs, ys)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CodecCosts, spec, summable, multi_round, encode, decode,
                                    accumulate, combine, bytes)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Calibration, host, world_size, ranks_on_host, cores,
-                                   peer_alpha, peer_beta, alpha, beta, engine_beta, engine_link,
-                                   transport_cpu, cpu_per_message, host_efficiency,
-                                   host_cpu_ratio, add, divide, codecs, cpu_slowdown,
-                                   task_overhead, job_overhead, seconds)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Calibration, host, world_size, ranks_on_host, cores, peer_alpha,
+                                   peer_beta, alpha, beta, engine_beta, engine_link, transport_cpu,
+                                   cpu_per_message, host_efficiency, host_cpu_ratio, add, divide,
+                                   codecs, cpu_slowdown, task_overhead, job_overhead, seconds)
 
 std::string Calibration::to_json() const {
   nlohmann::json j = *this;
@@ -515,9 +515,9 @@ using Arena = kit::PageArray<float>;
 constexpr std::size_t kWrittenBytes = std::size_t{4} << 20;
 
 // A codec's cost per element grows at most 3.6x from one measured size to the next (8x the
-// elements) as its data leave the cache (s47-s49's calibrations; onebit's decode from 512 Ki
-// to 4 Mi floats); points above this factor were disturbed: 6.1x (onebit's encode at 4 Mi
-// floats, 6.0 ns an element against 1.8-2.1 elsewhere), 13.8x, 29x and 92x in s30-s49.
+// elements) as its data leave the cache (onebit's decode from 512 Ki to 4 Mi
+// floats); points above this factor were disturbed: 6.1x (onebit's encode at 4 Mi floats, 6.0 ns
+// an element against 1.8-2.1 elsewhere), 13.8x, 29x and 92x in earlier calibrations here.
 constexpr double kImplausibleStep = 5;
 
 // Runs the CPU measurements in lockstep with the other ranks (a barrier before each series),
@@ -928,7 +928,7 @@ constexpr double kMinCpuRatio = 0.5, kMaxCpuRatio = 2;
 // slow).
 constexpr double kDisturbedLinks = 0.8;
 // ... and never slower than the links (at most 0.99 of their time a byte in those 46); above
-// this multiple the allreduce was disturbed (once: 1.62, 100 Mbit/s, 4 ranks, s36).
+// this multiple the allreduce was disturbed (once: 1.62, 100 Mbit/s, 4 ranks).
 constexpr double kDisturbedEngine = 1.25;
 
 namespace {
@@ -1037,7 +1037,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c, AllreduceProbe& pro
   LinearFit& t = c.transport_cpu;
   t.b = small_cpu / small_bytes;
   // The small probe's residual is a fraction of a millisecond; on 4 ranks on 2 cores under
-  // AddressSanitizer it once came out below the model's CPU for the probe (stop 37), which
+  // AddressSanitizer it once came out below the model's CPU for the probe, which
   // would price the transport's bytes in the cache at nothing. They cost CPU there too: at
   // most what they cost out of it, so such a probe takes the bulk's rate.
   if (t.b <= 0 && bytes > 0) t.b = bulk_cpu / bytes;
@@ -1100,15 +1100,13 @@ bool measure_engine_beta(Communicator& comm, Calibration& c, AllreduceProbe& pro
   // prices the probe at what it took. On 2 ranks on 2 cores the two CPU figures nearly agree
   // (model / process 0.83-1.04); on 4 the model counted 0.58-0.88 of the process's CPU (its
   // fits time each operation on a 2 MiB shard in the cache, while 4 ranks on 2 cores, each
-  // through a 16 MiB tensor, evict each other's), and the unshaped 4-rank points of s54 and
-  // s55 ran a median 20-32% slower than predicted at every size. The ratio of the two is
+  // through a 16 MiB tensor, evict each other's), and unshaped 4-rank points ran a median
+  // 20-32% slower than predicted at every size with the process's CPU. The ratio of the two is
   // believed between kMinCpuRatio and kMaxCpuRatio; beyond, the fits are off by more than one
   // factor should stand for, and the process's CPU is used as before. It is used only where
   // ranks outnumber the cores: with a core to each rank (2 ranks bound to 2 cores) the ranks
-  // do not evict each other's caches, and in grids s57 and s58 the ratio (1.23 in both) made
-  // those points worse (unshaped 22.7% -> 36.6% and 14.9% -> 18.1%, 1 Gbit/s 23.9% -> 26.1%
-  // and 12.8% -> 18.7%, replayed) where it made the 4-rank points better (12.6% against 30.3%
-  // and 14.3% against 22.6% unshaped, 18.2% against 40.2% at 1 Gbit/s in s57).
+  // do not evict each other's caches, and there the ratio (1.23) made the predictions worse
+  // (median error 15-23% -> 18-37%) where it made the 4-rank ones better (23-40% -> 13-18%).
   CostModel model_now(c);
   model_now.set_gather_bytes(0);
   const double model_cpu = model_now
@@ -1116,7 +1114,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c, AllreduceProbe& pro
                                         kHostProbePartitions, n, engine_threads())
                                .host_cpu;
   // Two series of runs, the lesser factor kept: a burst of work from outside the job during
-  // one raises its wall time and not the job's CPU (s57, 2 ranks on loopback: the wall over
+  // one raises its wall time and not the job's CPU (2 ranks on loopback: the wall over
   // the process's CPU came out at 1.68, against 1.05-1.38 in every other calibration of the
   // idle machine, and the point was over-predicted by a median 36%).
   constexpr int kCompressedReps = 7, kHostSeries = 2;
@@ -1243,8 +1241,8 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in,
   return c;
 }
 
-Calibration calibrate_local(const CalibrationOptions& options_in, int world_size,
-                            int ranks_on_host, const MakeAllreduceProbe& make_probe) {
+Calibration calibrate_local(const CalibrationOptions& options_in, int world_size, int ranks_on_host,
+                            const MakeAllreduceProbe& make_probe) {
   CalibrationOptions options = options_in;
   options.codecs = with_canonical_specs(options.codecs);
   const auto start = Clock::now();

@@ -40,6 +40,8 @@
 //   T = max(T, host bound + W*beta - X(W))
 // (one partition's W: without it, sharded onebit at 1 Gbit/s and 16 MiB is predicted fast at
 // small K and slow at large K, and the model prefers K = 1 where it is not the best).
+#include "planner/cost_model.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -49,12 +51,10 @@
 #include "terse/codec.h"
 #include "terse/engine.h"
 #include "terse/error.h"
-#include "planner/cost_model.h"
 
 namespace terse {
 
 namespace {
-
 
 // Elements of the largest of `parts` pieces of n (boundaries on multiples of 64, as Split).
 double largest_piece(double n, double parts) {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "terse/communicator.h"
 #include "planner/calibration.h"
+#include "terse/communicator.h"
 
 namespace terse::planner {
 

@@ -93,9 +93,9 @@ class Explorer {
   double budget_;
   double min_gain_;
   std::vector<bool> alive_;
-  std::vector<int> runs_;  // this round's runs per contender (0: not in it)
-  std::vector<int> uses_;  // this round's uses per contender
-  std::vector<std::vector<double>> all_;                  // every agreed run, per contender
+  std::vector<int> runs_;                 // this round's runs per contender (0: not in it)
+  std::vector<int> uses_;                 // this round's uses per contender
+  std::vector<std::vector<double>> all_;  // every agreed run, per contender
   std::vector<std::vector<std::vector<double>>> rounds_;  // per round, per contender
   std::vector<std::size_t> order_;                        // this pass's order
   std::size_t next_ = 0;                                  // position in order_

@@ -257,7 +257,8 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   if (partitions <= 0 && m.options.raw_partition_bytes > 0) {
     const std::size_t own =
         (n * sizeof(float) + m.options.raw_partition_bytes - 1) / m.options.raw_partition_bytes;
-    const int c = planner::clamp_partitions(static_cast<int>(std::min<std::size_t>(own, 1 << 20)), n);
+    const int c =
+        planner::clamp_partitions(static_cast<int>(std::min<std::size_t>(own, 1 << 20)), n);
     if (std::find(raw_ks.begin(), raw_ks.end(), c) == raw_ks.end()) raw_ks.push_back(c);
   }
   auto consider = [&](const std::string& spec, Strategy s, bool whole) {

@@ -141,9 +141,9 @@ TEST(Explorer, AdmitsContendersWhileTheFirstRoundFitsTheBudget) {
             (std::vector<std::string>{"fp16/sharded/1", "fp16/sharded/2", "none/raw/1"}));
   // A large budget: every plan within kWithin (1.5x) of the choice, raw last; allgather (1.8x)
   // is not one.
-  EXPECT_EQ(keys(planner::pick_contenders(d, 100)),
-            (std::vector<std::string>{"fp16/sharded/1", "fp16/sharded/2", "fp16/ring/1",
-                                      "none/raw/1"}));
+  EXPECT_EQ(
+      keys(planner::pick_contenders(d, 100)),
+      (std::vector<std::string>{"fp16/sharded/1", "fp16/sharded/2", "fp16/ring/1", "none/raw/1"}));
   EXPECT_EQ(planner::pick_contenders(d, 0).size(), 1u);  // no budget: the choice alone
 }
 

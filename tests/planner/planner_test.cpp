@@ -419,7 +419,8 @@ PlannerOptions options() {
 }
 
 TEST(Planner, TinyTensorsGoRawAndSlowLinksCompress) {
-  const auto slow_link_owner = PlannerAccess::with_calibration(options(), synthetic(12.5e6, 100e-6));
+  const auto slow_link_owner =
+      PlannerAccess::with_calibration(options(), synthetic(12.5e6, 100e-6));
   Planner& slow_link = *slow_link_owner;  // 100 Mbit/s
   EXPECT_EQ(slow_link.decide(100, 4, 4).chosen.plan.strategy, Strategy::kRaw);
   EXPECT_EQ(slow_link.decide(1000, 4, 4).chosen.plan.codec, "none");
@@ -587,7 +588,8 @@ TEST(Planner, GathersPowerSgdRoundsWhereLatencyDominates) {
   // At 100 Mbit/s and 100 us the bytes decide: rings.
   Calibration slow = synthetic(12.5e6, 100e-6);
   testing::add_powersgd(slow);
-  EXPECT_EQ(PlannerAccess::with_calibration(o, slow)->decide(n, 4, 4).chosen.plan.strategy, Strategy::kSummable);
+  EXPECT_EQ(PlannerAccess::with_calibration(o, slow)->decide(n, 4, 4).chosen.plan.strategy,
+            Strategy::kSummable);
 }
 
 TEST(Calibration, MeasuresMultiRoundCodecs) {
@@ -715,7 +717,6 @@ TEST(Planner, RawIsAlsoACandidateAtTheEnginesOwnPartitioning) {
   EXPECT_EQ(ks(big, 0, "none"), (std::set<int>{1, 2, 4, 8, 16}));
   EXPECT_EQ(ks(mid, std::size_t{8} << 20, "none"), (std::set<int>{1, 2, 4, 8, 16}));
 }
-
 
 // ---- tools ------------------------------------------------------------------------------------
 

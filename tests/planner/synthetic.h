@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "terse/codec.h"
 #include "planner/calibration.h"
+#include "terse/codec.h"
 
 namespace terse::testing {
 
