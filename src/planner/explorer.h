@@ -3,7 +3,7 @@
 //
 // The rule (docs/planner-explorer.md says the same): the contenders are the model's choice and
 // its next best plans expected within kWithin times the choice's time (at most kMaxContenders
-// of them), plus the best raw plan where it is within that factor too; beyond the choice and
+// in all), plus the best raw plan where it is within that factor too; beyond the choice and
 // raw, a contender joins only while the first round's least runs (kMinRuns each, at its
 // expected time) fit the budget. They run in rounds of sequential halving: what is left of the
 // budget is split evenly over the rounds still to come (ceil(log2) of the contenders left) and
