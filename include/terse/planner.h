@@ -15,7 +15,8 @@
 //   engine.allreduce("grad", data, o).wait();  // the first call calibrates (a collective)
 //
 // Promises:
-// - Thread safety: every member may be called from any thread.
+// - Thread safety: every member may be called from any thread; the collectives below from one
+//   thread at a time, in the same order on every rank.
 // - Collectives: the first plan() on a communicator (calibration, or agreement on a cached
 //   one) and before_submission() at the points where it exchanges measured times. Every rank
 //   must call them at the same points with the same arguments, which an engine does when its
@@ -57,8 +58,9 @@ struct PlannerOptions {
   // respected); "-" for none (calibrate every time).
   std::string cache_path;
   // Exploration budget: seconds of expected run time that exploring one tensor size may spend
-  // on its contenders (0: no exploration, the model's choice stands). The first round of the
-  // model's choice and the best raw plan always runs. TERSE_PLAN_EXPLORE sets it.
+  // on its contenders (0: no exploration, the model's choice stands). The choice and the best
+  // raw plan (where it is expected within 1.5x of the choice) run a first round even where it
+  // costs more. TERSE_PLAN_EXPLORE sets it.
   double explore_seconds = 2.0;
   // Print the calibration and every decision on rank 0 (TERSE_PLAN_LOG=1 sets it).
   bool log = false;
