@@ -28,7 +28,13 @@
 
 #include "bench_util.h"
 #include "commands.h"
+// Internal headers: the benchmark reads the calibration and the cost model, which are no part
+// of the public API, and calibrates before the engine's first "auto" allreduce would.
+#include "engine/allreduce_probe.h"
 #include "launch.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
+#include "planner/planner_impl.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/error.h"
@@ -51,7 +57,6 @@ struct Options {
   std::string json;
   std::string cache = "-";
   std::string replay;
-  bool partition_rates = false;
 };
 
 struct Measured {
@@ -74,10 +79,11 @@ void run_rank(const Options& opt) {
   const int r = comm->rank(), n_ranks = comm->size();
   PlannerOptions po;
   po.allowed = opt.codecs;
-  if (!opt.partitions.empty()) po.partitions = opt.partitions;
   po.cache_path = opt.cache;
-  po.recheck_interval = 0;  // the benchmark compares the planner's first choice
-  auto planner = std::make_shared<Planner>(po);
+  std::shared_ptr<Planner> planner = std::make_shared<Planner>(po);
+  if (!opt.partitions.empty()) PlannerAccess::set_partitions(*planner, opt.partitions);
+  PlannerAccess::set_recheck_interval(*planner, 0);  // the benchmark compares the first choice
+  PlannerAccess::set_allreduce_probe(*planner, make_allreduce_probe);
   EngineOptions eo;
   eo.threads = opt.threads;
   eo.planner = planner;
@@ -86,7 +92,7 @@ void run_rank(const Options& opt) {
     const char* v = std::getenv("TERSE_THREADS");
     return v != nullptr && *v != '\0' ? std::atoi(v) : 4;
   }();
-  const Calibration& cal = planner->calibration(*comm);
+  const Calibration& cal = PlannerAccess::calibration(*planner, *comm);
   if (r == 0) {
     fmt::print(
         "terse bench planner: {} ranks{}, {} threads, median of {} runs; calibrated in "
@@ -117,7 +123,7 @@ void run_rank(const Options& opt) {
     }
     const PlanDecision d = planner->decide(n, n_ranks, threads);
     const double fastest = d.ranked.front().predicted.seconds;
-    // Codec "auto" first explores what the model cannot tell apart (PlannerOptions::explore_*)
+    // Codec "auto" first explores what the model cannot tell apart (planner/explorer.h)
     // and settles on the fastest measured: the plan it settles on is its choice. (All ranks
     // leave the loop together: exploration's state is the same on every rank.)
     AllreduceOptions auto_options;
@@ -143,7 +149,7 @@ void run_rank(const Options& opt) {
       comm->barrier("explore");
       engine.allreduce(explore_name, data, auto_options).wait();
       ++explored;
-      // A guard only: two rounds of (explore_candidates + raw) x explore_max_runs are 450.
+      // A guard only: sequential halving of five contenders runs at most 320 allreduces.
     } while (planner->exploring(n, threads) && explored < 1000);
     const TensorPlan settled = engine.plan(n, auto_options);
     // What exploration measured of each contender (the agreed times it settled on), to set
@@ -176,7 +182,7 @@ void run_rank(const Options& opt) {
                     false});
     runs.push_back({"raw default " + label_of(raw_plan),
                     raw_plan,
-                    planner->model()
+                    PlannerAccess::model(*planner)
                         .predict(n, "none", Strategy::kRaw, raw_plan.partitions, n_ranks, threads)
                         .seconds,
                     {},
@@ -231,7 +237,7 @@ void run_rank(const Options& opt) {
       // that one evicted from the cache, and in a fixed order codec "auto" always came after
       // the slowest candidate (2 ranks on loopback, 1 MiB: auto 0.631-0.676 ms against
       // 0.580-0.637 for the same raw plan as a candidate and 0.585-0.643 as the raw default
-      // right after it, in grids s76 and s77).
+      // right after it).
       std::vector<std::size_t> order(runs.size());
       std::iota(order.begin(), order.end(), std::size_t{0});
       std::mt19937 shuffler(12345);
@@ -338,13 +344,13 @@ void run_rank(const Options& opt) {
       again = time_pairs(index(auto_run), index(best), "again", false);
       // The pairs' own resolution, measured alongside: the best against itself on a second
       // tensor, as many pairs, so that a miss can be told from the machine's spread at that
-      // point (grid s88, stop 46: 0.6% from 1 at the median, at most 3.4%, over 17 points).
+      // point (0.6% from 1 at the median, at most 3.4%, over 17 points of one grid).
       control = time_pairs(index(best), index(best), "control", true);
     }
     // Do no harm is judged on codec "auto" against the raw default, measured in the same run:
     // where the two are close, a few percent of the machine's drift, or of what the
-    // configuration run before each left in the cache, decides it (2 ranks on loopback, 1 MiB,
-    // grid s78: auto 0.849 ms against 0.769 for the same raw plan as a candidate). There they
+    // configuration run before each left in the cache, decides it (2 ranks on loopback, 1 MiB:
+    // auto 0.849 ms against 0.769 for the same raw plan as a candidate). There they
     // are timed again in pairs, as the choice and the best are.
     constexpr double kCloseToRaw = 0.9;
     Again vs_raw;
@@ -465,11 +471,7 @@ void replay(const Options& opt) {
     }
   }
   const int threads = report.value("threads", 4);
-  // The model's pricing (or the one before stop 37, --partition-rates), the calibration's host
-  // factor rebased onto it.
-  const bool tensor_rates = !opt.partition_rates;
-  CostModel model(rebase_host_factor(std::move(calibration), tensor_rates));
-  model.set_tensor_rates(tensor_rates);
+  const CostModel model(std::move(calibration));
   std::vector<double> before, after;
   for (auto& size : report["sizes"]) {
     const auto n = size["elements"].get<std::size_t>();
@@ -531,9 +533,6 @@ void add_bench_planner_command(CLI::App& bench) {
   cmd->add_option("--replay", opt->replay,
                   "Predict a recorded run's configurations again with this build's cost model "
                   "and that run's calibration, or --cache's (no ranks, no measuring)");
-  cmd->add_flag("--partition-rates", opt->partition_rates,
-                "With --replay: price each partition's work at its own size's rate (the model "
-                "before stop 37) instead of the tensor's");
   cmd->callback([opt] {
     if (!opt->replay.empty()) {
       replay(*opt);

@@ -13,7 +13,11 @@
 #include <vector>
 
 #include "commands.h"
+// Internal headers: the calibration record and its measuring are no part of the public API;
+// this command is their front end.
+#include "engine/allreduce_probe.h"
 #include "launch.h"
+#include "planner/calibration.h"
 #include "terse/communicator.h"
 #include "terse/planner.h"
 
@@ -110,7 +114,7 @@ void run_rank(const Options& opt) {
   co.codecs = defaults.allowed();
   co.codec_max_elements = opt.max_elements;
   co.quiet = false;
-  const Calibration c = calibrate(*comm, co);
+  const Calibration c = calibrate(*comm, co, make_allreduce_probe);
   const std::string path = opt.out.empty() ? default_calibration_path(comm->size()) : opt.out;
   std::error_code ec;
   // Every rank writes its own machine's cache (the same agreed numbers); the last rename wins.

@@ -19,6 +19,12 @@
 #include <vector>
 
 #include "commands.h"
+// Internal headers: the calibration and the cost model are no part of the public API; this
+// command asks them what-if questions (other rates, other world sizes).
+#include "engine/allreduce_probe.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
+#include "planner/planner_impl.h"
 #include "terse/codec.h"
 #include "terse/error.h"
 #include "terse/planner.h"
@@ -149,7 +155,7 @@ struct StepModel {
         (n * sizeof(float) + partition_bytes - 1) / partition_bytes, 1, 256));
   }
   double raw(std::size_t n) const {
-    return planner.model()
+    return PlannerAccess::model(planner)
         .predict(n, "none", Strategy::kRaw, default_partitions(n), ranks, threads)
         .seconds;
   }
@@ -209,7 +215,6 @@ void run(const Options& opt) {
 
   PlannerOptions po;
   po.allowed = opt.codecs;
-  if (!opt.partitions.empty()) po.partitions = opt.partitions;
   const Planner defaults(po);  // resolves the codec list
 
   // CPU costs: a calibration file (from `terse calibrate`), else measured here and now.
@@ -225,7 +230,7 @@ void run(const Options& opt) {
   } else {
     CalibrationOptions co;
     co.codecs = defaults.allowed();
-    cal = calibrate_local(co, opt.ranks, opt.ranks_per_host);
+    cal = calibrate_local(co, opt.ranks, opt.ranks_per_host, make_allreduce_probe);
     source =
         fmt::format("measured now, {} rank(s) per host on {} cores", cal.ranks_on_host, cal.cores);
   }
@@ -245,10 +250,12 @@ void run(const Options& opt) {
     cal.alpha = 50e-6;
   }
   cal.world_size = opt.ranks;
-  const Planner planner(po, std::move(cal));
+  const std::unique_ptr<Planner> made = PlannerAccess::with_calibration(po, std::move(cal));
+  Planner& planner = *made;
+  if (!opt.partitions.empty()) PlannerAccess::set_partitions(planner, opt.partitions);
   const StepModel model{planner, opt.ranks, opt.threads, parse_size(opt.fuse, "--fuse-bytes"),
                         parse_size(opt.partition, "--partition-bytes")};
-  const Calibration& c = planner.model().calibration();
+  const Calibration& c = PlannerAccess::model(planner).calibration();
 
   std::size_t total = 0;
   for (const auto& t : tensors) total += t.elements;

@@ -146,9 +146,10 @@ struct EngineOptions {
   // failed submission leaves them unchanged (one more copy of every tensor).
   bool keep_input_on_error = false;
   // Decides codec "auto" (include/terse/planner.h). Without one, the first "auto" tensor makes
-  // the engine create one with default PlannerOptions. With "auto", the first plan (and every
-  // PlannerOptions::recheck_interval-th submission) is a collective: every rank calibrates or
-  // agrees on the cached calibration, or exchanges measured times.
+  // the engine create one with default PlannerOptions. With "auto", the first plan (and the
+  // submissions at which the planner exchanges measured times: the end of each exploration
+  // round, periodic re-checks) is a collective: every rank calibrates or agrees on the cached
+  // calibration, or exchanges measured times.
   std::shared_ptr<Planner> planner;
 };
 

@@ -24,6 +24,7 @@
 
 #include "codecs/wire.h"
 #include "collectives/collective.h"
+#include "engine/allreduce_probe.h"
 #include "engine/buffer_pool.h"
 #include "engine/handle_access.h"
 #include "engine/tags.h"
@@ -31,6 +32,7 @@
 #include "kit/blas.h"
 #include "kit/hash.h"
 #include "kit/host.h"
+#include "planner/planner_impl.h"
 #include "terse/codec.h"
 #include "terse/planner.h"
 #include "terse/trace.h"
@@ -370,6 +372,8 @@ struct Engine::Impl {
       po.raw_partition_bytes = options.partition_bytes;
       planner = std::make_shared<Planner>(std::move(po));
     }
+    // Calibration times allreduces through a probe engine of its own.
+    PlannerAccess::set_allreduce_probe(*planner, make_allreduce_probe);
     return *planner;
   }
 

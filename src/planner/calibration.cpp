@@ -4,6 +4,8 @@
 // Why everything is measured with every rank busy at once: ranks of one job may share a
 // machine (the emulated cluster runs all of them on 2 cores), and a collective runs as fast as
 // its slowest rank under that load. Measuring one rank alone would predict an idle machine.
+#include "planner/calibration.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -23,20 +25,18 @@
 #include <sstream>
 #include <thread>
 
-#include "engine/tags.h"
+#include "engine/tags.h"  // the reserved message tags, shared with the engine's exchanges
 #include "kit/basic.h"
 #include "kit/blas.h"
 #include "kit/cpu_time.h"
 #include "kit/hash.h"
 #include "kit/host.h"
 #include "kit/memory.h"
+#include "planner/cost_model.h"
 #include "planner/exchange.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
-#include "terse/engine.h"
 #include "terse/error.h"
-#include "terse/planner.h"
-#include "terse/trace.h"
 
 namespace terse {
 
@@ -218,117 +218,32 @@ double Calibration::slowdown(double threads) const {
   return std::max(s, saturation(threads));
 }
 
-namespace {
-
-nlohmann::json fit_json(const LinearFit& f) {
-  return {{"a", f.a},
-          {"b", f.b},
-          {"knee", f.knee},
-          {"b2", f.b2},
-          {"rms_relative_error", f.rms_relative_error},
-          {"max_relative_error", f.max_relative_error},
-          {"points", f.points},
-          {"outliers", f.outliers},
-          {"x", f.xs},
-          {"y", f.ys}};
-}
-
-LinearFit fit_from(const nlohmann::json& j) {
-  LinearFit f;
-  f.a = j.at("a").get<double>();
-  f.b = j.at("b").get<double>();
-  f.knee = j.value("knee", 0.0);
-  f.b2 = j.value("b2", 0.0);
-  f.rms_relative_error = j.value("rms_relative_error", 0.0);
-  f.max_relative_error = j.value("max_relative_error", 0.0);
-  f.points = j.value("points", 0);
-  f.outliers = j.value("outliers", 0);
-  if (j.contains("x")) f.xs = j.at("x").get<std::vector<double>>();
-  if (j.contains("y")) f.ys = j.at("y").get<std::vector<double>>();
-  return f;
-}
-
-}  // namespace
+// The cache's JSON: each field named once, in the order of the structs. Reading requires every
+// field (a cache written by another version is measured again, never patched up).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LinearFit, a, b, knee, b2, rms_relative_error,
+                                   max_relative_error, points, outliers, xs, ys)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CodecCosts, spec, summable, multi_round, encode, decode,
+                                   accumulate, combine, bytes)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Calibration, host, world_size, ranks_on_host, cores, peer_alpha,
+                                   peer_beta, alpha, beta, engine_beta, engine_link, transport_cpu,
+                                   cpu_per_message, host_efficiency, host_cpu_ratio, add, divide,
+                                   codecs, cpu_slowdown, task_overhead, job_overhead, seconds)
 
 std::string Calibration::to_json() const {
-  nlohmann::json j;
+  nlohmann::json j = *this;
   j["version"] = kVersion;
-  j["host"] = host;
-  j["world_size"] = world_size;
-  j["ranks_on_host"] = ranks_on_host;
-  j["cores"] = cores;
-  j["alpha"] = alpha;
-  j["beta"] = beta;
-  j["engine_beta"] = engine_beta;
-  j["engine_link"] = fit_json(engine_link);
-  j["transport_cpu"] = fit_json(transport_cpu);
-  j["cpu_per_message"] = cpu_per_message;
-  j["host_efficiency"] = host_efficiency;
-  j["host_cpu_ratio"] = host_cpu_ratio;
-  j["tensor_rates"] = tensor_rates;
-  j["peer_alpha"] = peer_alpha;
-  j["peer_beta"] = peer_beta;
-  j["add"] = fit_json(add);
-  j["divide"] = fit_json(divide);
-  j["cpu_slowdown"] = cpu_slowdown;
-  j["task_overhead"] = task_overhead;
-  j["job_overhead"] = job_overhead;
-  j["seconds"] = seconds;
-  j["codecs"] = nlohmann::json::array();
-  for (const auto& c : codecs) {
-    j["codecs"].push_back({{"spec", c.spec},
-                           {"summable", c.summable},
-                           {"multi_round", c.multi_round},
-                           {"encode", fit_json(c.encode)},
-                           {"decode", fit_json(c.decode)},
-                           {"accumulate", fit_json(c.accumulate)},
-                           {"combine", fit_json(c.combine)},
-                           {"bytes", fit_json(c.bytes)}});
-  }
   return j.dump(1);
 }
 
 Calibration Calibration::from_json(std::string_view text) {
   try {
     const auto j = nlohmann::json::parse(text);
-    if (j.at("version").get<int>() != kVersion) {
-      throw DecodeError(fmt::format("calibration: version {} (this build reads {})",
-                                    j.at("version").get<int>(), kVersion));
+    const int version = j.at("version").get<int>();
+    if (version != kVersion) {
+      throw DecodeError(
+          fmt::format("calibration: version {} (this build reads {})", version, kVersion));
     }
-    Calibration c;
-    c.host = j.at("host").get<std::string>();
-    c.world_size = j.at("world_size").get<int>();
-    c.ranks_on_host = j.at("ranks_on_host").get<int>();
-    c.cores = j.at("cores").get<int>();
-    c.alpha = j.at("alpha").get<double>();
-    c.beta = j.at("beta").get<double>();
-    c.engine_beta = j.value("engine_beta", 0.0);
-    if (j.contains("engine_link")) c.engine_link = fit_from(j.at("engine_link"));
-    if (j.contains("transport_cpu")) c.transport_cpu = fit_from(j.at("transport_cpu"));
-    c.cpu_per_message = j.value("cpu_per_message", 0.0);
-    c.host_efficiency = j.value("host_efficiency", 1.0);
-    c.host_cpu_ratio = j.value("host_cpu_ratio", 1.0);
-    c.tensor_rates = j.value("tensor_rates", false);  // absent: measured before stop 37
-    c.peer_alpha = j.at("peer_alpha").get<std::vector<std::vector<double>>>();
-    c.peer_beta = j.at("peer_beta").get<std::vector<std::vector<double>>>();
-    c.add = fit_from(j.at("add"));
-    c.divide = fit_from(j.at("divide"));
-    c.cpu_slowdown = j.at("cpu_slowdown").get<std::vector<double>>();
-    c.task_overhead = j.at("task_overhead").get<double>();
-    c.job_overhead = j.at("job_overhead").get<double>();
-    c.seconds = j.value("seconds", 0.0);
-    for (const auto& e : j.at("codecs")) {
-      CodecCosts k;
-      k.spec = e.at("spec").get<std::string>();
-      k.summable = e.at("summable").get<bool>();
-      k.multi_round = e.value("multi_round", false);
-      k.encode = fit_from(e.at("encode"));
-      k.decode = fit_from(e.at("decode"));
-      k.accumulate = fit_from(e.at("accumulate"));
-      k.combine = fit_from(e.at("combine"));
-      k.bytes = fit_from(e.at("bytes"));
-      c.codecs.push_back(std::move(k));
-    }
+    auto c = j.get<Calibration>();
     if (c.world_size < 1 || c.cpu_slowdown.empty()) throw DecodeError("calibration: bad values");
     return c;
   } catch (const nlohmann::json::exception& e) {
@@ -600,9 +515,9 @@ using Arena = kit::PageArray<float>;
 constexpr std::size_t kWrittenBytes = std::size_t{4} << 20;
 
 // A codec's cost per element grows at most 3.6x from one measured size to the next (8x the
-// elements) as its data leave the cache (s47-s49's calibrations; onebit's decode from 512 Ki
-// to 4 Mi floats); points above this factor were disturbed: 6.1x (onebit's encode at 4 Mi
-// floats, 6.0 ns an element against 1.8-2.1 elsewhere), 13.8x, 29x and 92x in s30-s49.
+// elements) as its data leave the cache (onebit's decode from 512 Ki to 4 Mi
+// floats); points above this factor were disturbed: 6.1x (onebit's encode at 4 Mi floats, 6.0 ns
+// an element against 1.8-2.1 elsewhere), 13.8x, 29x and 92x in earlier calibrations here.
 constexpr double kImplausibleStep = 5;
 
 // Runs the CPU measurements in lockstep with the other ranks (a barrier before each series),
@@ -927,20 +842,16 @@ constexpr double kImplausibleSmallShare = 0.8;
 //   raw8 - raw1      = the model's extra time for 7 more partitions + 7 * task_overhead.
 // Each figure is the median over runs of the slowest rank's time. Returns what
 // measure_engine_beta does: whether the links paced its raw allreduce.
-bool measure_engine(Communicator& comm, Calibration& c) {
-  EngineOptions eo;
-  eo.tracer = std::make_shared<TraceRecorder>();  // not TERSE_TRACE's: this engine is a probe
-  eo.gather_bytes = 0;                            // raw probes on the ring (see above)
-  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
+bool measure_engine(Communicator& comm, Calibration& c, AllreduceProbe& probe) {
   const int threads = engine_threads();
   constexpr std::size_t kPiece = 1024;
   std::vector<float> x(kProbePartitions * kPiece, 1.0f);
-  AllreduceOptions raw1, gather, raw8;
+  TensorPlan raw1, gather, raw8;
   raw1.partitions = 1;
   gather.strategy = Strategy::kAllgather;
   gather.partitions = 1;
   raw8.partitions = kProbePartitions;
-  const std::pair<const AllreduceOptions*, std::size_t> probes[] = {
+  const std::pair<const TensorPlan*, std::size_t> probes[] = {
       {&raw1, kPiece}, {&gather, kPiece}, {&raw8, kProbePartitions * kPiece}};
   // Each run starts after a barrier and counts as its slowest rank's time, as a collective
   // after a training step's compute is seen (and as the benchmarks measure it).
@@ -952,17 +863,14 @@ bool measure_engine(Communicator& comm, Calibration& c) {
       comm.barrier("calibration");
       const double cpu0 = kit::process_cpu_seconds();
       const auto t0 = Clock::now();
-      engine
-          .allreduce(fmt::format("calibration-{}", i), std::span(x).first(probes[i].second),
-                     *probes[i].first)
-          .wait();
+      probe.allreduce(fmt::format("calibration-{}", i), std::span(x).first(probes[i].second),
+                      *probes[i].first);
       if (rep >= 0) {
         mine.push_back(seconds_since(t0));
         cpu.push_back(kit::process_cpu_seconds() - cpu0);
       }
     }
   }
-  engine.synchronize();
   const auto slowest = planner::agree_max(comm, mine);
   // CPU per message: raw8 sends 7 more partitions' 2(N-1) messages than raw1 (and receives as
   // many); their elements cost next to nothing. The median over reps of each rank's
@@ -988,13 +896,13 @@ bool measure_engine(Communicator& comm, Calibration& c) {
   c.job_overhead = std::max(0.0, m[1] - c.alpha - (n - 1) * (kPiece * 4.0 + 24) * c.beta);
   auto predict = [&](std::size_t elements, int partitions) {
     CostModel model(c);
-    model.set_gather_bytes(eo.gather_bytes);
+    model.set_gather_bytes(0);  // the probe's raw partitions travel on the ring
     return model.predict(elements, "none", Strategy::kRaw, partitions, comm.size(), threads)
         .seconds;
   };
   c.task_overhead = std::max(
       0.0, (m[2] - predict(kProbePartitions * kPiece, kProbePartitions)) / (kProbePartitions - 1));
-  return planner::measure_engine_beta(comm, c);
+  return planner::measure_engine_beta(comm, c, probe);
 }
 
 std::vector<std::string> with_canonical_specs(const std::vector<std::string>& specs) {
@@ -1020,7 +928,7 @@ constexpr double kMinCpuRatio = 0.5, kMaxCpuRatio = 2;
 // slow).
 constexpr double kDisturbedLinks = 0.8;
 // ... and never slower than the links (at most 0.99 of their time a byte in those 46); above
-// this multiple the allreduce was disturbed (once: 1.62, 100 Mbit/s, 4 ranks, s36).
+// this multiple the allreduce was disturbed (once: 1.62, 100 Mbit/s, 4 ranks).
 constexpr double kDisturbedEngine = 1.25;
 
 namespace {
@@ -1046,19 +954,14 @@ constexpr int kHostProbePartitions = 2;
 
 }  // namespace
 
-bool measure_engine_beta(Communicator& comm, Calibration& c) {
+bool measure_engine_beta(Communicator& comm, Calibration& c, AllreduceProbe& probe) {
   c.engine_beta = 0;
   c.engine_link = LinearFit{};
   c.transport_cpu = LinearFit{};
   c.host_efficiency = 1;
   c.host_cpu_ratio = 1;
-  c.tensor_rates = CostModel::kTensorRates;  // the pricing model_now uses, below
   const int n = comm.size();
   if (n == 1 || c.beta <= 0) return false;
-  EngineOptions eo;
-  eo.tracer = std::make_shared<TraceRecorder>();  // a probe: not TERSE_TRACE's
-  eo.gather_bytes = 0;
-  Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
   const double per_float = 8.0 * (n - 1) / n;  // bytes each rank sends per element
   const std::size_t unit = 64 * static_cast<std::size_t>(n);
   const std::size_t elements = probe_elements(n, c.beta);
@@ -1073,19 +976,19 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   struct Runs {
     std::vector<double> wall, cpu;
   };
-  auto time_runs = [&](Runs& r, const char* name, std::size_t n_elements, const AllreduceOptions& o,
+  auto time_runs = [&](Runs& r, const char* name, std::size_t n_elements, const TensorPlan& o,
                        int warm, int reps) {
     for (int rep = -warm; rep < reps; ++rep) {
       comm.barrier("calibration");
       const double cpu0 = kit::process_cpu_seconds();
       const auto t0 = Clock::now();
-      engine.allreduce(name, std::span(x).first(n_elements), o).wait();
+      probe.allreduce(name, std::span(x).first(n_elements), o);
       if (rep < 0) continue;
       r.wall.push_back(seconds_since(t0));
       r.cpu.push_back(kit::process_cpu_seconds() - cpu0);
     }
   };
-  AllreduceOptions raw;
+  TensorPlan raw;
   raw.partitions = 1;
   // Three series, each the small size's runs and then the bulk's, and every figure the median
   // of all its runs: a spell of load from outside the job that lasts one series moves none of
@@ -1106,7 +1009,6 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
     time_runs(bulk, "calibration-bulk", elements, raw, series == 0 ? 1 + engine_threads() : 1,
               kReps);
   }
-  engine.synchronize();
   const double measured = planner::median(planner::agree_max(comm, bulk.wall));
   const double measured_small = planner::median(planner::agree_max(comm, small_runs.wall));
   // Each rank's median run, then the median over ranks (as cpu_per_message, measure_engine).
@@ -1117,7 +1019,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   no_bytes.engine_beta = 0;
   no_bytes.transport_cpu = LinearFit{};
   CostModel model(no_bytes);
-  model.set_gather_bytes(eo.gather_bytes);
+  model.set_gather_bytes(0);
   auto predict = [&](std::size_t n_elements) {
     return model.predict(n_elements, "none", Strategy::kRaw, 1, n, engine_threads());
   };
@@ -1135,7 +1037,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   LinearFit& t = c.transport_cpu;
   t.b = small_cpu / small_bytes;
   // The small probe's residual is a fraction of a millisecond; on 4 ranks on 2 cores under
-  // AddressSanitizer it once came out below the model's CPU for the probe (stop 37), which
+  // AddressSanitizer it once came out below the model's CPU for the probe, which
   // would price the transport's bytes in the cache at nothing. They cost CPU there too: at
   // most what they cost out of it, so such a probe takes the bulk's rate.
   if (t.b <= 0 && bytes > 0) t.b = bulk_cpu / bytes;
@@ -1189,7 +1091,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
     if (!links_paced_raw) c.host_efficiency = std::max(1.0, ratio);
     return paced;
   }
-  AllreduceOptions compressed;
+  TensorPlan compressed;
   compressed.codec = codec->spec;
   compressed.strategy = Strategy::kSharded;
   compressed.partitions = kHostProbePartitions;
@@ -1198,23 +1100,21 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
   // prices the probe at what it took. On 2 ranks on 2 cores the two CPU figures nearly agree
   // (model / process 0.83-1.04); on 4 the model counted 0.58-0.88 of the process's CPU (its
   // fits time each operation on a 2 MiB shard in the cache, while 4 ranks on 2 cores, each
-  // through a 16 MiB tensor, evict each other's), and the unshaped 4-rank points of s54 and
-  // s55 ran a median 20-32% slower than predicted at every size. The ratio of the two is
+  // through a 16 MiB tensor, evict each other's), and unshaped 4-rank points ran a median
+  // 20-32% slower than predicted at every size with the process's CPU. The ratio of the two is
   // believed between kMinCpuRatio and kMaxCpuRatio; beyond, the fits are off by more than one
   // factor should stand for, and the process's CPU is used as before. It is used only where
   // ranks outnumber the cores: with a core to each rank (2 ranks bound to 2 cores) the ranks
-  // do not evict each other's caches, and in grids s57 and s58 the ratio (1.23 in both) made
-  // those points worse (unshaped 22.7% -> 36.6% and 14.9% -> 18.1%, 1 Gbit/s 23.9% -> 26.1%
-  // and 12.8% -> 18.7%, replayed) where it made the 4-rank points better (12.6% against 30.3%
-  // and 14.3% against 22.6% unshaped, 18.2% against 40.2% at 1 Gbit/s in s57).
+  // do not evict each other's caches, and there the ratio (1.23) made the predictions worse
+  // (median error 15-23% -> 18-37%) where it made the 4-rank ones better (23-40% -> 13-18%).
   CostModel model_now(c);
-  model_now.set_gather_bytes(eo.gather_bytes);
+  model_now.set_gather_bytes(0);
   const double model_cpu = model_now
                                .predict(elements, codec->spec, Strategy::kSharded,
                                         kHostProbePartitions, n, engine_threads())
                                .host_cpu;
   // Two series of runs, the lesser factor kept: a burst of work from outside the job during
-  // one raises its wall time and not the job's CPU (s57, 2 ranks on loopback: the wall over
+  // one raises its wall time and not the job's CPU (2 ranks on loopback: the wall over
   // the process's CPU came out at 1.68, against 1.05-1.38 in every other calibration of the
   // idle machine, and the point was over-predicted by a median 36%).
   constexpr int kCompressedReps = 7, kHostSeries = 2;
@@ -1223,7 +1123,6 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
     Runs host;
     time_runs(host, "calibration-host", elements, compressed, 1 + engine_threads(),
               kCompressedReps);
-    engine.synchronize();
     const double wall = planner::median(planner::agree_max(comm, host.wall));
     const double cpu = planner::agree_median(comm, {planner::median(std::move(host.cpu))})[0];
     const double host_ratio = cpu > 0 ? wall / (share * cpu) : 0;
@@ -1244,11 +1143,11 @@ bool measure_engine_beta(Communicator& comm, Calibration& c) {
 }
 
 void check_link_probes(Communicator& comm, const CalibrationOptions& options, Calibration& c,
-                       bool paced) {
+                       bool paced, AllreduceProbe& probe) {
   if (!paced || c.engine_beta <= 0) return;
   if (c.engine_beta > kDisturbedEngine * c.beta) {
     Calibration again = c;
-    measure_engine_beta(comm, again);
+    measure_engine_beta(comm, again, probe);
     log_line(options.quiet, comm.rank(),
              fmt::format("a raw allreduce moved {:.1f} MB/s over links measured at {:.1f} MB/s; "
                          "measured again: {:.1f} MB/s",
@@ -1268,39 +1167,10 @@ void check_link_probes(Communicator& comm, const CalibrationOptions& options, Ca
   c.beta = again.beta;
   c.peer_beta = std::move(again.peer_beta);
   c.peer_alpha = std::move(again.peer_alpha);
-  measure_engine_beta(comm, c);
+  measure_engine_beta(comm, c, probe);
 }
 
 }  // namespace planner
-
-Calibration rebase_host_factor(Calibration c, bool tensor_rates) {
-  using planner::kMaxCpuRatio;
-  using planner::kMinCpuRatio;
-  const bool counted = c.host_share() > 1 && c.host_cpu_ratio != 1 && c.world_size > 1;
-  const CodecCosts* codec = planner::host_probe_codec(c);
-  if (c.tensor_rates == tensor_rates || !counted || codec == nullptr || c.beta <= 0) {
-    c.tensor_rates = tensor_rates;
-    return c;
-  }
-  // host_efficiency = max(1, wall ratio * host_cpu_ratio), host_cpu_ratio the probe's process
-  // CPU over the model's: the same process CPU over the other model's CPU replaces it.
-  const std::size_t elements = planner::probe_elements(c.world_size, c.beta);
-  auto model_cpu = [&](bool rates) {
-    CostModel model(c);
-    model.set_tensor_rates(rates);
-    return model
-        .predict(elements, codec->spec, Strategy::kSharded, planner::kHostProbePartitions,
-                 c.world_size, engine_threads())
-        .host_cpu;
-  };
-  const double from = model_cpu(c.tensor_rates), to = model_cpu(tensor_rates);
-  const double ratio = to > 0 ? c.host_cpu_ratio * from / to : 0;
-  const double believed = ratio >= kMinCpuRatio && ratio <= kMaxCpuRatio ? ratio : 1.0;
-  c.host_efficiency = std::max(1.0, c.host_efficiency / c.host_cpu_ratio * believed);
-  c.host_cpu_ratio = believed;
-  c.tensor_rates = tensor_rates;
-  return c;
-}
 
 double engine_probe_disturbance(const Calibration& c, double link_latency) {
   double worst = 0;
@@ -1312,7 +1182,8 @@ double engine_probe_disturbance(const Calibration& c, double link_latency) {
   return worst;
 }
 
-Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) {
+Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in,
+                      const MakeAllreduceProbe& make_probe) {
   CalibrationOptions options = options_in;
   options.codecs = with_canonical_specs(options.codecs);
   const auto start = Clock::now();
@@ -1333,7 +1204,8 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   measure_cpu(&comm, options, c);
   log_line(options.quiet, comm.rank(),
            fmt::format("codecs measured in {:.2f} s", seconds_since(cpu_start)));
-  bool paced = measure_engine(comm, c);
+  const std::unique_ptr<AllreduceProbe> probe = make_probe(comm);
+  bool paced = measure_engine(comm, c, *probe);
   // alpha is a difference of two medians of short runs, so a burst of load from outside the
   // job during the probe can inflate it tenfold (seen once in the planner's accuracy grid:
   // 2.5 ms against 0.2 ms in every other calibration of the same links), and every small
@@ -1352,7 +1224,7 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
   };
   for (int retry = 0; retry < 2 && disturbance(c) > 1; ++retry) {
     Calibration again = c;
-    const bool paced_again = measure_engine(comm, again);
+    const bool paced_again = measure_engine(comm, again, *probe);
     log_line(options.quiet, comm.rank(),
              fmt::format("engine probe looks disturbed (round latency {:.1f} us against the "
                          "links' {:.1f} us; small allreduce {:.3f} ns/B against the bulk's "
@@ -1363,14 +1235,14 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in) 
       c = again, paced = paced_again;
     }
   }
-  if (options.measure_links) planner::check_link_probes(comm, options, c, paced);
+  if (options.measure_links) planner::check_link_probes(comm, options, c, paced, *probe);
   c.seconds = planner::agree_max(comm, {seconds_since(start)})[0];
   log_line(options.quiet, comm.rank(), fmt::format("done in {:.2f} s", c.seconds));
   return c;
 }
 
-Calibration calibrate_local(const CalibrationOptions& options_in, int world_size,
-                            int ranks_on_host) {
+Calibration calibrate_local(const CalibrationOptions& options_in, int world_size, int ranks_on_host,
+                            const MakeAllreduceProbe& make_probe) {
   CalibrationOptions options = options_in;
   options.codecs = with_canonical_specs(options.codecs);
   const auto start = Clock::now();
@@ -1386,7 +1258,7 @@ Calibration calibrate_local(const CalibrationOptions& options_in, int world_size
     const auto dir = std::filesystem::temp_directory_path() /
                      fmt::format("terse-calibrate-{}-{}", ::getpid(), fnv1a64(c.host));
     auto comm = Communicator::create(0, 1, make_file_store(dir.string()));
-    measure_engine(*comm, c);
+    measure_engine(*comm, c, *make_probe(*comm));
     comm.reset();
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);

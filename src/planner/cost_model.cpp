@@ -38,8 +38,10 @@
 // (a link the cores do not pace: engine_link not measured) the last partition's bytes cross
 // while nothing is left to compute, and at K = 1 the ranks compute, then wait on the wire:
 //   T = max(T, host bound + W*beta - X(W))
-// (one partition's W; without it, 1 Gbit/s 16 MiB sharded onebit K = 1 and 2 were predicted
-// 9% and 14% fast and K >= 4 11% slow over grids s93-s97, and the model chose K = 1).
+// (one partition's W: without it, sharded onebit at 1 Gbit/s and 16 MiB is predicted fast at
+// small K and slow at large K, and the model prefers K = 1 where it is not the best).
+#include "planner/cost_model.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -49,13 +51,10 @@
 #include "terse/codec.h"
 #include "terse/engine.h"
 #include "terse/error.h"
-#include "terse/planner.h"
 
 namespace terse {
 
 namespace {
-
-constexpr int kMaxPartitions = 256;  // the engine's limit
 
 // Elements of the largest of `parts` pieces of n (boundaries on multiples of 64, as Split).
 double largest_piece(double n, double parts) {
@@ -71,6 +70,13 @@ struct PartitionCost {
 };
 
 }  // namespace
+
+int planner::clamp_partitions(int k, std::size_t n) {
+  // The engine's clamp: no empty partitions (64-element boundaries), at most kMaxPartitions.
+  return static_cast<int>(std::clamp<std::size_t>(
+      static_cast<std::size_t>(std::max(k, 1)), 1,
+      std::min<std::size_t>(kMaxPartitions, std::max<std::size_t>(1, (n + 63) / 64))));
+}
 
 CostModel::CostModel(Calibration calibration) : calibration_(std::move(calibration)) {
   for (const auto& k : calibration_.codecs) {
@@ -107,20 +113,18 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
           codec_spec));
     }
   }
-  // The engine's clamp: no empty partitions (64-element boundaries), at most 256.
-  const int parts = static_cast<int>(std::clamp<std::size_t>(
-      static_cast<std::size_t>(std::max(partitions, 1)), 1,
-      std::min<std::size_t>(kMaxPartitions, std::max<std::size_t>(1, (n + 63) / 64))));
+  const int parts = planner::clamp_partitions(partitions, n);
   const double N = ranks;
   const double m = largest_piece(static_cast<double>(n), parts);
   const double s = largest_piece(m, N);
 
   PartitionCost p;
-  // An operation on a piece of the tensor costs its rate over the whole tensor (tensor_rates_):
-  // whether its data are in the cache depends on the tensor, not on the piece.
+  // An operation on a piece of the tensor costs its rate over the whole tensor: whether its data
+  // are in the cache depends on the tensor (a 16 MiB tensor's 1 MiB partition came from
+  // memory), not on the piece.
   const double whole = static_cast<double>(n);
   auto rate = [&](const LinearFit& f, double x) {
-    if (!tensor_rates_ || x >= whole) return f(x);
+    if (x >= whole) return f(x);
     return f.a + (f(whole) - f.a) * x / whole;
   };
   auto enc = [&](double x) { return rate(k->encode, x); };

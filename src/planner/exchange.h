@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "planner/calibration.h"
 #include "terse/communicator.h"
-#include "terse/planner.h"
 
 namespace terse::planner {
 
@@ -45,65 +45,14 @@ inline double median_standard_error(std::vector<double> v) {
   return 1.2533 * sigma / std::sqrt(static_cast<double>(v.size()));
 }
 
-// Times measured in rounds under different conditions, set on one footing: `medians[r][i]` is
-// contender i's time in round r (0 or absent: it did not run). In logs, a time is taken to be
-// the contender's own plus the round's (how fast the machine ran then, and how few contenders
-// shared the caches and cores: 2 ranks, 1 MiB, allgather fp16 K=1 took a median of 0.28 ms in
-// a round of 2 contenders and 0.33 ms in one of 12, stop 50), fitted by least squares:
-// alternating means, which converge where every round shares a contender with an earlier one.
-// Returns each contender's time under round 0's conditions (0 for one never measured).
-inline std::vector<double> fit_rounds(const std::vector<std::vector<double>>& medians,
-                                      std::size_t contenders) {
-  // The logs of the times, once (0 where none), and each contender's count of rounds.
-  const std::size_t rounds = medians.size();
-  std::vector<std::vector<double>> logs(rounds, std::vector<double>(contenders, 0.0));
-  std::vector<std::vector<bool>> ran(rounds, std::vector<bool>(contenders, false));
-  std::vector<int> count(contenders, 0);
-  for (std::size_t r = 0; r < rounds; ++r) {
-    for (std::size_t i = 0; i < contenders && i < medians[r].size(); ++i) {
-      if (medians[r][i] <= 0) continue;
-      logs[r][i] = std::log(medians[r][i]);
-      ran[r][i] = true;
-      ++count[i];
-    }
-  }
-  std::vector<double> own(contenders, 0.0), round(rounds, 0.0);
-  for (int iteration = 0; iteration < 200; ++iteration) {
-    for (std::size_t i = 0; i < contenders; ++i) {
-      double sum = 0;
-      for (std::size_t r = 0; r < rounds; ++r) {
-        if (ran[r][i]) sum += logs[r][i] - round[r];
-      }
-      own[i] = count[i] > 0 ? sum / count[i] : 0;
-    }
-    double moved = 0;
-    for (std::size_t r = 1; r < rounds; ++r) {  // round 0 is the footing
-      double sum = 0;
-      int n = 0;
-      for (std::size_t i = 0; i < contenders; ++i) {
-        if (ran[r][i]) sum += logs[r][i] - own[i], ++n;
-      }
-      const double next = n > 0 ? sum / n : 0;
-      moved = std::max(moved, std::abs(next - round[r]));
-      round[r] = next;
-    }
-    if (moved < 1e-9) break;
-  }
-  std::vector<double> out(contenders, 0.0);
-  for (std::size_t i = 0; i < contenders; ++i) {
-    if (count[i] > 0) out[i] = std::exp(own[i]);
-  }
-  return out;
-}
-
 // Measures per-peer latency and time per byte (a collective); fills the link fields.
 void measure_links(Communicator& comm, const CalibrationOptions& options, Calibration& out);
 
-// Times a raw allreduce inside an engine and sets calibration.engine_beta from what alpha,
+// Times a raw allreduce through `probe` and sets calibration.engine_beta from what alpha,
 // beta and the CPU fits leave unexplained (a collective; needs the links and the engine's
 // overheads measured). Returns whether the links paced that allreduce (the cores idled most of
 // it), the same on every rank.
-bool measure_engine_beta(Communicator& comm, Calibration& calibration);
+bool measure_engine_beta(Communicator& comm, Calibration& calibration, AllreduceProbe& probe);
 
 // Where the links paced the raw allreduce of measure_engine_beta (`paced`, its result), that
 // allreduce and the links' exchange probe measure the same bytes. If the allreduce moved them
@@ -112,7 +61,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& calibration);
 // them clearly slower, the allreduce was: measures the engine's byte again and keeps the
 // faster. A collective; every rank takes the same branch (the figures compared are agreed).
 void check_link_probes(Communicator& comm, const CalibrationOptions& options,
-                       Calibration& calibration, bool paced);
+                       Calibration& calibration, bool paced, AllreduceProbe& probe);
 
 // Times a ring exchange (every rank sends to the next and receives from the previous at once)
 // of a size the calibration predicts to take about options.link_target_seconds, and returns

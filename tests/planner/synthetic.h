@@ -4,8 +4,8 @@
 
 #include <vector>
 
+#include "planner/calibration.h"
 #include "terse/codec.h"
-#include "terse/planner.h"
 
 namespace terse::testing {
 

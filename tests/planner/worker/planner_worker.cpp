@@ -25,13 +25,16 @@
 #include <string>
 #include <vector>
 
+#include "engine/allreduce_probe.h"
 #include "kit/hash.h"
+#include "planner/calibration.h"
 #include "planner/exchange.h"
+#include "planner/planner_impl.h"
 #include "planner/synthetic.h"
-#include "worker_check.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/planner.h"
+#include "worker_check.h"
 
 namespace {
 
@@ -67,7 +70,8 @@ void check_same_everywhere(Communicator& comm, const std::string& text, const st
 
 // Runs codec "auto" on each size for a few steps, and on until the planner has explored its
 // contenders and settled; checks identical results and their accuracy (exact up to summation
-// order when the plan is raw). Returns the settled plans, one line per size.
+// order when the plan is raw). Returns the settled plans and the step each settled at, one line
+// per size (the same on every rank: every rank settles at the same submission).
 std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std::size_t>& sizes,
                       const Planner& planner) {
   AllreduceOptions o;
@@ -77,8 +81,9 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
     const std::string name = fmt::format("t{}", n);
     TensorPlan plan;
     std::vector<PlanCandidate> contenders;
-    for (std::uint64_t step = 0; step < 3 || planner.exploring(n, kThreads); ++step) {
-      check(step < 100, fmt::format("{}: still exploring after 100 steps", name));
+    std::uint64_t step = 0;
+    for (; step < 3 || planner.exploring(n, kThreads); ++step) {
+      check(step < 400, fmt::format("{}: still exploring after 400 steps", name));
       const std::uint64_t key = kit::combine_keys(fnv1a64(name), step);
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; ++i) x[i] = value(comm.rank(), key, i);
@@ -115,7 +120,7 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
             fmt::format("{}: contender {} was explored but not measured", name, plan_key(c.plan)));
       }
     }
-    plans += fmt::format("{} {}\n", n, plan_key(plan));
+    plans += fmt::format("{} {} after {} steps\n", n, plan_key(plan), step);
   }
   check_same_everywhere(comm, plans, "plans");
   return plans;
@@ -132,9 +137,7 @@ Engine engine_with(Communicator& comm, std::shared_ptr<Planner> planner) {
 int scenario_auto(Communicator& comm) {
   // The engine's default planner, but with short explorations.
   PlannerOptions po;
-  po.explore_runs = 2;
-  po.explore_seconds = 0;
-  po.explore_again_seconds = 0;
+  po.explore_seconds = 0.05;
   auto planner = std::make_shared<Planner>(po);
   Engine engine = engine_with(comm, planner);
   const std::string plans =
@@ -152,10 +155,11 @@ int scenario_loses(Communicator& comm) {
   for (auto& k : c.codecs) k.encode = testing::line(2e-6, 20e-9);
   PlannerOptions po;
   po.allowed = {"fp16", "onebit:ef=1"};
-  po.explore_runs = 2;
-  po.explore_seconds = 0;
-  po.explore_again_seconds = 0;
-  auto planner = std::make_shared<Planner>(po, c);
+  // A budget the first round alone overruns (its least runs, 4 each): this calibration predicts
+  // a raw allreduce far faster than loopback runs it, and the runs' count comes from the
+  // predictions.
+  po.explore_seconds = 1e-4;
+  std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, c);
   Engine engine = engine_with(comm, planner);
   const std::string plans =
       run_sizes(comm, engine, {20000, 300000, std::size_t{1} << 21}, *planner);
@@ -175,8 +179,8 @@ int scenario_powersgd(Communicator& comm) {
   po.allowed = {"fp16", "powersgd"};
   // The model's choice under this calibration: measured times on the real links here would
   // overturn it.
-  po.explore_candidates = 1;
-  auto planner = std::make_shared<Planner>(po, c);
+  po.explore_seconds = 0;
+  std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, c);
   Engine engine = engine_with(comm, planner);
   const std::string plans = run_sizes(comm, engine, {3000, std::size_t{1} << 20}, *planner);
   const std::string powersgd = make_codec("powersgd")->spec();
@@ -231,11 +235,12 @@ int scenario_links(Communicator& comm) {
     for (auto& b : row) b *= kDisturbance;
   }
   disturbed.engine_beta = measured;  // what a raw allreduce moved
+  const auto probe = make_allreduce_probe(comm);
   Calibration kept = disturbed;
-  planner::check_link_probes(comm, o, kept, /*paced=*/false);
+  planner::check_link_probes(comm, o, kept, /*paced=*/false, *probe);
   check(kept.beta == disturbed.beta && kept.engine_beta == disturbed.engine_beta,
         "links were measured again where the links did not pace the allreduce");
-  planner::check_link_probes(comm, o, disturbed, /*paced=*/true);
+  planner::check_link_probes(comm, o, disturbed, /*paced=*/true, *probe);
   check(disturbed.beta < kDisturbance * measured,
         fmt::format("disturbed links kept: {} s/B against {} s/B measured", disturbed.beta,
                     measured));
@@ -253,7 +258,7 @@ int scenario_links(Communicator& comm) {
   // The engine's byte far slower than the links: the allreduce was disturbed.
   Calibration slow_engine = disturbed;
   slow_engine.engine_beta = kDisturbance * disturbed.beta;
-  planner::check_link_probes(comm, o, slow_engine, /*paced=*/true);
+  planner::check_link_probes(comm, o, slow_engine, /*paced=*/true, *probe);
   check(slow_engine.engine_beta > 0 && slow_engine.engine_beta < kDisturbance * disturbed.beta,
         fmt::format("a disturbed engine byte kept: {} s/B over links of {} s/B",
                     slow_engine.engine_beta, disturbed.beta));

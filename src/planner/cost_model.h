@@ -1,0 +1,55 @@
+// The cost model: predicted seconds of one allreduce for (n, codec, strategy, K, ranks), from a
+// Calibration. Pure arithmetic: no communication, no clocks. Internal to the planner.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "planner/calibration.h"
+#include "terse/engine.h"
+#include "terse/planner.h"  // Prediction
+
+namespace terse {
+
+class Codec;
+
+namespace planner {
+
+// The engine's largest partition count: it must equal the engine's limit (src/engine/), which
+// clamps K the same way.
+inline constexpr int kMaxPartitions = 256;
+
+// K as the engine clamps it for n floats: at least one 64-element piece per partition, at most
+// kMaxPartitions.
+int clamp_partitions(int k, std::size_t n);
+
+}  // namespace planner
+
+class CostModel {
+ public:
+  explicit CostModel(Calibration calibration);
+
+  // Predicts an allreduce of n floats across `ranks` ranks (any count, for what-if
+  // questions) with codec spec (canonical; "none" for raw), strategy (not kAuto) and K
+  // partitions, run by an engine with `threads` worker threads. Throws InvalidArgument for a
+  // codec the calibration does not hold or a strategy it cannot use.
+  Prediction predict(std::size_t n, std::string_view codec, Strategy strategy, int partitions,
+                     int ranks, int threads) const;
+
+  const Calibration& calibration() const { return calibration_; }
+
+  // The EngineOptions::gather_bytes of the engine predicted for (default: the default):
+  // raw partitions that small take one gathered message step instead of 2(N-1) ring steps.
+  void set_gather_bytes(std::size_t bytes) { gather_bytes_ = bytes; }
+
+ private:
+  Calibration calibration_;
+  std::size_t gather_bytes_ = EngineOptions{}.gather_bytes;
+  // The multi-round codecs of the calibration: their contributions' sizes per round.
+  std::map<std::string, std::shared_ptr<const Codec>, std::less<>> rounds_;
+};
+
+}  // namespace terse
