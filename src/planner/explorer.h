@@ -1,7 +1,7 @@
 // The explorer: the model errs by more than the gaps between its best few plans, so a new tensor
 // size first times them in the job itself and keeps the fastest measured.
 //
-// The rule (docs/planner-explorer.md says the same): the contenders are the model's choice and
+// The rule (docs/planner.md, Exploration, says the same): the contenders are the model's choice and
 // its next best plans expected within kWithin times the choice's time (at most kMaxContenders
 // in all), plus the best raw plan where it is within that factor too; beyond the choice and
 // raw, a contender joins only while the first round's least runs (kMinRuns each, at its
