@@ -203,6 +203,30 @@ def test_two_ranks_in_two_threads_over_a_file_store(tmp_path):
     assert s0 > 0 and s1 > 0
 
 
+def test_a_state_saved_by_another_rank_is_refused_naming_both_ranks(tmp_path):
+    store = terse.file_store(str(tmp_path))
+    states = [b"", b""]
+    ready = threading.Barrier(2)
+
+    def rank(r: int):
+        comm = terse.Communicator(r, 2, store, timeout=TIMEOUT)
+        with terse.Engine(comm) as engine:
+            x = np.random.default_rng(r).standard_normal(4096).astype(np.float32)
+            engine.allreduce("w", x, codec="onebit:ef=1").wait()
+            states[r] = engine.save_state()
+            ready.wait(TIMEOUT)
+            with pytest.raises(terse.MismatchError) as refused:
+                engine.load_state(states[1 - r])
+            engine.load_state(states[r])  # its own still loads
+            assert engine.save_state() == states[r]
+            comm.barrier("end")
+        return str(refused.value)
+
+    for r, message in enumerate(run_ranks(2, rank)):
+        assert f"saved by rank {1 - r} of 2 ranks" in message, message
+        assert f"this engine is rank {r} of 2" in message, message
+
+
 class DictStore:
     """A store in plain Python, shaped like torch.distributed.Store (set/get/wait)."""
 
