@@ -125,7 +125,9 @@ class Communicator {
   static std::unique_ptr<Communicator> create(int rank, int size, std::shared_ptr<Store> store,
                                               CommunicatorOptions options = {});
 
-  // Bootstraps from torchrun's environment (see bootstrap_from_env).
+  // Bootstraps from torchrun's environment (see bootstrap_from_env). A process may call it any
+  // number of times, with communicators alive or not: each call is a collective, and the n-th
+  // call with a prefix on every rank meets the others' n-th under a key prefix of its own.
   static std::unique_ptr<Communicator> from_env(CommunicatorOptions options = {});
 
   // Closes every connection. Requests must be finished (or destroyed) first. Peers still
@@ -190,8 +192,10 @@ class Communicator {
 
 // What torchrun's environment says: RANK, WORLD_SIZE, and a store from either TERSE_FILE_STORE
 // (a directory, for single-host runs) or MASTER_ADDR and MASTER_PORT, where rank 0 serves a TCP
-// store. Several communicators may share the store (with distinct prefixes). Throws
-// InvalidArgument naming a missing or malformed variable.
+// store. The store is made once per process and environment and lives until the process exits
+// (rank 0 keeps serving MASTER_PORT): every later call returns the same one, so several
+// communicators share it (with distinct prefixes). Throws InvalidArgument naming a missing or
+// malformed variable.
 struct Bootstrap {
   int rank = 0;
   int size = 1;

@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -712,6 +713,26 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int size, std::shar
   return comm;
 }
 
+namespace {
+
+// Stores made from the environment, by where they come from ("tcp HOST:PORT server", ...), and
+// how many communicators from_env has made with each prefix. Rank 0's TCP store serves
+// MASTER_PORT: a second server could not bind it while the first lives, and one that went away
+// with its last communicator could leave a peer's next bootstrap talking to it, so the stores
+// live as long as the process (never destroyed: no thread is joined at exit).
+struct EnvStores {
+  std::mutex mutex;
+  std::map<std::string, std::shared_ptr<Store>> stores;
+  std::map<std::string, int> from_env_calls;  // by options.prefix
+};
+
+EnvStores& env_stores() {
+  static EnvStores* const stores = new EnvStores();
+  return *stores;
+}
+
+}  // namespace
+
 Bootstrap bootstrap_from_env(milliseconds timeout) {
   auto integer = [](const char* name, bool required, int fallback) {
     const std::string v = env(name);
@@ -730,23 +751,40 @@ Bootstrap bootstrap_from_env(milliseconds timeout) {
   b.rank = integer("RANK", true, 0);
   b.size = integer("WORLD_SIZE", true, 1);
   const std::string dir = env("TERSE_FILE_STORE");
-  if (!dir.empty()) {
-    b.store = make_file_store(dir);
-  } else {
-    const std::string addr = env("MASTER_ADDR");
+  std::string addr;
+  int port = 0;
+  if (dir.empty()) {
+    addr = env("MASTER_ADDR");
     if (addr.empty()) {
       throw InvalidArgument(
           "environment: set MASTER_ADDR and MASTER_PORT (torchrun does), or TERSE_FILE_STORE");
     }
-    const int port = integer("MASTER_PORT", true, 0);
-    b.store = make_tcp_store(addr, port, b.rank == 0, timeout);
+    port = integer("MASTER_PORT", true, 0);
   }
+  const std::string where =
+      !dir.empty() ? "file " + dir
+                   : fmt::format("tcp {}:{} {}", addr, port, b.rank == 0 ? "server" : "client");
+  EnvStores& cache = env_stores();
+  std::lock_guard lock(cache.mutex);
+  std::shared_ptr<Store>& store = cache.stores[where];
+  if (!store) {
+    store = !dir.empty() ? make_file_store(dir) : make_tcp_store(addr, port, b.rank == 0, timeout);
+  }
+  b.store = store;
   return b;
 }
 
 std::unique_ptr<Communicator> Communicator::from_env(CommunicatorOptions options) {
   if (options.timeout.count() <= 0) options.timeout = default_timeout();
   Bootstrap b = bootstrap_from_env(options.timeout);
+  {
+    // The store outlives communicators and keeps their keys: the n-th communicator of a prefix
+    // meets the other ranks' n-th under a prefix of its own.
+    EnvStores& cache = env_stores();
+    std::lock_guard lock(cache.mutex);
+    const int n = ++cache.from_env_calls[options.prefix];
+    if (n > 1) options.prefix = fmt::format("{}/{}", options.prefix, n);
+  }
   return create(b.rank, b.size, std::move(b.store), std::move(options));
 }
 

@@ -7,6 +7,10 @@ enter Communicator() and both would fail at the (short) timeout.
 
 import array
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -16,6 +20,7 @@ import numpy as np
 import pytest
 
 import terse
+from conftest import TERSE_CLI
 
 TIMEOUT = 10.0
 
@@ -225,6 +230,45 @@ def test_a_state_saved_by_another_rank_is_refused_naming_both_ranks(tmp_path):
     for r, message in enumerate(run_ranks(2, rank)):
         assert f"saved by rank {1 - r} of 2 ranks" in message, message
         assert f"this engine is rank {r} of 2" in message, message
+
+
+# Each rank makes communicators from the environment the way terse.torch.communicator() does:
+# a second one (another prefix) while the first lives, then, with both deleted, two more with the
+# default prefix; each passes a barrier with the other rank.
+_FROM_ENV_AGAIN = textwrap.dedent("""
+    import gc
+    import terse
+
+    def check(comm):
+        assert comm.size == 2 and not comm.failed
+        comm.barrier()  # messages both ways with the other rank
+
+    first = terse.Communicator.from_env(timeout=20, prefix="comm-0")
+    second = terse.Communicator.from_env(timeout=20, prefix="comm-1")
+    check(first)
+    check(second)
+    del first, second
+    gc.collect()
+    for _ in range(2):
+        again = terse.Communicator.from_env(timeout=20)
+        check(again)
+        del again
+        gc.collect()
+    print("FROM-ENV-OK", terse.bootstrap_from_env()[0], flush=True)
+""")
+
+
+@pytest.mark.parametrize("store", ["tcp", "file"])
+def test_from_env_can_be_called_again_in_one_process(tmp_path, store):
+    env = dict(os.environ)
+    if store == "file":
+        env["TERSE_FILE_STORE"] = str(tmp_path / "store")
+    proc = subprocess.run(
+        [TERSE_CLI, "run", "-n", "2", "--", sys.executable, "-c", _FROM_ENV_AGAIN],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout
+    for r in range(2):
+        assert f"[rank {r}] FROM-ENV-OK {r}" in proc.stdout, proc.stdout
 
 
 class DictStore:

@@ -335,6 +335,25 @@ TEST_P(Ranks, BasicOverFileStore) {
   std::filesystem::remove_all(dir);
 }
 
+// Communicator::from_env again in the same process, with the first communicator alive (under
+// another prefix and under the same one) and after the others are gone: rank 0's store server
+// is not started twice, and no rendezvous reads an earlier one's keys.
+TEST_P(Ranks, FromEnvMakesMoreCommunicatorsInOneProcess) {
+  const int n = GetParam();
+  for (const std::string store : {"tcp", "file"}) {
+    const std::string dir = temp_dir();
+    const std::string env = store == "file" ? "TERSE_FILE_STORE=" + dir + " " : "";
+    auto r = shell(env + kCli + " run -n " + std::to_string(n) + " --timeout 30 -- " + kWorker +
+                   " again");
+    ASSERT_EQ(r.code, 0) << store << " store:\n" << r.output;
+    for (int i = 0; i < n; ++i) {
+      EXPECT_NE(r.output.find(fmt::format("[rank {}] AGAIN-OK rank {}", i, i)), std::string::npos)
+          << store << " store:\n" << r.output;
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 enum class Death { kKilled, kStalled, kKilledMidTransfer };
 
 // Each survivor must fail on its own (the launcher's grace is long), within 6 s, naming the
