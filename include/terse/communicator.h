@@ -5,7 +5,11 @@
 // connection, a wait ran out of time), the communicator is failed for good: it closes every
 // connection so that peers blocked on this rank fail promptly too, every pending and later call
 // throws, and the first error is repeated in each later message. Errors name this rank, the peer
-// and the caller's label (usually the tensor name).
+// and the caller's label (usually the tensor name). Before closing, a failing rank tells its
+// peers which rank's failure it follows, so that a peer whose connection to it closes reports
+// "peer P aborted because of rank C: ..." (C: the rank that died or stalled, or P itself after
+// abort()) rather than blaming P; a peer that died, or whose failure was its own timeout (which
+// Gloo ends by closing every connection at once), is reported as having closed the connection.
 #pragma once
 
 #include <chrono>

@@ -376,6 +376,17 @@ TEST_P(Ranks, KilledRankFailsTheOthersWithinTheTimeout) {
       ++survivors;
       EXPECT_NE(rank, victim);
       EXPECT_LT(seconds, 6.0) << line;
+      // Every survivor names the victim as the cause: its own connection to it closed, or a live
+      // peer aborted because of it; none blames a live peer for closing.
+      EXPECT_TRUE(line.find(fmt::format("peer {} closed the connection", victim)) !=
+                      std::string::npos ||
+                  line.find(fmt::format("because of rank {}", victim)) != std::string::npos)
+          << line;
+      for (int live = 0; live < n; ++live) {
+        if (live == victim) continue;
+        EXPECT_EQ(line.find(fmt::format("peer {} closed the connection", live)), std::string::npos)
+            << "blames live rank " << live << ": " << line;
+      }
     }
   }
   EXPECT_EQ(survivors, n - 1) << r.output;
