@@ -570,7 +570,11 @@ void bind(py::module_& m) {
           },
           py::arg("label") = "")
       .def(
-          "abort", [](Communicator& c, const std::string& reason) { c.abort(reason); },
+          "abort",
+          [](Communicator& c, const std::string& reason) {
+            py::gil_scoped_release release;  // it may wait briefly for its notices to leave
+            c.abort(reason);
+          },
           py::arg("reason"),
           "Fails the communicator now: pending and later operations here raise TransportError "
           "with reason, and peers blocked on this rank fail promptly.");
