@@ -5,7 +5,11 @@
 // connection, a wait ran out of time), the communicator is failed for good: it closes every
 // connection so that peers blocked on this rank fail promptly too, every pending and later call
 // throws, and the first error is repeated in each later message. Errors name this rank, the peer
-// and the caller's label (usually the tensor name).
+// and the caller's label (usually the tensor name). Before closing, a failing rank tells its
+// peers which rank's failure it follows, so that a peer whose connection to it closes reports
+// "peer P aborted because of rank C: ..." (C: the rank that died or stalled, or P itself after
+// abort()) rather than blaming P; a peer that died, or whose failure was its own timeout (which
+// Gloo ends by closing every connection at once), is reported as having closed the connection.
 #pragma once
 
 #include <chrono>
@@ -125,7 +129,9 @@ class Communicator {
   static std::unique_ptr<Communicator> create(int rank, int size, std::shared_ptr<Store> store,
                                               CommunicatorOptions options = {});
 
-  // Bootstraps from torchrun's environment (see bootstrap_from_env).
+  // Bootstraps from torchrun's environment (see bootstrap_from_env). A process may call it any
+  // number of times, with communicators alive or not: each call is a collective, and the n-th
+  // call with a prefix on every rank meets the others' n-th under a key prefix of its own.
   static std::unique_ptr<Communicator> from_env(CommunicatorOptions options = {});
 
   // Closes every connection. Requests must be finished (or destroyed) first. Peers still
@@ -190,8 +196,10 @@ class Communicator {
 
 // What torchrun's environment says: RANK, WORLD_SIZE, and a store from either TERSE_FILE_STORE
 // (a directory, for single-host runs) or MASTER_ADDR and MASTER_PORT, where rank 0 serves a TCP
-// store. Several communicators may share the store (with distinct prefixes). Throws
-// InvalidArgument naming a missing or malformed variable.
+// store. The store is made once per process and environment and lives until the process exits
+// (rank 0 keeps serving MASTER_PORT): every later call returns the same one, so several
+// communicators share it (with distinct prefixes). Throws InvalidArgument naming a missing or
+// malformed variable.
 struct Bootstrap {
   int rank = 0;
   int size = 1;

@@ -188,7 +188,9 @@ class Engine {
   // Error-feedback residuals, codec state (PowerSGD's Q, DGC momentum) and step counters of
   // every tensor, in a portable byte string. load_state() must be called with no submission in
   // flight; it replaces the state of the tensors it names (their next allreduce continues bit
-  // for bit) and throws DecodeError, changing nothing, on bytes it cannot use.
+  // for bit) and throws DecodeError, changing nothing, on bytes it cannot use, and MismatchError,
+  // changing nothing, on a state saved by another rank or with another world size (each rank
+  // loads its own).
   std::vector<std::byte> save_state() const;
   void load_state(std::span<const std::byte> bytes);
 

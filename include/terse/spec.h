@@ -36,8 +36,11 @@ class SpecReader {
 
   const std::string& name() const { return spec_.name(); }
 
-  // A real number in [lo, hi].
-  double number(std::string_view key, double def, double lo, double hi);
+  // Which ends of a number's range belong to it: [lo, hi], (lo, hi], [lo, hi) or (lo, hi).
+  enum class Ends { kClosed, kLeftOpen, kRightOpen, kOpen };
+  // A finite real number in the range lo..hi with the given ends; error messages and the list
+  // of accepted parameters print the interval as it is checked.
+  double number(std::string_view key, double def, double lo, double hi, Ends ends = Ends::kClosed);
   // An integer in [lo, hi].
   std::int64_t integer(std::string_view key, std::int64_t def, std::int64_t lo, std::int64_t hi);
   // 0/1, true/false, yes/no, on/off.

@@ -505,7 +505,8 @@ void bind(py::module_& m) {
       },
       py::arg("timeout") = py::none(),
       "(rank, size, store) from torchrun's environment: RANK, WORLD_SIZE and TERSE_FILE_STORE or "
-      "MASTER_ADDR/MASTER_PORT (rank 0 then serves a TCP store on MASTER_PORT).");
+      "MASTER_ADDR/MASTER_PORT (rank 0 then serves a TCP store on MASTER_PORT). The store is "
+      "made once per process and shared by every later call and by Communicator.from_env.");
 
   // ---- communicator -------------------------------------------------------------------------
   auto make_comm_options = [](std::optional<double> timeout, std::string interface,
@@ -569,7 +570,11 @@ void bind(py::module_& m) {
           },
           py::arg("label") = "")
       .def(
-          "abort", [](Communicator& c, const std::string& reason) { c.abort(reason); },
+          "abort",
+          [](Communicator& c, const std::string& reason) {
+            py::gil_scoped_release release;  // it may wait briefly for its notices to leave
+            c.abort(reason);
+          },
           py::arg("reason"),
           "Fails the communicator now: pending and later operations here raise TransportError "
           "with reason, and peers blocked on this rank fail promptly.");

@@ -1010,23 +1010,17 @@ class Pipeline:
 # Pipelines created by this process, numbered in creation order (the same on every rank): the
 # n-th one's keys in the store get the prefix "pipeline-n".
 _pipeline_ids = itertools.count()
-# The environment's store, made once per process: on rank 0 it is a TCP server on MASTER_PORT,
-# which a second one could not bind while the first lives.
-_env_bootstrap: Optional[Tuple[int, int, terse.Store]] = None
 
 
 def _bootstrap(timeout: Optional[float]) -> Tuple[int, int, terse.Store]:
     """(rank, size, store): torch.distributed's store when it is initialized (under a "terse"
     prefix, as the DDP hook does), else torchrun's environment or TERSE_FILE_STORE."""
-    global _env_bootstrap
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         store = dist.PrefixStore("terse", dist.distributed_c10d._get_default_store())
         return dist.get_rank(), dist.get_world_size(), terse.python_store(store)
-    if _env_bootstrap is None:
-        _env_bootstrap = terse.bootstrap_from_env(timeout)
-    return _env_bootstrap
+    return terse.bootstrap_from_env(timeout)  # one store per process, shared by every call
 
 
 def pipeline(modules: Union[nn.Sequential, Sequence[nn.Module]], stages: Optional[int] = None,

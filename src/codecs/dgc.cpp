@@ -74,11 +74,9 @@ DgcParams read_params(SpecReader& r) {
   DgcParams p;
   p.ratio = sparse::read_ratio(r, "ratio", 0.001);
   p.sample = sparse::read_ratio(r, "sample", 0.01);
-  const double m = r.number("momentum", 0.9, 0.0, 1.0);
-  if (m == 1.0) {
-    throw SpecError(fmt::format("terse: codec 'dgc': momentum=1 never decays; use [0, 1)"));
-  }
-  p.momentum = static_cast<float>(m);
+  // Momentum 1 would never decay.
+  p.momentum =
+      static_cast<float>(r.number("momentum", 0.9, 0.0, 1.0, SpecReader::Ends::kRightOpen));
   return p;
 }
 

@@ -17,12 +17,7 @@ std::size_t count_for(double ratio, std::size_t n) {
 }
 
 double read_ratio(SpecReader& r, std::string_view key, double def) {
-  const double v = r.number(key, def, 0.0, 1.0);
-  if (v == 0.0) {
-    throw SpecError(fmt::format("terse: codec '{}': {}=0 keeps nothing; use a density in (0, 1]",
-                                r.name(), key));
-  }
-  return v;
+  return r.number(key, def, 0.0, 1.0, SpecReader::Ends::kLeftOpen);  // 0 would keep nothing
 }
 
 void check_encodable(std::size_t n, const std::string& spec) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 
 #include "terse/error.h"
 
@@ -29,6 +30,20 @@ std::string format_number(double v) {
   auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
   (void)ec;
   return std::string(buf, end);
+}
+
+// The interval lo..hi as a reader sees it: "(0, 1]".
+std::string interval(double lo, double hi, SpecReader::Ends ends) {
+  const bool left_open = ends == SpecReader::Ends::kLeftOpen || ends == SpecReader::Ends::kOpen;
+  const bool right_open = ends == SpecReader::Ends::kRightOpen || ends == SpecReader::Ends::kOpen;
+  return fmt::format("{}{}, {}{}", left_open ? '(' : '[', format_number(lo), format_number(hi),
+                     right_open ? ')' : ']');
+}
+
+bool inside(double v, double lo, double hi, SpecReader::Ends ends) {
+  const bool left_open = ends == SpecReader::Ends::kLeftOpen || ends == SpecReader::Ends::kOpen;
+  const bool right_open = ends == SpecReader::Ends::kRightOpen || ends == SpecReader::Ends::kOpen;
+  return (left_open ? v > lo : v >= lo) && (right_open ? v < hi : v <= hi);
 }
 
 }  // namespace
@@ -90,23 +105,32 @@ void SpecReader::record(std::string_view key, std::string value, std::string all
   allowed_[std::string(key)] = std::move(allowed);
 }
 
-double SpecReader::number(std::string_view key, double def, double lo, double hi) {
+double SpecReader::number(std::string_view key, double def, double lo, double hi, Ends ends) {
   double v = def;
   if (const std::string* s = find(key)) {
     const char* b = s->data();
     const char* e = b + s->size();
     auto [p, ec] = std::from_chars(b, e, v);
-    if (ec != std::errc() || p != e || !std::isfinite(v)) {
+    if (ec == std::errc::result_out_of_range && p == e) {
+      // Beyond a double's range: overflow is as good as infinite, underflow as good as zero.
+      const bool overflow = std::isinf(std::strtod(s->c_str(), nullptr));
+      throw SpecError(fmt::format("terse: codec '{}': {}={} is {}", name(), key, *s,
+                                  overflow ? "not finite" : "too close to 0 to represent"));
+    }
+    if (ec != std::errc() || p != e || std::isnan(v)) {
       throw SpecError(fmt::format("terse: codec '{}': {}={} is not a number", name(), key, *s));
     }
+    if (std::isinf(v)) {
+      throw SpecError(fmt::format("terse: codec '{}': {}={} is not finite", name(), key, *s));
+    }
   }
-  if (!(v >= lo && v <= hi)) {
-    throw SpecError(fmt::format("terse: codec '{}': {}={} is outside [{}, {}]", name(), key,
-                                format_number(v), format_number(lo), format_number(hi)));
+  if (!inside(v, lo, hi, ends)) {
+    throw SpecError(fmt::format("terse: codec '{}': {}={} is outside {}", name(), key,
+                                format_number(v), interval(lo, hi, ends)));
   }
   record(key, format_number(v),
-         fmt::format("{} (number in [{}, {}], default {})", key, format_number(lo),
-                     format_number(hi), format_number(def)));
+         fmt::format("{} (number in {}, default {})", key, interval(lo, hi, ends),
+                     format_number(def)));
   return v;
 }
 

@@ -26,11 +26,7 @@ constexpr std::uint8_t kFirstRunCode = 243;
 constexpr std::size_t kBlock = 16 * kit::kTernaryGroup;
 
 double read_sparsity(SpecReader& r) {
-  double s = r.number("sparsity", 1.0, 1.0, 2.0);
-  if (s >= 2.0) {
-    throw SpecError("terse: codec 'threelc': sparsity must be in [1, 2) (got 2)");
-  }
-  return s;
+  return r.number("sparsity", 1.0, 1.0, 2.0, SpecReader::Ends::kRightOpen);
 }
 
 class ThreeLcCodec final : public Codec {

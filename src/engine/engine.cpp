@@ -1130,13 +1130,14 @@ std::uint64_t Engine::bytes_sent() const { return impl_->bytes_sent.load(); }
 
 // ---- state ----------------------------------------------------------------------------------
 //
-// Layout (little-endian): u32 magic "TSEN", u32 version, u64 tensors; per tensor: u64 name
-// length + name, u64 config length + config, u64 step, u64 partitions; per partition: u64 slots;
-// per slot: u32 slot, u64 elements, u64 bytes + the codec state's own bytes.
+// Layout (little-endian): u32 magic "TSEN", u32 version, u32 rank, u32 world size, u64 tensors;
+// per tensor: u64 name length + name, u64 config length + config, u64 step, u64 partitions; per
+// partition: u64 slots; per slot: u32 slot, u64 elements, u64 bytes + the codec state's own bytes.
 
 namespace {
 constexpr std::uint32_t kStateMagic = 0x4e455354;  // "TSEN"
-constexpr std::uint32_t kStateVersion = 1;
+// Version 1 had no rank and world size.
+constexpr std::uint32_t kStateVersion = 2;
 
 void put_bytes(std::vector<std::byte>& out, const void* p, std::size_t n) {
   const auto* b = static_cast<const std::byte*>(p);
@@ -1150,6 +1151,33 @@ void put_string(std::vector<std::byte>& out, const std::string& s) {
   put<std::uint64_t>(out, s.size());
   put_bytes(out, s.data(), s.size());
 }
+
+// Reads the header of a saved state and refuses one saved by another rank or world size: error
+// feedback residuals and codec state are each rank's own, and loading another's would corrupt
+// training without a word.
+void check_state_origin(wire::Reader& r, int rank, int size) {
+  if (r.get<std::uint32_t>() != kStateMagic) throw DecodeError("engine state: bad magic");
+  const auto version = r.get<std::uint32_t>();
+  if (version == 1) {
+    throw DecodeError(fmt::format(
+        "rank {}: engine state: version 1 (from an older terse) does not record the rank and "
+        "world size it was saved by, so it cannot be checked against this engine (rank {} of "
+        "{}) and is refused rather than risk loading another rank's error feedback",
+        rank, rank, size));
+  }
+  if (version != kStateVersion) {
+    throw DecodeError(fmt::format("engine state: version {}, expected {}", version, kStateVersion));
+  }
+  const auto saved_rank = r.get<std::uint32_t>();
+  const auto saved_size = r.get<std::uint32_t>();
+  if (saved_rank != static_cast<std::uint32_t>(rank) ||
+      saved_size != static_cast<std::uint32_t>(size)) {
+    throw MismatchError(fmt::format(
+        "rank {}: engine state was saved by rank {} of {} ranks, and this engine is rank {} of "
+        "{}: error feedback and codec state are per rank, so each rank must load its own state",
+        rank, saved_rank, saved_size, rank, size));
+  }
+}
 }  // namespace
 
 std::vector<std::byte> Engine::save_state() const {
@@ -1157,6 +1185,8 @@ std::vector<std::byte> Engine::save_state() const {
   std::vector<std::byte> out;
   put(out, kStateMagic);
   put(out, kStateVersion);
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(rank()));
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(size()));
   put<std::uint64_t>(out, impl_->records.size());
   for (const auto& [name, rec] : impl_->records) {
     if (impl_->in_flight(rec)) {
@@ -1184,8 +1214,7 @@ std::vector<std::byte> Engine::save_state() const {
 void Engine::load_state(std::span<const std::byte> bytes) {
   std::lock_guard lock(impl_->submit_mu);
   wire::Reader r(bytes, "engine state");
-  if (r.get<std::uint32_t>() != kStateMagic) throw DecodeError("engine state: bad magic");
-  if (r.get<std::uint32_t>() != kStateVersion) throw DecodeError("engine state: bad version");
+  check_state_origin(r, rank(), size());
   auto get_string = [&] {
     const auto n = r.get<std::uint64_t>();
     auto s = r.take(n);

@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -34,13 +35,21 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Slot layout: the top byte separates terse's users, its own collectives, the abort probe and
-// the watchdog's sentinels from Gloo's algorithms (prefixes 0x01..0x08), the low 56 bits carry
-// the tag. Nobody sends to the abort or watch slots.
+// Slot layout: the top byte separates terse's users, its own collectives, the abort probe, the
+// watchdog's sentinels and failure notices from Gloo's algorithms (prefixes 0x01..0x08), the low
+// 56 bits carry the tag. Nobody sends to the abort or watch slots.
 constexpr std::uint64_t kUserSlot = std::uint64_t{0x40} << 56;
 constexpr std::uint64_t kCollectiveSlot = std::uint64_t{0x41} << 56;
 constexpr std::uint64_t kAbortSlot = std::uint64_t{0x42} << 56;
 constexpr std::uint64_t kWatchSlot = std::uint64_t{0x43} << 56;
+constexpr std::uint64_t kNoticeSlot = std::uint64_t{0x44} << 56;
+
+// A failure notice: i32 the rank whose failure started it, u32 length, the first message about
+// that failure (truncated to fit).
+constexpr std::size_t kNoticeBytes = 1024;
+// How long a failing rank lets its notices leave before it closes its connections; a peer that
+// does not read meanwhile (stalled) gets none.
+constexpr milliseconds kNoticeGrace{500};
 
 // A wait that must not time out (a Gloo wait that times out closes every connection).
 constexpr milliseconds kForever = std::chrono::hours(24 * 365);
@@ -148,6 +157,17 @@ struct Communicator::Impl {
   std::vector<Clock::time_point> closed_at;  // per peer, when the watchdog saw its pair fail
   std::vector<std::string> closed_error;     // and Gloo's error; both under live_mutex
 
+  // Failure notices. A rank that fails tells every peer, before it closes its connections, which
+  // rank's failure it follows and the first message about it, so that a peer whose connection
+  // to it then closes names that rank rather than blaming one that is alive. Each peer's notice
+  // lands in notice_in[peer] (a recv posted for the communicator's life); bytes that precede a
+  // close on the same connection are read before it, so once a pair has failed its notice is
+  // there or was never sent. notice_out is written once, by the first fail().
+  std::vector<std::vector<char>> notice_in;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> notice_recv;
+  std::vector<char> notice_out;
+  std::unique_ptr<gloo::transport::UnboundBuffer> notice_send;
+
   ~Impl() { stop_watchdog(); }
 
   std::string failure() {
@@ -155,15 +175,18 @@ struct Communicator::Impl {
     return first_error;
   }
 
-  // Records the first error and closes every connection, so that waits in other threads here
-  // and on peers blocked on this rank end now rather than at their timeouts.
-  void fail(const std::string& reason) noexcept {
+  // Records the first error, tells the peers that this rank fails because of rank `cause`
+  // (origin: the first message about that failure) and closes every connection, so that waits
+  // in other threads here and on peers blocked on this rank end now rather than at their
+  // timeouts.
+  void fail(const std::string& reason, int cause, const std::string& origin) noexcept {
     {
       std::lock_guard lock(fail_mutex);
       if (failed.exchange(true)) return;
       first_error = reason;
     }
     if (!context || size == 1) return;
+    send_notices(cause, origin);
     // Gloo's public API has one way to fail a whole context: an unbound-buffer wait that times
     // out signals every pair. Probe with a zero timeout on a slot nobody sends to.
     for (int peer = 0; peer < size; ++peer) {
@@ -179,6 +202,16 @@ struct Communicator::Impl {
     // Every pair is closed, so Gloo touches no buffer any more: end every wait now.
     abort_waits();
   }
+
+  void post_notice_recvs();
+  // Sends the failure notice to every peer whose pair is open and waits, up to kNoticeGrace, for
+  // the sends to complete. Called once, by the first fail().
+  void send_notices(int cause, const std::string& origin) noexcept;
+  // Why peer's connection closed, for an error message: its notice if it sent one ("peer P
+  // aborted because of rank C: ..."), else that it closed. Sets cause and origin to what this
+  // rank's own failure then follows (origin empty: this message is the first about it). Only for
+  // a peer whose pair has failed (its notice buffer is written no more).
+  std::string closed_by(int peer, int& cause, std::string& origin) const;
 
   // Ends the wait of every live request (Request::wait then throws TransportError).
   void abort_waits();
@@ -314,18 +347,19 @@ void Request::wait(milliseconds timeout) {
     msg = fmt::format(
         "{} timed out after {} ms: peer {} stalled, died, or did not post the matching {}",
         s.describe(), timeout.count(), s.peer, s.is_send ? "recv" : "send");
-    s.comm->fail(msg);
+    s.comm->fail(msg, s.peer, msg);
     throw TimeoutError(msg);
   }
+  int cause = s.peer;
+  std::string origin;
   if (contains(gloo_message, "closed by peer") || contains(gloo_message, "Connection reset") ||
       contains(gloo_message, "Read error") || contains(gloo_message, "writev")) {
-    msg = fmt::format("{} failed: peer {} closed the connection (it exited, crashed or failed) "
-                      "[{}]",
-                      s.describe(), s.peer, gloo_message);
+    const std::string why = s.comm->closed_by(s.peer, cause, origin);
+    msg = fmt::format("{} failed: {} [{}]", s.describe(), why, gloo_message);
   } else {
     msg = fmt::format("{} failed: {}", s.describe(), gloo_message);
   }
-  s.comm->fail(msg);
+  s.comm->fail(msg, cause, origin.empty() ? msg : origin);
   throw TransportError(msg);
 }
 
@@ -339,6 +373,69 @@ void Communicator::Impl::abort_wait(Request::State& s, const std::string& gloo_e
   } else {
     s.buffer->abortWaitRecv();
   }
+}
+
+void Communicator::Impl::post_notice_recvs() {
+  notice_in.assign(size, std::vector<char>());
+  notice_recv.resize(size);
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    notice_in[p].assign(kNoticeBytes, 0);
+    notice_recv[p] = context->createUnboundBuffer(notice_in[p].data(), kNoticeBytes);
+    notice_recv[p]->recv(p, kNoticeSlot, 0, kNoticeBytes);
+  }
+}
+
+void Communicator::Impl::send_notices(int cause, const std::string& origin) noexcept {
+  try {
+    const std::uint32_t n = static_cast<std::uint32_t>(std::min(origin.size(), kNoticeBytes - 8));
+    const std::int32_t c = cause;
+    notice_out.assign(8 + n, 0);
+    std::memcpy(notice_out.data(), &c, 4);
+    std::memcpy(notice_out.data() + 4, &n, 4);
+    std::memcpy(notice_out.data() + 8, origin.data(), n);
+    notice_send = context->createUnboundBuffer(notice_out.data(), notice_out.size());
+    int posted = 0;
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      {
+        std::lock_guard lock(live_mutex);
+        if (!closed_at.empty() && closed_at[p] != Clock::time_point{}) continue;
+      }
+      try {
+        notice_send->send(p, kNoticeSlot, 0, notice_out.size());
+        ++posted;
+      } catch (const std::exception&) {
+        // That pair has failed: nobody to tell.
+      }
+    }
+    // A wait that runs out closes every pair, which the caller is about to do anyway.
+    const auto deadline = Clock::now() + kNoticeGrace;
+    for (int k = 0; k < posted; ++k) {
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      if (left <= milliseconds(0) || !notice_send->waitSend(nullptr, left)) break;
+    }
+  } catch (const std::exception&) {
+    // Notices only improve the peers' messages.
+  }
+}
+
+std::string Communicator::Impl::closed_by(int peer, int& cause, std::string& origin) const {
+  cause = peer;
+  origin.clear();
+  std::int32_t c = -1;
+  std::uint32_t n = 0;
+  if (peer >= 0 && peer < static_cast<int>(notice_in.size()) && !notice_in[peer].empty()) {
+    std::memcpy(&c, notice_in[peer].data(), 4);
+    std::memcpy(&n, notice_in[peer].data() + 4, 4);
+  }
+  if (n == 0 || n > kNoticeBytes - 8 || c < 0 || c >= size) {
+    return fmt::format("peer {} closed the connection (it exited, crashed or failed)", peer);
+  }
+  cause = c;
+  origin.assign(notice_in[peer].data() + 8, n);
+  if (c == peer) return fmt::format("peer {} aborted: {}", peer, origin);
+  return fmt::format("peer {} aborted because of rank {}: {}", peer, c, origin);
 }
 
 void Communicator::Impl::abort_waits() {
@@ -364,6 +461,7 @@ bool Communicator::Impl::post_all_sentinel() {
 
 void Communicator::Impl::start_watchdog() {
   if (size == 1) return;
+  post_notice_recvs();
   closed_at.assign(size, Clock::time_point{});
   closed_error.assign(size, std::string());
   peer_sentinel.resize(size);
@@ -510,15 +608,19 @@ Request Communicator::Impl::post(bool is_send, int peer, std::uint64_t slot, std
       c.live.erase(state.get());
     }
     state->done = true;
-    std::string msg =
-        c.failed.load()
-            ? fmt::format("rank {}: {} {} peer {} of '{}' failed: communicator had failed: {}",
-                          c.rank, operation, is_send ? "to" : "from", peer, label, c.failure())
-            : fmt::format("rank {}: {} {} peer {} of '{}' failed: peer {} closed the connection "
-                          "or the communicator failed [{}]",
-                          c.rank, operation, is_send ? "to" : "from", peer, label, peer,
-                          e.what());
-    c.fail(msg);
+    if (c.failed.load()) {
+      throw TransportError(
+          fmt::format("rank {}: {} {} peer {} of '{}' failed: communicator had failed: {}", c.rank,
+                      operation, is_send ? "to" : "from", peer, label, c.failure()));
+    }
+    // The post threw: the pair to peer has failed.
+    int cause = peer;
+    std::string origin;
+    const std::string why = c.closed_by(peer, cause, origin);
+    const std::string msg =
+        fmt::format("rank {}: {} {} peer {} of '{}' failed: {} [{}]", c.rank, operation,
+                    is_send ? "to" : "from", peer, label, why, e.what());
+    c.fail(msg, cause, origin.empty() ? msg : origin);
     throw TransportError(msg);
   }
   return Request(std::move(state));
@@ -621,7 +723,13 @@ void Communicator::barrier(std::string_view label) {
 }
 
 void Communicator::abort(std::string_view reason) noexcept {
-  impl_->fail(fmt::format("rank {}: aborted: {}", impl_->rank, reason));
+  std::string msg;
+  try {
+    msg = fmt::format("rank {}: aborted: {}", impl_->rank, reason);
+  } catch (...) {
+    msg = "aborted";
+  }
+  impl_->fail(msg, impl_->rank, msg);
 }
 
 bool Communicator::failed() const noexcept { return impl_->failed.load(); }
@@ -712,6 +820,26 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int size, std::shar
   return comm;
 }
 
+namespace {
+
+// Stores made from the environment, by where they come from ("tcp HOST:PORT server", ...), and
+// how many communicators from_env has made with each prefix. Rank 0's TCP store serves
+// MASTER_PORT: a second server could not bind it while the first lives, and one that went away
+// with its last communicator could leave a peer's next bootstrap talking to it, so the stores
+// live as long as the process (never destroyed: no thread is joined at exit).
+struct EnvStores {
+  std::mutex mutex;
+  std::map<std::string, std::shared_ptr<Store>> stores;
+  std::map<std::string, int> from_env_calls;  // by options.prefix
+};
+
+EnvStores& env_stores() {
+  static EnvStores* const stores = new EnvStores();
+  return *stores;
+}
+
+}  // namespace
+
 Bootstrap bootstrap_from_env(milliseconds timeout) {
   auto integer = [](const char* name, bool required, int fallback) {
     const std::string v = env(name);
@@ -730,23 +858,40 @@ Bootstrap bootstrap_from_env(milliseconds timeout) {
   b.rank = integer("RANK", true, 0);
   b.size = integer("WORLD_SIZE", true, 1);
   const std::string dir = env("TERSE_FILE_STORE");
-  if (!dir.empty()) {
-    b.store = make_file_store(dir);
-  } else {
-    const std::string addr = env("MASTER_ADDR");
+  std::string addr;
+  int port = 0;
+  if (dir.empty()) {
+    addr = env("MASTER_ADDR");
     if (addr.empty()) {
       throw InvalidArgument(
           "environment: set MASTER_ADDR and MASTER_PORT (torchrun does), or TERSE_FILE_STORE");
     }
-    const int port = integer("MASTER_PORT", true, 0);
-    b.store = make_tcp_store(addr, port, b.rank == 0, timeout);
+    port = integer("MASTER_PORT", true, 0);
   }
+  const std::string where =
+      !dir.empty() ? "file " + dir
+                   : fmt::format("tcp {}:{} {}", addr, port, b.rank == 0 ? "server" : "client");
+  EnvStores& cache = env_stores();
+  std::lock_guard lock(cache.mutex);
+  std::shared_ptr<Store>& store = cache.stores[where];
+  if (!store) {
+    store = !dir.empty() ? make_file_store(dir) : make_tcp_store(addr, port, b.rank == 0, timeout);
+  }
+  b.store = store;
   return b;
 }
 
 std::unique_ptr<Communicator> Communicator::from_env(CommunicatorOptions options) {
   if (options.timeout.count() <= 0) options.timeout = default_timeout();
   Bootstrap b = bootstrap_from_env(options.timeout);
+  {
+    // The store outlives communicators and keeps their keys: the n-th communicator of a prefix
+    // meets the other ranks' n-th under a prefix of its own.
+    EnvStores& cache = env_stores();
+    std::lock_guard lock(cache.mutex);
+    const int n = ++cache.from_env_calls[options.prefix];
+    if (n > 1) options.prefix = fmt::format("{}/{}", options.prefix, n);
+  }
   return create(b.rank, b.size, std::move(b.store), std::move(options));
 }
 

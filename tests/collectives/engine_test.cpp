@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -193,6 +194,71 @@ TEST_F(SingleRank, StateSavesRestoresAndRejectsGarbage) {
   EXPECT_EQ(a, c);
 }
 
+// Two ranks in this process, each with its own engine: a state saved by rank 1 is refused by
+// rank 0 and the other way round, as is one saved by a one-rank engine, each naming both ranks
+// and world sizes; a refused load changes nothing, and each rank's own state still loads.
+TEST_F(SingleRank, StateSavedByAnotherRankOrWorldSizeIsRefusedNamingBoth) {
+  AllreduceOptions o;
+  o.codec = "onebit:ef=1";
+  std::vector<float> x(3000);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.3f * i);
+  std::vector<std::byte> one_rank_state;
+  {
+    Engine single(comm_);
+    auto y = x;
+    single.allreduce("w", y, o).wait();
+    one_rank_state = single.save_state();
+  }
+  const std::string dir = testing::temp_dir();
+  std::vector<std::byte> saved[2];
+  std::string refusals[2][2];  // [rank][0: the other rank's state, 1: the one-rank state]
+  std::vector<float> after_refusal[2], own_result[2];
+  std::barrier sync(2);
+  auto rank_main = [&](int rank) {
+    CommunicatorOptions co;
+    co.timeout = 10s;
+    auto comm =
+        std::shared_ptr<Communicator>(Communicator::create(rank, 2, make_file_store(dir), co));
+    Engine engine(comm);
+    auto y = x;
+    engine.allreduce("w", y, o).wait();
+    saved[rank] = engine.save_state();
+    sync.arrive_and_wait();
+    const std::vector<std::byte>* foreign[2] = {&saved[1 - rank], &one_rank_state};
+    for (int k = 0; k < 2; ++k) {
+      try {
+        engine.load_state(*foreign[k]);
+      } catch (const MismatchError& e) {
+        refusals[rank][k] = e.what();
+      }
+    }
+    // Nothing changed: the next step continues from this rank's own state, which still loads.
+    after_refusal[rank] = x;
+    engine.allreduce("w", after_refusal[rank], o).wait();
+    engine.load_state(saved[rank]);
+    own_result[rank] = x;
+    engine.allreduce("w", own_result[rank], o).wait();
+  };
+  std::thread other(rank_main, 1);
+  rank_main(0);
+  other.join();
+  std::filesystem::remove_all(dir);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string& from_other = refusals[rank][0];
+    EXPECT_NE(from_other.find(fmt::format("saved by rank {} of 2 ranks", 1 - rank)),
+              std::string::npos)
+        << "rank " << rank << ": '" << from_other << "'";
+    EXPECT_NE(from_other.find(fmt::format("this engine is rank {} of 2", rank)), std::string::npos)
+        << from_other;
+    const std::string& from_single = refusals[rank][1];
+    EXPECT_NE(from_single.find("saved by rank 0 of 1 ranks"), std::string::npos)
+        << "rank " << rank << ": '" << from_single << "'";
+    EXPECT_NE(from_single.find(fmt::format("this engine is rank {} of 2", rank)), std::string::npos)
+        << from_single;
+    EXPECT_EQ(after_refusal[rank], own_result[rank]) << "rank " << rank;
+  }
+}
+
 // The engine's worker and completion threads run under SCHED_BATCH (src/transport/scheduling.h).
 TEST_F(SingleRank, WorkerThreadsRunUnderBatchScheduling) {
   const char* mode = std::getenv("TERSE_SCHED");
@@ -310,6 +376,17 @@ TEST_P(Ranks, KilledRankFailsTheOthersWithinTheTimeout) {
       ++survivors;
       EXPECT_NE(rank, victim);
       EXPECT_LT(seconds, 6.0) << line;
+      // Every survivor names the victim as the cause: its own connection to it closed, or a live
+      // peer aborted because of it; none blames a live peer for closing.
+      EXPECT_TRUE(line.find(fmt::format("peer {} closed the connection", victim)) !=
+                      std::string::npos ||
+                  line.find(fmt::format("because of rank {}", victim)) != std::string::npos)
+          << line;
+      for (int live = 0; live < n; ++live) {
+        if (live == victim) continue;
+        EXPECT_EQ(line.find(fmt::format("peer {} closed the connection", live)), std::string::npos)
+            << "blames live rank " << live << ": " << line;
+      }
     }
   }
   EXPECT_EQ(survivors, n - 1) << r.output;

@@ -147,6 +147,10 @@ def test_a_dead_or_stalled_rank_fails_the_others_with_a_terse_error(how, tmp_pat
         assert f"rank {rank}" in error and "peer" in error, error
         assert any(f"'{name}'" in error for name in PARAMETERS) or "fused group" in error, error
         assert error in r["message"]
+        if how == "kill":
+            # The cause named is the dead rank, not a live peer that failed because of it.
+            assert "peer 2 closed the connection" in error or "because of rank 2" in error, error
+            assert f"peer {1 - rank} closed the connection" not in error, error
         assert r["seconds_to_fail"] < timeout + 5, r
         if how == "stall" and r["error_type"] == "TimeoutError":
             assert r["seconds_to_fail"] > timeout - 0.5, r

@@ -7,6 +7,10 @@ enter Communicator() and both would fail at the (short) timeout.
 
 import array
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -16,6 +20,7 @@ import numpy as np
 import pytest
 
 import terse
+from conftest import TERSE_CLI
 
 TIMEOUT = 10.0
 
@@ -201,6 +206,69 @@ def test_two_ranks_in_two_threads_over_a_file_store(tmp_path):
     np.testing.assert_array_equal(e0, (inputs[0] + inputs[1]) / 2)
     np.testing.assert_allclose(f0, (inputs[0] + inputs[1]) / 2, rtol=2e-3, atol=2e-3)
     assert s0 > 0 and s1 > 0
+
+
+def test_a_state_saved_by_another_rank_is_refused_naming_both_ranks(tmp_path):
+    store = terse.file_store(str(tmp_path))
+    states = [b"", b""]
+    ready = threading.Barrier(2)
+
+    def rank(r: int):
+        comm = terse.Communicator(r, 2, store, timeout=TIMEOUT)
+        with terse.Engine(comm) as engine:
+            x = np.random.default_rng(r).standard_normal(4096).astype(np.float32)
+            engine.allreduce("w", x, codec="onebit:ef=1").wait()
+            states[r] = engine.save_state()
+            ready.wait(TIMEOUT)
+            with pytest.raises(terse.MismatchError) as refused:
+                engine.load_state(states[1 - r])
+            engine.load_state(states[r])  # its own still loads
+            assert engine.save_state() == states[r]
+            comm.barrier("end")
+        return str(refused.value)
+
+    for r, message in enumerate(run_ranks(2, rank)):
+        assert f"saved by rank {1 - r} of 2 ranks" in message, message
+        assert f"this engine is rank {r} of 2" in message, message
+
+
+# Each rank makes communicators from the environment the way terse.torch.communicator() does:
+# a second one (another prefix) while the first lives, then, with both deleted, two more with the
+# default prefix; each passes a barrier with the other rank.
+_FROM_ENV_AGAIN = textwrap.dedent("""
+    import gc
+    import terse
+
+    def check(comm):
+        assert comm.size == 2 and not comm.failed
+        comm.barrier()  # messages both ways with the other rank
+
+    first = terse.Communicator.from_env(timeout=20, prefix="comm-0")
+    second = terse.Communicator.from_env(timeout=20, prefix="comm-1")
+    check(first)
+    check(second)
+    del first, second
+    gc.collect()
+    for _ in range(2):
+        again = terse.Communicator.from_env(timeout=20)
+        check(again)
+        del again
+        gc.collect()
+    print("FROM-ENV-OK", terse.bootstrap_from_env()[0], flush=True)
+""")
+
+
+@pytest.mark.parametrize("store", ["tcp", "file"])
+def test_from_env_can_be_called_again_in_one_process(tmp_path, store):
+    env = dict(os.environ)
+    if store == "file":
+        env["TERSE_FILE_STORE"] = str(tmp_path / "store")
+    proc = subprocess.run(
+        [TERSE_CLI, "run", "-n", "2", "--", sys.executable, "-c", _FROM_ENV_AGAIN],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout
+    for r in range(2):
+        assert f"[rank {r}] FROM-ENV-OK {r}" in proc.stdout, proc.stdout
 
 
 class DictStore:

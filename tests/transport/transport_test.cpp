@@ -335,12 +335,37 @@ TEST_P(Ranks, BasicOverFileStore) {
   std::filesystem::remove_all(dir);
 }
 
+// Communicator::from_env again in the same process, with the first communicator alive (under
+// another prefix and under the same one) and after the others are gone: rank 0's store server
+// is not started twice, and no rendezvous reads an earlier one's keys.
+TEST_P(Ranks, FromEnvMakesMoreCommunicatorsInOneProcess) {
+  const int n = GetParam();
+  for (const std::string store : {"tcp", "file"}) {
+    const std::string dir = temp_dir();
+    const std::string env = store == "file" ? "TERSE_FILE_STORE=" + dir + " " : "";
+    auto r = shell(env + kCli + " run -n " + std::to_string(n) + " --timeout 30 -- " + kWorker +
+                   " again");
+    ASSERT_EQ(r.code, 0) << store << " store:\n" << r.output;
+    for (int i = 0; i < n; ++i) {
+      EXPECT_NE(r.output.find(fmt::format("[rank {}] AGAIN-OK rank {}", i, i)), std::string::npos)
+          << store << " store:\n" << r.output;
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
 enum class Death { kKilled, kStalled, kKilledMidTransfer };
 
 // Each survivor must fail on its own (the launcher's grace is long), within 6 s, naming the
 // tensor; the victim's ring neighbour must name the victim. A stalled victim is noticed by a
 // timeout; a killed one by its closed connections, which a transfer cut off mid-way must see too
-// (not sit out the timeout).
+// (not sit out the timeout). When the victim was killed, every survivor names it as the cause:
+// its own connection to the victim closed, or a live peer aborted because of the victim; no
+// survivor blames a live peer for closing.
+bool blames_victim(const std::string& message, int victim) {
+  return message.find(fmt::format("peer {} closed the connection", victim)) != std::string::npos ||
+         message.find(fmt::format("because of rank {}", victim)) != std::string::npos;
+}
 void expect_survivors_fail(const Result& r, int n, int victim, Death death) {
   EXPECT_NE(r.code, 0) << r.output;
   int survivors = 0;
@@ -366,6 +391,15 @@ void expect_survivors_fail(const Result& r, int n, int victim, Death death) {
     timeout_seen |= std::string(type) == "TimeoutError";
     if (death == Death::kKilledMidTransfer) {
       EXPECT_EQ(std::string(type), "TransportError") << message;
+    }
+    if (death != Death::kStalled) {
+      EXPECT_TRUE(blames_victim(message, victim)) << "rank " << rank << ": " << message;
+      for (int live = 0; live < n; ++live) {
+        if (live == victim) continue;
+        EXPECT_EQ(message.find(fmt::format("peer {} closed the connection", live)),
+                  std::string::npos)
+            << "rank " << rank << " blames live rank " << live << ": " << message;
+      }
     }
   }
   EXPECT_EQ(survivors, n - 1) << r.output;

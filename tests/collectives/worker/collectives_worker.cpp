@@ -479,9 +479,19 @@ int nonfinite(Communicator& comm, Engine& engine, bool keep) {
       if (keep) {
         check(std::memcmp(x.data(), before.data(), n * 4) == 0, name + ": tensor was modified");
       }
-      // The engine and communicator are still usable.
-      std::vector<float> ok = make_input(r, name + "/after", 0, 1000);
-      engine.allreduce(name + "/after", ok, o).wait();
+      // The engine and communicator are still usable: the next allreduce gives the result
+      // the simulation does, on every rank.
+      const std::string after = name + "/after";
+      std::vector<float> ok = make_input(r, after, 0, 1000);
+      engine.allreduce(after, ok, o).wait();
+      const TensorPlan plan = engine.plan(ok.size(), o);
+      auto codec = make_codec(spec);
+      testing::Simulator sim(comm.size(), kSeed);
+      const auto want =
+          sim.run(after, 0, plan.strategy, plan.strategy == Strategy::kRaw ? nullptr : codec.get(),
+                  plan.partitions, all_inputs(comm.size(), after, 0, ok.size()),
+                  o.average ? comm.size() : 1);
+      check_equal(ok, want, after);
       ++cases;
     }
   }

@@ -10,6 +10,10 @@
 //   bandwidth BYTES REPS    rank 0 sends BYTES to rank 1 REPS times; prints seconds per transfer
 //   share                   kit::machine_share: prints "SHARE rank=R cpus=LIST cores=C
 //                           ranks_on_host=H cores_per_rank=P fewest_cores=F most_ranks=M"
+//   again                   more communicators from the environment in this process: one with
+//                           another prefix and one with the same prefix while the first lives,
+//                           then one more after those are gone; each gathers every rank's
+//                           number; prints "AGAIN-OK rank R"
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -216,6 +221,39 @@ int bandwidth(Communicator& comm, std::size_t bytes, int reps) {
   return 0;
 }
 
+// Gathers every rank's number over comm and checks it.
+void gather_ranks(Communicator& comm, const std::string& what) {
+  const int n = comm.size();
+  std::vector<std::size_t> sizes(n, sizeof(int));
+  std::vector<int> all(n, -1);
+  const int mine = comm.rank();
+  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)), sizes,
+                  what);
+  for (int i = 0; i < n; ++i)
+    check(all[i] == i, what + ": rank " + std::to_string(i) + " sent " + std::to_string(all[i]));
+}
+
+int again(Communicator& first) {
+  gather_ranks(first, "first");
+  {
+    terse::CommunicatorOptions other;
+    other.prefix = "other";
+    auto second = Communicator::from_env(other);
+    auto third = Communicator::from_env();  // the first one's prefix, the first one alive
+    gather_ranks(*second, "second");
+    gather_ranks(*third, "third");
+    gather_ranks(first, "first again");
+    second->barrier();
+    third->barrier();
+  }
+  auto fourth = Communicator::from_env();
+  gather_ranks(*fourth, "fourth");
+  fourth->barrier();
+  first.barrier();
+  std::printf("AGAIN-OK rank %d\n", first.rank());
+  return 0;
+}
+
 int share(Communicator& comm) {
   const terse::kit::MachineShare s = terse::kit::machine_share(comm);
   std::string cpus;
@@ -244,6 +282,7 @@ int main(int argc, char** argv) {
     auto comm = Communicator::from_env();
     if (mode == "basic") return basic(*comm);
     if (mode == "share") return share(*comm);
+    if (mode == "again") return again(*comm);
     if (mode == "die" && argc == 4) return die(*comm, std::atoi(argv[2]), argv[3]);
     if (mode == "bandwidth" && argc == 4) {
       return bandwidth(*comm, std::strtoull(argv[2], nullptr, 10), std::atoi(argv[3]));
