@@ -8,7 +8,7 @@
 //                           itself once the first megabyte of a block has reached it, so that
 //                           its neighbours' send and recv are cut off with their bytes moving
 //   bandwidth BYTES REPS    rank 0 sends BYTES to rank 1 REPS times; prints seconds per transfer
-//   share                   kit::machine_share: prints "SHARE rank=R cpus=LIST cores=C
+//   share                   transport::machine_share: prints "SHARE rank=R cpus=LIST cores=C
 //                           ranks_on_host=H cores_per_rank=P fewest_cores=F most_ranks=M"
 #include <signal.h>
 #include <unistd.h>
@@ -25,6 +25,7 @@
 #include "kit/host.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
+#include "transport/machine_share.h"
 #include "worker_check.h"
 
 namespace {
@@ -217,7 +218,7 @@ int bandwidth(Communicator& comm, std::size_t bytes, int reps) {
 }
 
 int share(Communicator& comm) {
-  const terse::kit::MachineShare s = terse::kit::machine_share(comm);
+  const terse::transport::MachineShare s = terse::transport::machine_share(comm);
   std::string cpus;
   for (int c : terse::kit::allowed_cpus()) {
     if (!cpus.empty()) cpus.push_back(',');
