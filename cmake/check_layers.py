@@ -55,6 +55,7 @@ class Checker:
         self.below = below
         self.owner = owner
         self.problems = []
+        self.unowned = set()
 
     def problem(self, path, line, text):
         self.problems.append(f"{path}:{line}: {text}")
@@ -77,8 +78,10 @@ class Checker:
         """A public header included from a file of `layer` (None: any layer may)."""
         name = header[len("terse/"):]
         if name not in self.owner:
-            self.problem(rel, number, f"include/terse/{name} belongs to no layer: add it to the "
-                         "PUBLIC_HEADERS of its terse_layer() in CMakeLists.txt")
+            if name not in self.unowned:  # said once, where it is first included
+                self.unowned.add(name)
+                self.problem(rel, number, f"include/terse/{name} belongs to no layer: add it to "
+                             "the PUBLIC_HEADERS of its terse_layer() in CMakeLists.txt")
             return
         if layer is None or (rel, header) in TEMPORARY_EXCEPTIONS:
             return
@@ -114,11 +117,13 @@ class Checker:
                 self.problem(rel, number, f'"{header}" is in no layer')
 
     def check_public(self, rel):
-        name = os.path.basename(rel)
+        name = os.path.relpath(rel, os.path.join("include", "terse")).replace(os.sep, "/")
         layer = self.owner.get(name)
         if layer is None:
-            self.problem(rel, 1, f"{rel} belongs to no layer: add it to the PUBLIC_HEADERS of its "
-                         "terse_layer() in CMakeLists.txt")
+            if name not in self.unowned:
+                self.unowned.add(name)
+                self.problem(rel, 1, f"{rel} belongs to no layer: add it to the PUBLIC_HEADERS of "
+                             "its terse_layer() in CMakeLists.txt")
             return
         for number, kind, header, _ in self.includes(rel):
             first = header.split("/")[0]

@@ -9,7 +9,8 @@
 # ${PROJECT_BINARY_DIR}/layers/NAME, holding a link to src/NAME and to each layer below it and
 # nothing else: `#include "engine/tags.h"` from src/collectives/ is "file not found".
 # include/terse/ is one directory on every path, so which public header belongs to which layer
-# (PUBLIC_HEADERS) is checked by cmake/check_layers.py, run before any layer compiles, which also
+# (PUBLIC_HEADERS, named from include/terse/: "codec.h", "sub/x.h") is checked by
+# cmake/check_layers.py, run before any layer compiles, which also
 # refuses `../` includes and internal headers in python/ and tools/.
 
 set(TERSE_LAYERS "")
