@@ -10,8 +10,8 @@
 # nothing else: `#include "engine/tags.h"` from src/collectives/ is "file not found".
 # include/terse/ is one directory on every path, so which public header belongs to which layer
 # (PUBLIC_HEADERS, named from include/terse/: "codec.h", "sub/x.h") is checked by
-# cmake/check_layers.py, run before any layer compiles, which also
-# refuses `../` includes and internal headers in python/ and tools/.
+# cmake/check_layers.py, run before any layer compiles, which also refuses `../` includes and
+# internal headers in python/ and tools/.
 
 set(TERSE_LAYERS "")
 set(TERSE_LAYER_CONFIG "")
