@@ -16,7 +16,7 @@
 
 #include "bench_util.h"
 #include "commands.h"
-#include "kit/basic.h"
+#include "kit/basic.h"  // kit::narrow: the half inputs, as the engine rounds them
 #include "terse/codec.h"
 
 namespace terse::tools {

@@ -30,11 +30,11 @@
 #include "commands.h"
 // Internal headers: the benchmark reads the calibration and the cost model, which are no part
 // of the public API, and calibrates before the engine's first "auto" allreduce would.
-#include "engine/allreduce_probe.h"
+#include "engine/allreduce_probe.h"  // the probe calibration times the engine with
 #include "launch.h"
-#include "planner/calibration.h"
-#include "planner/cost_model.h"
-#include "planner/planner_impl.h"
+#include "planner/calibration.h"  // Calibration records: this command prints and writes them
+#include "planner/cost_model.h"  // per-candidate predictions, beside the measured times
+#include "planner/planner_impl.h"  // PlannerAccess: a planner from a given calibration
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/error.h"

@@ -16,7 +16,7 @@
 
 #include "bench_util.h"
 #include "commands.h"
-#include "kit/blas.h"
+#include "kit/blas.h"  // the BLAS calls PowerSGD makes, timed alone
 #include "terse/codec.h"
 
 namespace terse::tools {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "kit/cpu_time.h"
-#include "kit/memory.h"
+#include "kit/cpu_time.h"  // the CPU clock the planner reads, so "CPU s" agree
+#include "kit/memory.h"    // page-touched buffers, as the engine allocates them
 #include "terse/communicator.h"
 #include "terse/engine.h"
 

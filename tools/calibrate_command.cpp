@@ -15,9 +15,9 @@
 #include "commands.h"
 // Internal headers: the calibration record and its measuring are no part of the public API;
 // this command is their front end.
-#include "engine/allreduce_probe.h"
+#include "engine/allreduce_probe.h"  // the probe calibration times the engine with
 #include "launch.h"
-#include "planner/calibration.h"
+#include "planner/calibration.h"  // Calibration records: this command prints and writes them
 #include "terse/communicator.h"
 #include "terse/planner.h"
 

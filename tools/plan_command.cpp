@@ -21,10 +21,10 @@
 #include "commands.h"
 // Internal headers: the calibration and the cost model are no part of the public API; this
 // command asks them what-if questions (other rates, other world sizes).
-#include "engine/allreduce_probe.h"
-#include "planner/calibration.h"
-#include "planner/cost_model.h"
-#include "planner/planner_impl.h"
+#include "engine/allreduce_probe.h"  // the probe calibration times the engine with
+#include "planner/calibration.h"  // Calibration records: this command prints and writes them
+#include "planner/cost_model.h"  // per-candidate predictions, beside the measured times
+#include "planner/planner_impl.h"  // PlannerAccess: a planner from a given calibration
 #include "terse/codec.h"
 #include "terse/error.h"
 #include "terse/planner.h"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "commands.h"
-#include "kit/host.h"
+#include "kit/host.h"  // kit::binding: the cores of each rank it starts
 
 namespace terse::tools {
 namespace {

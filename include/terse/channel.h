@@ -18,6 +18,7 @@
 
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/export.h"
 
 namespace terse {
 
@@ -26,7 +27,7 @@ struct ChannelOptions {
   std::uint64_t seed = 0;
 };
 
-class Channel {
+class TERSE_API Channel {
  public:
   explicit Channel(std::shared_ptr<Communicator> comm, ChannelOptions options = {});
   ~Channel();

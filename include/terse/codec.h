@@ -31,6 +31,7 @@
 
 #include "terse/dtype.h"
 #include "terse/error.h"
+#include "terse/export.h"
 #include "terse/spec.h"
 
 namespace terse {
@@ -53,7 +54,7 @@ enum class DecodeMode {
 
 // Per-tensor state owned by the caller. save()/load() round-trip it exactly, so a resumed run
 // continues bit for bit.
-class CodecState {
+class TERSE_API CodecState {
  public:
   virtual ~CodecState() = default;
   virtual void save(std::vector<std::byte>& out) const = 0;
@@ -64,7 +65,7 @@ class CodecState {
 // Reusable scratch memory. A codec asks for slot k of n elements of T; the memory stays
 // allocated (and its pages touched) between calls, so hot paths do not pay for fresh pages.
 // Not thread-safe: give each worker thread its own.
-class Workspace {
+class TERSE_API Workspace {
  public:
   // Codecs use slots [0, kWrapperSlot); wrappers (error feedback) use kWrapperSlot and above,
   // so a wrapper's buffers survive the wrapped codec's use of its own.
@@ -106,7 +107,7 @@ class Workspace {
   std::uint64_t growths_ = 0;
 };
 
-struct EncodeContext {
+struct TERSE_API EncodeContext {
   std::uint64_t seed = 0;    // shared by all ranks of a job
   std::uint64_t step = 0;    // training step (advances the RNG stream)
   std::uint64_t tensor = 0;  // stable id of the tensor, e.g. fnv1a64(name)
@@ -129,7 +130,7 @@ struct PayloadInfo {
   std::uint64_t payload_bytes = 0;  // after the header
 };
 
-class Codec {
+class TERSE_API Codec {
  public:
   virtual ~Codec() = default;
   Codec(const Codec&) = delete;
@@ -217,7 +218,7 @@ class Codec {
 // runs, for r = 0 .. rounds()-1: contribution = encode_round(r, x); sum the contributions of
 // all ranks element-wise (they are plain fp32 arrays); absorb_round(r, sum). Then finish()
 // writes the reconstructed sum of all ranks' inputs. On one rank the sum is the contribution.
-class RoundCodec {
+class TERSE_API RoundCodec {
  public:
   virtual ~RoundCodec() = default;
   virtual int rounds() const = 0;
@@ -248,10 +249,10 @@ struct CodecInfo {
 };
 
 // Called from each codec's own file through a static registrar. Throws on a duplicate.
-bool register_codec(CodecInfo info);
+TERSE_API bool register_codec(CodecInfo info);
 // Builds a codec from a spec such as "topk:ratio=0.01" or "onebit:ef=1". Unknown names or keys
 // throw SpecError listing what is allowed. "ef=1" wraps any lossy codec in error feedback.
-std::unique_ptr<Codec> make_codec(std::string_view spec);
-std::vector<CodecInfo> registered_codecs();  // sorted by name
+TERSE_API std::unique_ptr<Codec> make_codec(std::string_view spec);
+TERSE_API std::vector<CodecInfo> registered_codecs();  // sorted by name
 
 }  // namespace terse

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "terse/export.h"
+
 namespace gloo {
 class Context;
 }
@@ -30,7 +32,7 @@ namespace terse {
 // A key-value store reachable by every rank, used only to bootstrap connections (addresses,
 // never tensor data). Implementations must be thread-safe. The Python layer adapts
 // torch.distributed.Store to this interface, so keep it to what every store offers.
-class Store {
+class TERSE_API Store {
  public:
   virtual ~Store() = default;
 
@@ -50,7 +52,7 @@ class Store {
 // A store in a directory of a file system every rank sees (single host, or a shared file
 // system). The directory is created if missing; use a fresh directory per job, since keys left
 // by an earlier job would be read as this job's.
-std::shared_ptr<Store> make_file_store(const std::string& directory);
+TERSE_API std::shared_ptr<Store> make_file_store(const std::string& directory);
 
 // A store served over TCP by one process (rank 0, like torch's TCPStore) and used by all.
 // With is_server, this call listens on port (all interfaces; 0 picks a free port, see
@@ -58,15 +60,16 @@ std::shared_ptr<Store> make_file_store(const std::string& directory);
 // client of itself. Clients retry connecting until timeout, so ranks may start in any order.
 // Every request is bounded by timeout; failures throw TimeoutError or TransportError naming
 // host:port.
-std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
-                                      std::chrono::milliseconds timeout);
+TERSE_API std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
+                                                std::chrono::milliseconds timeout);
 
 // The port a TCP store created by make_tcp_store listens on or talks to; -1 for other stores.
-int tcp_store_port(const Store& store);
+TERSE_API int tcp_store_port(const Store& store);
 
 // A view of store whose keys all start with prefix + "/", so that several communicators (or a
 // framework and terse) can share one store without their keys colliding.
-std::shared_ptr<Store> make_prefix_store(std::string prefix, std::shared_ptr<Store> store);
+TERSE_API std::shared_ptr<Store> make_prefix_store(std::string prefix,
+                                                   std::shared_ptr<Store> store);
 
 struct CommunicatorOptions {
   // Bound on every wait, including connecting. Zero means: TERSE_TIMEOUT (seconds, may be
@@ -86,7 +89,7 @@ struct CommunicatorOptions {
 // The result of an asynchronous send or recv. Move-only. It refers to its Communicator, which
 // must outlive it, and to the caller's buffer, which must stay valid and (for recv) untouched
 // until wait returns.
-class Request {
+class TERSE_API Request {
  public:
   Request() noexcept;
   Request(Request&&) noexcept;
@@ -121,7 +124,7 @@ class Request {
 // Threads: send, recv and Request::wait may be called from several threads at once.
 // Collectives (allgatherv, broadcast, barrier) must be called by every rank in the same order,
 // and not concurrently with another collective of the same communicator.
-class Communicator {
+class TERSE_API Communicator {
  public:
   // Connects to every other rank through store (a collective: every rank calls it with the
   // same size and options.prefix). Returns when every rank is connected. Throws TimeoutError
@@ -189,7 +192,7 @@ class Communicator {
   struct Impl;
 
  private:
-  friend std::shared_ptr<gloo::Context> gloo_context(Communicator& comm);
+  friend TERSE_API std::shared_ptr<gloo::Context> gloo_context(Communicator& comm);
   explicit Communicator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
@@ -205,13 +208,13 @@ struct Bootstrap {
   int size = 1;
   std::shared_ptr<Store> store;
 };
-Bootstrap bootstrap_from_env(std::chrono::milliseconds timeout);
+TERSE_API Bootstrap bootstrap_from_env(std::chrono::milliseconds timeout);
 
 // The Gloo context under a communicator, so that benchmarks can run Gloo's own algorithms on
 // the same connections (they use Gloo's slots, which terse's tags never collide with).
-std::shared_ptr<gloo::Context> gloo_context(Communicator& comm);
+TERSE_API std::shared_ptr<gloo::Context> gloo_context(Communicator& comm);
 
 // The timeout CommunicatorOptions{} resolves to: TERSE_TIMEOUT seconds, else 60 s.
-std::chrono::milliseconds default_timeout();
+TERSE_API std::chrono::milliseconds default_timeout();
 
 }  // namespace terse

@@ -39,28 +39,14 @@
 #include "terse/communicator.h"
 #include "terse/dtype.h"
 #include "terse/error.h"
+#include "terse/export.h"
+#include "terse/plan.h"
 
 namespace terse {
 
 class Planner;
 class Tracer;
 struct HandleAccess;
-
-// How a tensor's partitions are reduced (see src/collectives/; docs/design.md has the costs).
-enum class Strategy {
-  kAuto,       // raw for codec "none", else the engine's default for the codec's traits
-  kRaw,        // fp32 ring allreduce (reduce-scatter + allgather); the uncompressed baseline
-  kAllgather,  // each rank encodes once; all payloads are gathered, decoded and summed
-               // (RoundCodecs: each round's contributions gathered, one message step a round)
-  kSharded,    // co-located parameter server: owners sum their shard, re-encode once, allgather
-  kRing,       // compressed ring: decode-merge-re-encode at every hop, then allgather
-  kSummable,   // ring on compressed data (codecs whose encodings add); RoundCodecs' rounds
-               // on rings
-};
-// "auto", "raw", "allgather", "sharded", "ring", "summable".
-std::string_view to_string(Strategy s);
-// Throws SpecError listing the allowed names.
-Strategy parse_strategy(std::string_view name);
 
 struct AllreduceOptions {
   // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...) or "auto": the planner's
@@ -92,7 +78,7 @@ struct TensorRef {
 };
 
 // The outcome of a submission. Copyable; all copies share it.
-class Handle {
+class TERSE_API Handle {
  public:
   Handle() = default;
   // Blocks until the submission completed; rethrows its error, if any. Bounded: every task of
@@ -114,14 +100,6 @@ class Handle {
   std::shared_ptr<State> state_;
 };
 
-// The plan for one tensor: what the engine will do with it.
-struct TensorPlan {
-  std::string codec = "none";  // canonical codec spec ("none" = raw fp32)
-  Strategy strategy = Strategy::kRaw;
-  int partitions = 1;
-  bool fused = false;  // travels in the group's fused raw message
-};
-
 struct EngineOptions {
   // Seed shared by all ranks for stochastic codecs (the same on every rank).
   std::uint64_t seed = 0;
@@ -134,7 +112,7 @@ struct EngineOptions {
   // sent per rank; every rank sums the N inputs in rank order. 0 always rings. The default
   // bounds the extra bytes against a ring, (N-1)(N-2)/N of the message, below 16 KiB (1.3 ms at
   // 100 Mbit/s) for 2N-3 message steps saved. The planner's cost model assumes the default.
-  std::size_t gather_bytes = std::size_t{16} << 10;
+  std::size_t gather_bytes = kDefaultGatherBytes;
   // Target bytes per partition when AllreduceOptions::partitions is 0.
   std::size_t partition_bytes = std::size_t{8} << 20;
   // Optional per-stage event sink (encode, send, recv, decode, merge, wait). Without one,
@@ -153,7 +131,7 @@ struct EngineOptions {
   std::shared_ptr<Planner> planner;
 };
 
-class Engine {
+class TERSE_API Engine {
  public:
   explicit Engine(std::shared_ptr<Communicator> comm, EngineOptions options = {});
   // Waits for every submitted task (each bounded by the timeout), then stops the workers.

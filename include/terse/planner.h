@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "terse/engine.h"
+#include "terse/plan.h"
 #include "terse/export.h"
 
 namespace terse {

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "terse/export.h"
+
 namespace terse {
 
 class Communicator;
@@ -24,7 +26,7 @@ struct TraceEvent {
   std::uint32_t thread = 0;   // small id of the worker thread
 };
 
-class Tracer {
+class TERSE_API Tracer {
  public:
   virtual ~Tracer() = default;
   // Called from any engine thread; must be thread-safe and cheap.
@@ -32,7 +34,7 @@ class Tracer {
 };
 
 // Keeps every event in memory; writes them as Chrome-trace JSON (chrome://tracing, Perfetto).
-class TraceRecorder final : public Tracer {
+class TERSE_API TraceRecorder final : public Tracer {
  public:
   void record(TraceEvent event) override;
   std::vector<TraceEvent> events() const;
@@ -49,13 +51,13 @@ class TraceRecorder final : public Tracer {
 };
 
 // steady_clock now, in nanoseconds (the time base of TraceEvent).
-std::int64_t trace_now_ns();
+TERSE_API std::int64_t trace_now_ns();
 
 // How far rank 0's steady clock is ahead of this rank's, in nanoseconds (0 on rank 0): add it
 // to this rank's trace_now_ns() values to express them on rank 0's clock. Rank 0 exchanges
 // `rounds` timestamp ping-pongs with each rank in turn and keeps, per rank, NTP's estimate
 // ((t1 - t0) + (t2 - t3)) / 2 from the round trip with the least delay; the error is at most
 // half that delay. A collective; every wait is bounded by the communicator's timeout.
-std::int64_t measure_clock_offset(Communicator& comm, int rounds = 16);
+TERSE_API std::int64_t measure_clock_offset(Communicator& comm, int rounds = 16);
 
 }  // namespace terse

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "kit/hash.h"
 #include "terse/error.h"
 
 namespace terse {
@@ -231,13 +232,6 @@ std::uint32_t fnv1a32(std::string_view text) {
   return h;
 }
 
-std::uint64_t fnv1a64(std::string_view text) {
-  std::uint64_t h = 14695981039346656037ull;
-  for (char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+std::uint64_t fnv1a64(std::string_view text) { return kit::fnv1a64(text); }
 
 }  // namespace terse

@@ -15,8 +15,8 @@ void gather_sum(PartitionContext& ctx, std::span<const float> input, std::span<f
                 std::uint32_t index) {
   const int n = ctx.size(), r = ctx.rank();
   const std::size_t cap = message_capacity(*ctx.codec, input.size());
-  engine::Buffer mine = ctx.pool->acquire(cap);
-  engine::Buffer theirs = ctx.pool->acquire(cap * n);
+  kit::Buffer mine = ctx.pool->acquire(cap);
+  kit::Buffer theirs = ctx.pool->acquire(cap * n);
   auto area = [&](int i) { return theirs.bytes().subspan(cap * i, cap); };
 
   std::vector<Request> rx(n), tx(n);

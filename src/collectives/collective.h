@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/buffer_pool.h"
+#include "kit/buffer_pool.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/trace.h"
@@ -126,7 +126,7 @@ struct PartitionContext {
   StateSlots* states = nullptr;
   EncodeContext encode;  // seed, step, tensor id of this partition, rank
 
-  engine::BufferPool* pool = nullptr;
+  kit::BufferPool* pool = nullptr;
   Workspace* workspace = nullptr;
   Tracer* tracer = nullptr;
   std::uint32_t thread = 0;
@@ -227,7 +227,7 @@ class FinalExchange {
   PartitionContext& ctx_;
   std::size_t capacity_;
   std::uint32_t index_;
-  engine::Buffer areas_;
+  kit::Buffer areas_;
   std::vector<Request> rx_, tx_;
 };
 

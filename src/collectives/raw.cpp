@@ -35,7 +35,7 @@ void raw_ring(PartitionContext& ctx, std::span<const float> input, std::span<flo
   auto chunk = [&](auto s, int c) { return split.piece(s, static_cast<std::size_t>(c)); };
   auto mod = [n](int v) { return ((v % n) + n) % n; };
 
-  engine::Buffer inbox = ctx.pool->acquire(split.max_size() * sizeof(float));
+  kit::Buffer inbox = ctx.pool->acquire(split.max_size() * sizeof(float));
   for (int s = 0; s < n - 1; ++s) {
     const int send_c = mod(r - s), recv_c = mod(r - s - 1);
     std::span<const float> out = s == 0 ? chunk(input, send_c)
@@ -70,7 +70,7 @@ void raw_gather(PartitionContext& ctx, std::span<const float> input, std::span<f
                 std::uint32_t index, int divisor) {
   const int n = ctx.size(), r = ctx.rank();
   const std::size_t bytes = input.size_bytes();
-  engine::Buffer all = ctx.pool->acquire(std::max<std::size_t>(bytes * n, 1));
+  kit::Buffer all = ctx.pool->acquire(std::max<std::size_t>(bytes * n, 1));
   auto area = [&](int i) { return all.bytes().subspan(bytes * i, bytes); };
   std::vector<Request> rx(n), tx(n);
   for (int i = 0; i < n; ++i) {

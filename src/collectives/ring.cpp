@@ -20,11 +20,11 @@ void ring_allreduce(PartitionContext& ctx) {
   auto mod = [n](int v) { return ((v % n) + n) % n; };
   const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
   // Areas: 0-1 outgoing (alternating by step), 2 incoming, 3 our final payload.
-  engine::Buffer areas = ctx.pool->acquire(cap * 4);
+  kit::Buffer areas = ctx.pool->acquire(cap * 4);
   auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   FinalExchange finals(ctx, cap, static_cast<std::uint32_t>(n - 1));
-  engine::Buffer scratch = ctx.pool->acquire(split.max_size() * sizeof(float));
+  kit::Buffer scratch = ctx.pool->acquire(split.max_size() * sizeof(float));
   // Step 0 sends our own input's chunk r.
   std::span<const std::byte> outgoing =
       encode_or_fail(ctx, split.piece(ctx.input, r), split.begin(r), r, r, area(0));

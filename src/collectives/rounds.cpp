@@ -36,7 +36,7 @@ void rounds_allreduce(PartitionContext& ctx, bool gather) {
   const auto stride = static_cast<std::uint32_t>(2 * ctx.size());
   for (int round = 0; round < codec.rounds(); ++round) {
     const std::size_t m = codec.round_elements(round, n);
-    engine::Buffer buffer = ctx.pool->acquire(std::max<std::size_t>(m, 1) * sizeof(float));
+    kit::Buffer buffer = ctx.pool->acquire(std::max<std::size_t>(m, 1) * sizeof(float));
     std::span<float> contribution = buffer.as<float>(m);
     {
       Stage s(ctx, "encode", -1, n * 4);

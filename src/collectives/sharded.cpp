@@ -19,7 +19,7 @@ void sharded_allreduce(PartitionContext& ctx) {
   const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
   // Areas: [0, n) outgoing (our payload for owner j at j, our final payload at r),
   // [n, 2n) contributions to our shard from rank i. Final payloads use message index 1.
-  engine::Buffer areas = ctx.pool->acquire(cap * 2 * n);
+  kit::Buffer areas = ctx.pool->acquire(cap * 2 * n);
   auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
   std::vector<Request> push_rx(n), push_tx(n);
   std::vector<std::span<const std::byte>> sent(n);
@@ -36,7 +36,7 @@ void sharded_allreduce(PartitionContext& ctx) {
 
   // Our shard: the sum of all contributions in rank order, in scratch memory (the output may be
   // our input, whose shard r is one of the terms).
-  engine::Buffer scratch = ctx.pool->acquire(split.size(r) * sizeof(float));
+  kit::Buffer scratch = ctx.pool->acquire(split.size(r) * sizeof(float));
   std::span<float> acc = scratch.as<float>(split.size(r));
   for (int i = 0; i < n; ++i) {
     const DecodeMode mode = i == 0 ? DecodeMode::kOverwrite : DecodeMode::kAccumulate;

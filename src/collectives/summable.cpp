@@ -27,7 +27,7 @@ void summable_ring(PartitionContext& ctx, std::span<const float> input, std::spa
   const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
   // Areas: 0-1 incoming partial payloads (alternating: the one received at step s is sent on at
   // step s+1), 2 our own encoding of the current chunk.
-  engine::Buffer areas = ctx.pool->acquire(cap * 3);
+  kit::Buffer areas = ctx.pool->acquire(cap * 3);
   auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   FinalExchange finals(ctx, cap, first_index + static_cast<std::uint32_t>(n - 1));

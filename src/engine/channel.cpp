@@ -21,8 +21,8 @@
 #include <tuple>
 
 #include "collectives/collective.h"
-#include "engine/buffer_pool.h"
 #include "engine/handle_access.h"
+#include "kit/buffer_pool.h"
 #include "kit/hash.h"
 #include "transport/scheduling.h"
 
@@ -49,7 +49,7 @@ std::uint64_t channel_tag(const std::string& name, std::uint32_t seq) {
 struct Channel::Impl {
   std::shared_ptr<Communicator> comm;
   ChannelOptions options;
-  engine::BufferPool pool;
+  kit::BufferPool pool;
   std::atomic<std::uint64_t> bytes_sent{0};
 
   std::mutex mu;  // codecs, counters and states
@@ -169,8 +169,8 @@ Handle Channel::send(int peer, const std::string& name, std::span<const float> x
   const Codec& codec = *ctx->codec;
   Workspace workspace;
   ctx->workspace = &workspace;
-  auto buffer = std::make_shared<engine::Buffer>(
-      c.pool.acquire(collectives::message_capacity(codec, x.size())));
+  auto buffer =
+      std::make_shared<kit::Buffer>(c.pool.acquire(collectives::message_capacity(codec, x.size())));
   std::span<const std::byte> message =
       collectives::encode_or_fail(*ctx, x, 0, 0, 0, buffer->bytes());
   ctx->workspace = nullptr;
@@ -202,7 +202,7 @@ Handle Channel::recv(int peer, const std::string& name, std::span<float> out,
   auto ctx = c.next_message(peer, name, codec_spec, c.recv_seq);
   const Codec& codec = *ctx->codec;
   const std::size_t cap = collectives::message_capacity(codec, out.size());
-  auto area = std::make_shared<engine::Buffer>(c.pool.acquire(cap));
+  auto area = std::make_shared<kit::Buffer>(c.pool.acquire(cap));
   auto head = std::make_shared<Request>(
       collectives::post_recv(*ctx, peer, 0, area->bytes().first(kFailureBytes)));
   auto [handle, complete] = HandleAccess::make();
@@ -221,7 +221,7 @@ Handle Channel::recv(int peer, const std::string& name, std::span<float> out,
               "message",
               c.comm->rank(), ctx->tensor, peer, length));
         }
-        engine::Buffer big;
+        kit::Buffer big;
         std::span<std::byte> whole = area->bytes();
         if (kHeaderBytes + length > cap) {
           big = c.pool.acquire(kHeaderBytes + length);
@@ -234,7 +234,7 @@ Handle Channel::recv(int peer, const std::string& name, std::span<float> out,
           collectives::wait(*ctx, rest, false, peer, length);
         }
         // Decode into scratch, so that out is written only once the whole message decoded.
-        engine::Buffer scratch = c.pool.acquire(std::max<std::size_t>(out.size(), 1) * 4);
+        kit::Buffer scratch = c.pool.acquire(std::max<std::size_t>(out.size(), 1) * 4);
         std::span<float> y = scratch.as<float>(out.size());
         if (collectives::decode_or_record(*ctx, whole.first(kHeaderBytes + length), y,
                                           DecodeMode::kOverwrite, peer)) {

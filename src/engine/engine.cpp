@@ -25,48 +25,25 @@
 #include "codecs/wire.h"
 #include "collectives/collective.h"
 #include "engine/allreduce_probe.h"
-#include "engine/buffer_pool.h"
 #include "engine/handle_access.h"
-#include "engine/tags.h"
 #include "kit/basic.h"
 #include "kit/blas.h"
+#include "kit/buffer_pool.h"
 #include "kit/hash.h"
 #include "kit/host.h"
 #include "planner/planner_impl.h"
 #include "terse/codec.h"
 #include "terse/planner.h"
 #include "terse/trace.h"
+#include "transport/machine_share.h"
 #include "transport/scheduling.h"
+#include "transport/tags.h"
 
 namespace terse {
 
 using collectives::Failure;
 using collectives::PartitionContext;
 using collectives::StateSlots;
-
-// ---- strategies by name ---------------------------------------------------------------------
-
-namespace {
-constexpr std::pair<Strategy, std::string_view> kStrategyNames[] = {
-    {Strategy::kAuto, "auto"},       {Strategy::kRaw, "raw"},   {Strategy::kAllgather, "allgather"},
-    {Strategy::kSharded, "sharded"}, {Strategy::kRing, "ring"}, {Strategy::kSummable, "summable"},
-};
-}  // namespace
-
-std::string_view to_string(Strategy s) {
-  for (const auto& [v, name] : kStrategyNames) {
-    if (v == s) return name;
-  }
-  return "?";
-}
-
-Strategy parse_strategy(std::string_view name) {
-  for (const auto& [v, n] : kStrategyNames) {
-    if (n == name) return v;
-  }
-  throw SpecError(fmt::format(
-      "unknown strategy '{}' (allowed: auto, raw, allgather, sharded, ring, summable)", name));
-}
 
 // ---- handles --------------------------------------------------------------------------------
 
@@ -190,7 +167,7 @@ struct Job {
   std::size_t fused_elements = 0;
   // Results that are not written in place: the fused message (gathered inputs, reduced in
   // place) first, then, with keep_input_on_error, every other item.
-  engine::Buffer staging;
+  kit::Buffer staging;
   bool fused_gathered = false;
   std::atomic<int> remaining{0};
 
@@ -246,7 +223,7 @@ int env_threads() {
 struct Engine::Impl {
   std::shared_ptr<Communicator> comm;
   EngineOptions options;
-  engine::BufferPool pool;
+  kit::BufferPool pool;
   std::atomic<std::uint64_t> bytes_sent{0};
 
   mutable std::mutex codecs_mu;
@@ -757,7 +734,7 @@ struct Engine::Impl {
         ctx.tensor = it.ref.name;
         ctx.offset = split.begin(task.partition);
         const DType dtype = it.ref.typed.dtype;
-        engine::Buffer wide;  // a half tensor's partition in fp32: sums and decoded results
+        kit::Buffer wide;  // a half tensor's partition in fp32: sums and decoded results
         if (dtype == DType::kFloat32) {
           ctx.input = split.piece(std::span<const float>(it.ref.data), task.partition);
           ctx.output = split.piece(result(job, task.item), task.partition);
@@ -887,7 +864,7 @@ struct Engine::Impl {
     if (!error) copy_back(job);
     if (!error) report_spans(job);
     for (auto& it : job.items) set_in_flight(*it.record, false);
-    job.staging = engine::Buffer();
+    job.staging = kit::Buffer();
     if (options.tracer) {
       TraceEvent e;
       e.stage = "allreduce";
@@ -1059,7 +1036,7 @@ Engine::Engine(std::shared_ptr<Communicator> comm, EngineOptions options)
   // OpenBLAS (PowerSGD's products) gets each rank's share of its machine's cores: with its
   // default of a thread per core in every rank, 2 and 4 ranks on 2 cores ran PowerSGD 25-30%
   // slower and its calibrated cost varied 2x (kit/blas.h). A collective, like the above.
-  kit::blas_limit_threads(kit::machine_share(*impl_->comm).cores_per_rank);
+  kit::blas_limit_threads(transport::machine_share(*impl_->comm).cores_per_rank);
   const int threads = impl_->options.threads > 0 ? impl_->options.threads : env_threads();
   impl_->threads = threads;
   for (int i = 0; i < threads; ++i) {

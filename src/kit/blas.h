@@ -15,7 +15,7 @@ int blas_threads();
 // Lowers OpenBLAS's threads to `threads` (at least 1) where it would use more, unless the user
 // chose (OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS set). OpenBLAS starts one
 // thread per core in every process, so ranks that share a machine oversubscribe its cores; the
-// engine passes each rank's share (kit::MachineShare::cores_per_rank, the same on every rank:
+// engine passes each rank's share (transport::MachineShare::cores_per_rank, the same on every rank:
 // a product's last bits can depend on the thread count, and replicas must stay identical).
 // Returns the threads OpenBLAS uses after.
 int blas_limit_threads(int threads);

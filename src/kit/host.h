@@ -1,12 +1,9 @@
-// The machine a rank runs on: its cores, its identity, and how many ranks of the job share it.
+// The machine a process runs on: its cores and its identity. How many ranks of a job share it
+// is transport/machine_share.h (it takes a Communicator).
 #pragma once
 
 #include <cstdint>
 #include <vector>
-
-namespace terse {
-class Communicator;
-}
 
 namespace terse::kit {
 
@@ -34,20 +31,5 @@ void bind_to(const std::vector<int>& cpus);
 // Identifies the machine (not the network namespace): ranks with equal ids share its cores.
 // From /etc/machine-id and the boot id, else the host name.
 std::uint64_t machine_id();
-
-// How the job's ranks share their machines. Collective: every rank calls it (one allgather of
-// each rank's machine id and usable cores).
-// A machine's cores are the union of its ranks' affinity masks: ranks bound to one core each
-// (`terse run`'s binding) share all of them between them, as unbound ranks do.
-struct MachineShare {
-  int ranks_on_host = 1;   // ranks of the job on this rank's machine, itself included
-  int cores = 1;           // this rank's usable cores
-  int cores_per_rank = 1;  // the least, over every rank, of max(1, min(its cores, its
-                           // machine's cores / its machine's ranks)): the same on every rank
-  // Over every machine (the same on every rank): the most ranks on one, the fewest cores.
-  int most_ranks_on_host = 1;
-  int fewest_cores = 1;
-};
-MachineShare machine_share(Communicator& comm);
 
 }  // namespace terse::kit

@@ -433,8 +433,11 @@ bool ThresholdUnpack2(const uint8_t* HWY_RESTRICT in, size_t n, float v1, float 
 
 // ---- ternary, base 3^5 ------------------------------------------------------------------
 
-// Bytes 0..s-1 of one group: byte j = sum_k digit(x[j + k*s]) * 3^(4-k).
-void TernaryGroup(const float* HWY_RESTRICT x, size_t s, float h, uint8_t* HWY_RESTRICT out) {
+// Bytes 0..s-1 of one group: byte j = sum_k digit(x[j + k*s]) * 3^(4-k). Not inlined (nor its
+// inverse): inlined into the loops over groups, GCC 12 warns of an unbounded scalar tail
+// (-Waggressive-loop-optimizations) that cannot happen, since s is at most kTernaryGroup / 5.
+HWY_NOINLINE void TernaryGroup(const float* HWY_RESTRICT x, size_t s, float h,
+                               uint8_t* HWY_RESTRICT out) {
   const DF d;
   const DI di;
   const D8 d8;
@@ -474,8 +477,8 @@ void TernaryPack243(const float* HWY_RESTRICT x, size_t n, float h, uint8_t* HWY
 }
 
 // Inverse of TernaryGroup for s bytes into out[0 .. 5s); false if a byte exceeds 242.
-bool UnpackTernaryGroup(const uint8_t* HWY_RESTRICT in, size_t s, float m, float* HWY_RESTRICT out,
-                     bool accumulate) {
+HWY_NOINLINE bool UnpackTernaryGroup(const uint8_t* HWY_RESTRICT in, size_t s, float m,
+                                     float* HWY_RESTRICT out, bool accumulate) {
   const DF d;
   const DI di;
   const D8 d8;

@@ -25,7 +25,6 @@
 #include <sstream>
 #include <thread>
 
-#include "engine/tags.h"  // the reserved message tags, shared with the engine's exchanges
 #include "kit/basic.h"
 #include "kit/blas.h"
 #include "kit/cpu_time.h"
@@ -37,6 +36,10 @@
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
+#include "terse/planner.h"
+#include "terse/trace.h"
+#include "transport/machine_share.h"
+#include "transport/tags.h"
 
 namespace terse {
 
@@ -1190,7 +1193,7 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in,
   Calibration c;
   c.host = host_name();
   c.world_size = comm.size();
-  const kit::MachineShare share = kit::machine_share(comm);
+  const transport::MachineShare share = transport::machine_share(comm);
   // The codecs are measured with OpenBLAS's threads as the engine will set them.
   kit::blas_limit_threads(share.cores_per_rank);
   c.ranks_on_host = share.most_ranks_on_host;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "planner/fit.h"
-#include "terse/engine.h"  // TensorPlan, Strategy
+#include "terse/plan.h"  // TensorPlan, Strategy
 
 namespace terse {
 

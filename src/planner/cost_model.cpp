@@ -49,8 +49,9 @@
 
 #include "collectives/collective.h"
 #include "terse/codec.h"
-#include "terse/engine.h"
 #include "terse/error.h"
+#include "terse/plan.h"
+#include "terse/planner.h"
 
 namespace terse {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "planner/calibration.h"
-#include "terse/engine.h"
+#include "terse/plan.h"
 #include "terse/planner.h"  // Prediction
 
 namespace terse {
@@ -47,7 +47,7 @@ class CostModel {
 
  private:
   Calibration calibration_;
-  std::size_t gather_bytes_ = EngineOptions{}.gather_bytes;
+  std::size_t gather_bytes_ = kDefaultGatherBytes;
   // The multi-round codecs of the calibration: their contributions' sizes per round.
   std::map<std::string, std::shared_ptr<const Codec>, std::less<>> rounds_;
 };

@@ -9,9 +9,9 @@
 #include <memory>
 #include <span>
 
-#include "engine/tags.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
+#include "transport/tags.h"
 
 namespace terse {
 

@@ -1,6 +1,6 @@
 # The install_consumer test (cmake -P): installs this build with `cmake --install` into a fresh
 # prefix, then configures, builds and runs tests/install/consumer against it, as a C++ user
-# would, and runs the installed `terse` command (its RPATH must find the installed libterse).
+# would, and runs the installed `terse` command.
 #   -DBUILD_DIR=... -DCONSUMER_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCXX=...
 foreach(var BUILD_DIR CONSUMER_DIR WORK_DIR GENERATOR CXX)
   if(NOT DEFINED ${var})

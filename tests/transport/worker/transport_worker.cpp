@@ -8,7 +8,7 @@
 //                           itself once the first megabyte of a block has reached it, so that
 //                           its neighbours' send and recv are cut off with their bytes moving
 //   bandwidth BYTES REPS    rank 0 sends BYTES to rank 1 REPS times; prints seconds per transfer
-//   share                   kit::machine_share: prints "SHARE rank=R cpus=LIST cores=C
+//   share                   transport::machine_share: prints "SHARE rank=R cpus=LIST cores=C
 //                           ranks_on_host=H cores_per_rank=P fewest_cores=F most_ranks=M"
 //   again                   more communicators from the environment in this process: one with
 //                           another prefix and one with the same prefix while the first lives,
@@ -30,6 +30,7 @@
 #include "kit/host.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
+#include "transport/machine_share.h"
 #include "worker_check.h"
 
 namespace {
@@ -255,7 +256,7 @@ int again(Communicator& first) {
 }
 
 int share(Communicator& comm) {
-  const terse::kit::MachineShare s = terse::kit::machine_share(comm);
+  const terse::transport::MachineShare s = terse::transport::machine_share(comm);
   std::string cpus;
   for (int c : terse::kit::allowed_cpus()) {
     if (!cpus.empty()) cpus.push_back(',');

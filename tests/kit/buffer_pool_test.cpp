@@ -1,5 +1,5 @@
-// The engine's buffer pool: blocks are reused while they are used and released once idle.
-#include "engine/buffer_pool.h"
+// The buffer pool: blocks are reused while they are used and released once idle.
+#include "kit/buffer_pool.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <thread>
 
-namespace terse::engine {
+namespace terse::kit {
 namespace {
 
 using namespace std::chrono_literals;
@@ -50,4 +50,4 @@ TEST(BufferPool, ReleasesBlocksIdleForLongerThanItsLimit) {
 }
 
 }  // namespace
-}  // namespace terse::engine
+}  // namespace terse::kit

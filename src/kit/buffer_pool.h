@@ -1,6 +1,7 @@
-// Reusable byte buffers for the engine's hot path. Fresh pages cost about 10 µs each on the
-// machines we target (shared/CLUSTER.md), so payloads, receive areas and staging sums are taken
-// from and returned to this pool rather than allocated per call. Thread-safe.
+// Reusable byte buffers for hot paths (the engine's and its collectives'). Fresh pages cost about
+// 10 µs each on the machines we target (shared/CLUSTER.md), so payloads, receive areas and
+// staging sums are taken from and returned to this pool rather than allocated per call.
+// Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -14,7 +15,7 @@
 
 #include "kit/memory.h"
 
-namespace terse::engine {
+namespace terse::kit {
 
 class BufferPool;
 
@@ -80,4 +81,4 @@ class BufferPool {
   Clock::time_point swept_{};
 };
 
-}  // namespace terse::engine
+}  // namespace terse::kit

@@ -1,7 +1,10 @@
-// Message tags of the engine's own exchanges that are not partition tasks. A task's tag is
-// (signature << 32) | (sequence << 16) | index with a 23-bit signature hashed from the task (tag
-// bit 55 stays clear: terse::Channel's messages set it); signatures from kFirstReservedSignature
-// up are kept for the exchanges below, so that they can never be matched with a task's messages.
+// How terse's users of one Communicator share its tag space, so that no two of them can match
+// each other's messages. Partition tasks of the engine's collectives use
+// (signature << 32) | (sequence << 16) | index with a 23-bit signature hashed from the task; tag
+// bit 55 stays clear there, because terse::Channel's messages set it. Signatures from
+// kFirstReservedSignature up are kept for the exchanges below (the engine's first-use check, the
+// planner's link calibration, the trace's clock alignment), which sit in different layers: the
+// map lives here, in the layer all of them use.
 #pragma once
 
 #include <cstdint>

@@ -1,11 +1,11 @@
-#include "engine/buffer_pool.h"
+#include "kit/buffer_pool.h"
 
 #include <bit>
 #include <cstring>
 #include <new>
 #include <utility>
 
-namespace terse::engine {
+namespace terse::kit {
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -101,4 +101,4 @@ std::size_t BufferPool::held_bytes() const {
   return held_;
 }
 
-}  // namespace terse::engine
+}  // namespace terse::kit

@@ -1,0 +1,42 @@
+// What is done with one tensor in a collective: the strategy that reduces its partitions and the
+// plan the engine (or the planner, for codec "auto") settles on. Included by terse/engine.h; the
+// planner, below the engine, uses these types without the engine.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "terse/export.h"
+
+namespace terse {
+
+// How a tensor's partitions are reduced (see src/collectives/; docs/design.md has the costs).
+enum class Strategy {
+  kAuto,       // raw for codec "none", else the engine's default for the codec's traits
+  kRaw,        // fp32 ring allreduce (reduce-scatter + allgather); the uncompressed baseline
+  kAllgather,  // each rank encodes once; all payloads are gathered, decoded and summed
+               // (RoundCodecs: each round's contributions gathered, one message step a round)
+  kSharded,    // co-located parameter server: owners sum their shard, re-encode once, allgather
+  kRing,       // compressed ring: decode-merge-re-encode at every hop, then allgather
+  kSummable,   // ring on compressed data (codecs whose encodings add); RoundCodecs' rounds
+               // on rings
+};
+// "auto", "raw", "allgather", "sharded", "ring", "summable".
+TERSE_API std::string_view to_string(Strategy s);
+// Throws SpecError listing the allowed names.
+TERSE_API Strategy parse_strategy(std::string_view name);
+
+// The engine's default for EngineOptions::gather_bytes (engine.h says what it does); the
+// planner's cost model assumes it unless told otherwise.
+inline constexpr std::size_t kDefaultGatherBytes = std::size_t{16} << 10;
+
+// The plan for one tensor: what the engine will do with it.
+struct TensorPlan {
+  std::string codec = "none";  // canonical codec spec ("none" = raw fp32)
+  Strategy strategy = Strategy::kRaw;
+  int partitions = 1;
+  bool fused = false;  // travels in the group's fused raw message
+};
+
+}  // namespace terse

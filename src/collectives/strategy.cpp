@@ -1,0 +1,34 @@
+// Strategies by name, for specs, plans and logs.
+#include <fmt/format.h>
+
+#include <string_view>
+#include <utility>
+
+#include "terse/error.h"
+#include "terse/plan.h"
+
+namespace terse {
+
+namespace {
+constexpr std::pair<Strategy, std::string_view> kStrategyNames[] = {
+    {Strategy::kAuto, "auto"},       {Strategy::kRaw, "raw"},   {Strategy::kAllgather, "allgather"},
+    {Strategy::kSharded, "sharded"}, {Strategy::kRing, "ring"}, {Strategy::kSummable, "summable"},
+};
+}  // namespace
+
+std::string_view to_string(Strategy s) {
+  for (const auto& [v, name] : kStrategyNames) {
+    if (v == s) return name;
+  }
+  return "?";
+}
+
+Strategy parse_strategy(std::string_view name) {
+  for (const auto& [v, n] : kStrategyNames) {
+    if (n == name) return v;
+  }
+  throw SpecError(fmt::format(
+      "unknown strategy '{}' (allowed: auto, raw, allgather, sharded, ring, summable)", name));
+}
+
+}  // namespace terse
