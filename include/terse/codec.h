@@ -5,8 +5,8 @@
 // DGC momentum, PowerSGD's Q) in a CodecState the caller owns, and scratch memory in a
 // Workspace the caller owns and reuses across calls.
 //
-// Every encoding starts with a 24-byte header (see wire.h in src/codecs/) holding the codec id,
-// a digest of its parameters, the element count and the payload length. decode() checks all of
+// Every encoding starts with a Codec::kHeaderBytes-byte header (see wire.h in src/codecs/) holding
+// the codec id, a digest of its parameters, the element count and the payload length. decode() checks all of
 // it and never reads or writes out of bounds, whatever bytes it is given: a bad payload raises
 // DecodeError.
 //
@@ -31,6 +31,7 @@
 
 #include "terse/dtype.h"
 #include "terse/error.h"
+#include "terse/export.h"
 #include "terse/spec.h"
 
 namespace terse {
@@ -53,7 +54,7 @@ enum class DecodeMode {
 
 // Per-tensor state owned by the caller. save()/load() round-trip it exactly, so a resumed run
 // continues bit for bit.
-class CodecState {
+class TERSE_API CodecState {
  public:
   virtual ~CodecState() = default;
   virtual void save(std::vector<std::byte>& out) const = 0;
@@ -64,7 +65,7 @@ class CodecState {
 // Reusable scratch memory. A codec asks for slot k of n elements of T; the memory stays
 // allocated (and its pages touched) between calls, so hot paths do not pay for fresh pages.
 // Not thread-safe: give each worker thread its own.
-class Workspace {
+class TERSE_API Workspace {
  public:
   // Codecs use slots [0, kWrapperSlot); wrappers (error feedback) use kWrapperSlot and above,
   // so a wrapper's buffers survive the wrapped codec's use of its own.
@@ -106,7 +107,7 @@ class Workspace {
   std::uint64_t growths_ = 0;
 };
 
-struct EncodeContext {
+struct TERSE_API EncodeContext {
   std::uint64_t seed = 0;    // shared by all ranks of a job
   std::uint64_t step = 0;    // training step (advances the RNG stream)
   std::uint64_t tensor = 0;  // stable id of the tensor, e.g. fnv1a64(name)
@@ -129,8 +130,11 @@ struct PayloadInfo {
   std::uint64_t payload_bytes = 0;  // after the header
 };
 
-class Codec {
+class TERSE_API Codec {
  public:
+  // Bytes of the header that starts every encoding, before the codec's own payload.
+  static constexpr std::size_t kHeaderBytes = 24;
+
   virtual ~Codec() = default;
   Codec(const Codec&) = delete;
   Codec& operator=(const Codec&) = delete;
@@ -174,10 +178,14 @@ class Codec {
   static PayloadInfo peek(std::span<const std::byte> in);
 
  protected:
-  Codec(std::string name, std::uint8_t id, std::string canonical_spec);
-  // For wrappers that encode exactly like another codec (error feedback): same id and digest,
-  // so their payloads decode with the wrapped codec, while spec() tells the two apart.
-  Codec(std::string name, std::uint8_t id, std::string canonical_spec, std::uint32_t digest);
+  // A codec made by its registration's make() from `reader`, once every parameter is read: its
+  // name and wire id are those it was registered with (the registrar is the one place they are
+  // written), its spec the reader's canonical one. Throws std::logic_error for a name no codec
+  // registered.
+  explicit Codec(const SpecReader& reader);
+  // For wrappers that encode exactly like another codec (error feedback): same name, id and
+  // digest, so their payloads decode with the wrapped codec, while spec() tells the two apart.
+  Codec(const Codec& wrapped, std::string canonical_spec);
 
   virtual std::size_t max_payload_bytes(std::size_t n) const = 0;
   // x is finite-checked by the codec itself (see the policy above).
@@ -210,6 +218,8 @@ class Codec {
                          const EncodeContext& ctx) const;
   std::size_t write_header(std::size_t n, std::size_t payload, std::span<std::byte> out) const;
 
+  Codec(std::string name, std::uint8_t id, std::string canonical_spec, std::uint32_t digest);
+
   friend class ErrorFeedbackCodec;  // runs the wrapped codec's payload coder directly
 };
 
@@ -217,7 +227,7 @@ class Codec {
 // runs, for r = 0 .. rounds()-1: contribution = encode_round(r, x); sum the contributions of
 // all ranks element-wise (they are plain fp32 arrays); absorb_round(r, sum). Then finish()
 // writes the reconstructed sum of all ranks' inputs. On one rank the sum is the contribution.
-class RoundCodec {
+class TERSE_API RoundCodec {
  public:
   virtual ~RoundCodec() = default;
   virtual int rounds() const = 0;
@@ -241,17 +251,21 @@ class RoundCodec {
 // ---- Registry ---------------------------------------------------------------------------
 
 struct CodecInfo {
-  std::string name;
-  std::uint8_t id = 0;      // on the wire; unique, never reused
+  std::string name;         // what specs name it by: letters, digits, '_' and '-'
+  std::uint8_t id = 0;      // on the wire; unique, never reused. 0-127: terse's own codecs;
+                            // 128-255: codecs built outside the tree (docs/writing-a-codec.md)
   std::string summary;      // one line for `terse codecs` and error messages
   std::function<std::unique_ptr<Codec>(SpecReader&)> make;
 };
 
-// Called from each codec's own file through a static registrar. Throws on a duplicate.
-bool register_codec(CodecInfo info);
+// Called from each codec's own file through a static registrar (returns true, for initializing
+// it). The registration is the only place a codec's name and wire id are written: the codec
+// learns both from it (Codec(const SpecReader&)). Throws InvalidArgument, naming both codecs,
+// when the name or the id is taken, and for an invalid name or a missing make().
+TERSE_API bool register_codec(CodecInfo info);
 // Builds a codec from a spec such as "topk:ratio=0.01" or "onebit:ef=1". Unknown names or keys
 // throw SpecError listing what is allowed. "ef=1" wraps any lossy codec in error feedback.
-std::unique_ptr<Codec> make_codec(std::string_view spec);
-std::vector<CodecInfo> registered_codecs();  // sorted by name
+TERSE_API std::unique_ptr<Codec> make_codec(std::string_view spec);
+TERSE_API std::vector<CodecInfo> registered_codecs();  // sorted by name
 
 }  // namespace terse

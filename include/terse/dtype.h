@@ -7,6 +7,8 @@
 #include <span>
 #include <string_view>
 
+#include "terse/export.h"
+
 namespace terse {
 
 enum class DType : std::uint8_t {
@@ -16,7 +18,7 @@ enum class DType : std::uint8_t {
 };
 
 // "float32", "float16", "bfloat16".
-std::string_view to_string(DType d);
+TERSE_API std::string_view to_string(DType d);
 inline std::size_t element_bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
 // A tensor of any supported element type: its first element, its element count and its type.

@@ -5,47 +5,49 @@
 #include <stdexcept>
 #include <string>
 
+#include "terse/export.h"
+
 namespace terse {
 
 // Base of every terse exception; the Python layer maps it to terse.Error with the same text.
-class Error : public std::runtime_error {
+class TERSE_API Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 // A codec spec or option is malformed, names an unknown codec or key, or is out of range.
-class SpecError : public Error {
+class TERSE_API SpecError : public Error {
  public:
   using Error::Error;
 };
 
 // A payload is truncated, corrupted, oversized, or was produced by another codec or parameter
 // set. Decoders throw it before writing anything out of bounds.
-class DecodeError : public Error {
+class TERSE_API DecodeError : public Error {
  public:
   using Error::Error;
 };
 
 // Arguments that cannot be honoured: mismatched sizes, a buffer too small, NaN or Inf input.
-class InvalidArgument : public Error {
+class TERSE_API InvalidArgument : public Error {
  public:
   using Error::Error;
 };
 
 // A wait ran past its deadline (a dead or stalled peer).
-class TimeoutError : public Error {
+class TERSE_API TimeoutError : public Error {
  public:
   using Error::Error;
 };
 
 // Ranks disagree on what they submitted (size, codec, name, order).
-class MismatchError : public Error {
+class TERSE_API MismatchError : public Error {
  public:
   using Error::Error;
 };
 
 // The transport failed: a peer closed its connection or could not be reached.
-class TransportError : public Error {
+class TERSE_API TransportError : public Error {
  public:
   using Error::Error;
 };

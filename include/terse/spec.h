@@ -10,9 +10,11 @@
 #include <string_view>
 #include <vector>
 
+#include "terse/export.h"
+
 namespace terse {
 
-class Spec {
+class TERSE_API Spec {
  public:
   // Throws SpecError on a malformed spec (empty name, missing '=', duplicate key).
   static Spec parse(std::string_view text);
@@ -30,7 +32,7 @@ class Spec {
 // Typed access to a Spec's parameters. Each accessor records the key, its default and its
 // range, so finish() can reject unknown keys with the list of accepted ones, and canonical()
 // can print the full parameter set.
-class SpecReader {
+class TERSE_API SpecReader {
  public:
   explicit SpecReader(const Spec& spec);
 
@@ -63,7 +65,7 @@ class SpecReader {
 };
 
 // 32-bit FNV-1a, used for parameter digests and tensor ids.
-std::uint32_t fnv1a32(std::string_view text);
-std::uint64_t fnv1a64(std::string_view text);
+TERSE_API std::uint32_t fnv1a32(std::string_view text);
+TERSE_API std::uint64_t fnv1a64(std::string_view text);
 
 }  // namespace terse
