@@ -151,8 +151,8 @@ constexpr std::size_t packed_bytes(std::size_t n, unsigned bits) { return (n * b
 // The idx.size() = k (<= n) elements of largest |x|, ties broken towards the lower index, in
 // increasing index order: indices to idx, values to val (k entries each). Exact for every
 // input. Scratch comes from workspace slots [first_slot, first_slot + 3).
-TERSE_API bool top_k(std::span<const float> x, std::span<std::uint32_t> idx,
-                     std::span<float> val, Workspace& workspace, std::size_t first_slot = 0);
+TERSE_API bool top_k(std::span<const float> x, std::span<std::uint32_t> idx, std::span<float> val,
+                     Workspace& workspace, std::size_t first_slot = 0);
 
 // Counter-based random numbers: a pure function of (key, index), so every value can be
 // recomputed anywhere, in any order. Keys come from EncodeContext::shared_key() (the same on

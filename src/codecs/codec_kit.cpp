@@ -74,8 +74,7 @@ bool top_k(std::span<const float> x, std::span<std::uint32_t> idx, std::span<flo
   }
   if (k == 0) return find_non_finite(x) == x.size();
   // The kit writes up to kSelectSlack entries past k: select into scratch, then copy k.
-  auto scratch =
-      workspace.get<std::uint32_t>(first_slot, kit::top_k_scratch_words(x.size(), k));
+  auto scratch = workspace.get<std::uint32_t>(first_slot, kit::top_k_scratch_words(x.size(), k));
   auto i = workspace.get<std::uint32_t>(first_slot + 1, k + kit::kSelectSlack);
   auto v = workspace.get<float>(first_slot + 2, k + kit::kSelectSlack);
   if (!kit::top_k(x, k, scratch, i.data(), v.data())) return false;

@@ -2,8 +2,6 @@
 // built-in codec with and without error feedback, each lossy one against the error bound its
 // definition gives at its default parameters. Codec-specific properties (unbiasedness, known
 // vectors, bounds at other parameters) are in each codec's own test file.
-#include "terse/testing/codec_contract.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 
 #include "terse/codec.h"
 #include "terse/codec_kit.h"
+#include "terse/testing/codec_contract.h"
 
 namespace terse::testing {
 namespace {
@@ -72,79 +71,98 @@ const std::map<std::string, ErrorBound, std::less<>>& bounds() {
   static const std::map<std::string, ErrorBound, std::less<>> table = {
       // Round to nearest even: half an ulp, 2^-11 relative (2^-25 absolute among subnormals);
       // finite values beyond 65504 saturate.
-      {"fp16", {{}, [](std::span<const float> x) {
-         return each(x, [](double a, std::size_t) {
-           return a * 0x1p-11 + 0x1p-25 + std::max(0.0, a - 65504.0);
-         });
-       }}},
-      {"bf16", {{}, [](std::span<const float> x) {
-         return each(x, [](double a, std::size_t) {
-           return a * 0x1p-8 + 0x1p-134 + std::max(0.0, a - 0x1.fcp127);
-         });
-       }}},
-      // +-s per chunk of 1024, s = mean |x| of the chunk: sum (|x_i| - s)^2 = ||x||^2 - ||x||_1^2/m.
-      {"onebit", {[](std::span<const float> x) {
-         double err = 0;
-         for (std::size_t start = 0; start < x.size(); start += 1024) {
-           auto xs = x.subspan(start, std::min<std::size_t>(1024, x.size() - start));
-           double l1 = 0;
-           for (float v : xs) l1 += std::fabs(v);
-           err += norm2(xs) - l1 * l1 / static_cast<double>(xs.size());
-         }
-         return std::sqrt(std::max(0.0, err));
-       }, {}}},
+      {"fp16",
+       {{},
+        [](std::span<const float> x) {
+          return each(x, [](double a, std::size_t) {
+            return a * 0x1p-11 + 0x1p-25 + std::max(0.0, a - 65504.0);
+          });
+        }}},
+      {"bf16",
+       {{},
+        [](std::span<const float> x) {
+          return each(x, [](double a, std::size_t) {
+            return a * 0x1p-8 + 0x1p-134 + std::max(0.0, a - 0x1.fcp127);
+          });
+        }}},
+      // +-s, s = mean |x| of each chunk of m = 1024: its error^2 is ||x||^2 - ||x||_1^2 / m.
+      {"onebit",
+       {[](std::span<const float> x) {
+          double err = 0;
+          for (std::size_t start = 0; start < x.size(); start += 1024) {
+            auto xs = x.subspan(start, std::min<std::size_t>(1024, x.size() - start));
+            double l1 = 0;
+            for (float v : xs) l1 += std::fabs(v);
+            err += norm2(xs) - l1 * l1 / static_cast<double>(xs.size());
+          }
+          return std::sqrt(std::max(0.0, err));
+        },
+        {}}},
       // Levels {-s, 0, s}, s = max |x| (one chunk, no clipping): off by at most s.
-      {"terngrad", {{}, [](std::span<const float> x) {
-         const double s = abs_max(x);
-         return each(x, [s](double, std::size_t) { return s; });
-       }}},
+      {"terngrad",
+       {{},
+        [](std::span<const float> x) {
+          const double s = abs_max(x);
+          return each(x, [s](double, std::size_t) { return s; });
+        }}},
       // 7 levels of each bucket's (512) L2 norm: off by at most one level, norm / 7.
-      {"qsgd", {{}, [](std::span<const float> x) {
-         return per_chunk(x, 512, [](std::span<const float> xs, double) {
-           return std::sqrt(norm2(xs)) / 7;
-         });
-       }}},
+      {"qsgd",
+       {{},
+        [](std::span<const float> x) {
+          return per_chunk(
+              x, 512, [](std::span<const float> xs, double) { return std::sqrt(norm2(xs)) / 7; });
+        }}},
       // |x| in [2^e, 2^(e+1)) goes to one of the two: off by at most 2^e <= |x|. Below the
       // window of 127 exponents under the largest (at most 2 max|x|), to 0 or its floor.
-      {"natural", {{}, [](std::span<const float> x) {
-         const double floor = std::max(0x1p-126, 2 * abs_max(x) * 0x1p-126);
-         return each(x, [floor](double a, std::size_t) { return a + floor; });
-       }}},
+      {"natural",
+       {{},
+        [](std::span<const float> x) {
+          const double floor = std::max(0x1p-126, 2 * abs_max(x) * 0x1p-126);
+          return each(x, [floor](double a, std::size_t) { return a + floor; });
+        }}},
       // 255 steps between the chunk's (4096) min and max: half a step, plus the rounding of
       // lo + code * step.
-      {"minmax8", {{}, [](std::span<const float> x) {
-         return per_chunk(x, 4096, [](std::span<const float> xs, double) {
-           const auto [lo, hi] = std::minmax_element(xs.begin(), xs.end());
-           return (static_cast<double>(*hi) - *lo) / 510 +
-                  1e-6 * std::max(std::fabs(*lo), std::fabs(*hi));
-         });
-       }}},
+      {"minmax8",
+       {{},
+        [](std::span<const float> x) {
+          return per_chunk(x, 4096, [](std::span<const float> xs, double) {
+            const auto [lo, hi] = std::minmax_element(xs.begin(), xs.end());
+            return (static_cast<double>(*hi) - *lo) / 510 +
+                   1e-6 * std::max(std::fabs(*lo), std::fabs(*hi));
+          });
+        }}},
       // The k = round(0.01 n) largest magnitudes, exactly: the best k-sparse approximation.
-      {"topk", {[](std::span<const float> x) {
-         return tail_norm(x, sparse::count_for(0.01, x.size()));
-       }, kept_or_zero}},
+      {"topk",
+       {[](std::span<const float> x) { return tail_norm(x, sparse::count_for(0.01, x.size())); },
+        kept_or_zero}},
       // k values kept unscaled (scale=0) at random indices.
       {"randomk", {{}, kept_or_zero}},
       // Every |x| > 1e-3 unless more than round(0.1 n) are: then the largest round(0.1 n).
-      {"threshold", {[](std::span<const float> x) {
-         std::size_t above = 0;
-         for (float v : x) above += std::fabs(v) > 1e-3f;
-         return tail_norm(x, std::min(above, sparse::count_for(0.1, x.size())));
-       }, kept_or_zero}},
+      {"threshold",
+       {[](std::span<const float> x) {
+          std::size_t above = 0;
+          for (float v : x) above += std::fabs(v) > 1e-3f;
+          return tail_norm(x, std::min(above, sparse::count_for(0.1, x.size())));
+        },
+        kept_or_zero}},
       // First step: the velocity is x, sent unscaled at a sampled threshold.
       {"dgc", {{}, kept_or_zero}},
       // Values {-M, 0, M}, M = max|x| (sparsity 1): |x| >= M/2 to +-M, else 0; off by <= M/2.
-      {"threelc", {{}, [](std::span<const float> x) {
-         const double half = abs_max(x) / 2;
-         return each(x, [half](double, std::size_t) { return half; });
-       }}},
+      {"threelc",
+       {{},
+        [](std::span<const float> x) {
+          const double half = abs_max(x) / 2;
+          return each(x, [half](double, std::size_t) { return half; });
+        }}},
       // |x| > tau to +-tau, else 0; tau = 0.01 as fp32.
-      {"tbq", {{}, [](std::span<const float> x) {
-         return each(x, [](double a, std::size_t) {
-           const double tau = 0.01f;
-           return a > tau ? a - tau : a;
-         });
-       }}},
+      {"tbq",
+       {{},
+        [](std::span<const float> x) {
+          return each(x, [](double a, std::size_t) {
+            const double tau = 0.01f;
+            return a > tau ? a - tau : a;
+          });
+        }}},
       // Rank-4 projection of x's matrix view onto P's orthonormal columns: never longer than x.
       {"powersgd", {[](std::span<const float> x) { return std::sqrt(norm2(x)); }, {}}},
   };

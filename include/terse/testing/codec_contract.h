@@ -65,9 +65,8 @@ inline void PrintTo(const ContractCase& c, std::ostream* os) { *os << c.spec; }
 
 // Checks y against c's bound for x (or exactness for a lossless codec). Bounds are computed
 // in double and allowed a relative 1e-5 for the rounding of the codec's fp32 arithmetic.
-inline void expect_within_bound(const Codec& codec, const ContractCase& c,
-                                std::span<const float> x, std::span<const float> y,
-                                const std::string& where) {
+inline void expect_within_bound(const Codec& codec, const ContractCase& c, std::span<const float> x,
+                                std::span<const float> y, const std::string& where) {
   ASSERT_EQ(x.size(), y.size()) << where;
   for (std::size_t i = 0; i < y.size(); ++i) {
     ASSERT_TRUE(std::isfinite(y[i])) << where << " i=" << i;
@@ -105,8 +104,8 @@ class CodecContract : public ::testing::TestWithParam<ContractCase> {
 };
 
 TEST_P(CodecContract, RoundTripsEverySizeWithinItsErrorBound) {
-  for (std::size_t n : {0, 1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 1000, 4097,
-                        65537}) {
+  for (std::size_t n :
+       {0, 1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 1000, 4097, 65537}) {
     auto x = gradient(n, n + 1);
     auto e = encode(*codec, x);
     EXPECT_LE(e.bytes.size(), codec->max_encoded_bytes(n)) << "n=" << n;
@@ -223,8 +222,7 @@ TEST_P(CodecContract, RejectsNaNAndInfInHalfInputNamingTheIndex) {
           codec->encode(h.bits, dtype, out, ctx);
           FAIL() << to_string(dtype) << ": accepted 0x" << std::hex << bad << " at " << at;
         } catch (const InvalidArgument& e) {
-          EXPECT_NE(std::string(e.what()).find("element " + std::to_string(at)),
-                    std::string::npos)
+          EXPECT_NE(std::string(e.what()).find("element " + std::to_string(at)), std::string::npos)
               << e.what();
         }
       }

@@ -1,6 +1,7 @@
 // Sparse ternary compression: Sattler, Wiedemann, Müller and Samek, "Robust and
-// Communication-Efficient Federated Learning from Non-IID Data", IEEE TNNLS 2019 (arXiv:1903.02891).
-// Wire format: header, u32 k, fp32 mu, k u32 indices strictly increasing, ceil(k/8) sign bytes.
+// Communication-Efficient Federated Learning from Non-IID Data", IEEE TNNLS 2019
+// (arXiv:1903.02891). Wire format: header, u32 k, fp32 mu, k u32 indices strictly increasing,
+// ceil(k/8) sign bytes.
 //
 // The k = ratio * n entries of largest magnitude are kept and ternarized: each becomes +-mu, mu
 // the mean magnitude of the k, so ||decoded - x||^2 = ||x||^2 - k mu^2. Sign bit j (bit j % 8 of

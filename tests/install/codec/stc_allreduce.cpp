@@ -70,8 +70,8 @@ int main() {
       if (!std::isfinite(y[i])) ++failures;
       if (strategy == terse::Strategy::kAllgather &&
           std::fabs(y[i] - reference[i]) > 1e-5f * (1 + std::fabs(reference[i]))) {
-        if (failures++ < 5) std::printf("rank %d: y[%zu] = %g, expected %g\n", rank, i, y[i],
-                                        reference[i]);
+        if (failures++ < 5)
+          std::printf("rank %d: y[%zu] = %g, expected %g\n", rank, i, y[i], reference[i]);
       }
       err += (y[i] - exact[i]) * (y[i] - exact[i]);
       norm += exact[i] * exact[i];

@@ -1,9 +1,8 @@
 // The stc codec under terse's codec contract (terse/testing/codec_contract.h), with the error
 // bound of its definition, and a known vector.
+#include <gtest/gtest.h>
 #include <terse/codec.h>
 #include <terse/testing/codec_contract.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -43,9 +42,9 @@ TEST(Stc, EncodesTheKnownVector) {
   const std::vector<std::uint8_t> payload(
       reinterpret_cast<const std::uint8_t*>(e.bytes.data()) + Codec::kHeaderBytes,
       reinterpret_cast<const std::uint8_t*>(e.bytes.data()) + e.bytes.size());
-  const std::vector<std::uint8_t> expect = {3, 0, 0, 0,     0x00, 0x00, 0x40, 0x40,  // k, mu = 3
-                                            1, 0, 0, 0,     3,    0,    0,    0,     // indices
-                                            7, 0, 0, 0,     0x05};                   // signs -+-
+  const std::vector<std::uint8_t> expect = {3, 0, 0, 0, 0x00, 0x00, 0x40, 0x40,  // k, mu = 3
+                                            1, 0, 0, 0, 3,    0,    0,    0,     // indices
+                                            7, 0, 0, 0, 0x05};                   // signs -+-
   EXPECT_EQ(payload, expect);
   EXPECT_EQ(decode(*codec, e.span(), x.size()), (std::vector<float>{0, -3, 0, 3, 0, 0, 0, -3}));
 }
