@@ -5,10 +5,10 @@
 // DGC momentum, PowerSGD's Q) in a CodecState the caller owns, and scratch memory in a
 // Workspace the caller owns and reuses across calls.
 //
-// Every encoding starts with a Codec::kHeaderBytes-byte header (see wire.h in src/codecs/) holding
-// the codec id, a digest of its parameters, the element count and the payload length. decode() checks all of
-// it and never reads or writes out of bounds, whatever bytes it is given: a bad payload raises
-// DecodeError.
+// Every encoding starts with a header of Codec::kHeaderBytes bytes (laid out in src/codecs/wire.h)
+// holding the codec id, a digest of its parameters, the element count and the payload length.
+// decode() checks all of it and never reads or writes out of bounds, whatever bytes it is given:
+// a bad payload raises DecodeError.
 //
 // A payload holding NaN or Inf values (which no encoder produces) is rejected the same way. When
 // decode() throws, the destination's contents are unspecified: callers decode into their own
@@ -253,7 +253,8 @@ class TERSE_API RoundCodec {
 struct CodecInfo {
   std::string name;         // what specs name it by: letters, digits, '_' and '-'
   std::uint8_t id = 0;      // on the wire; unique, never reused. 0-127: terse's own codecs;
-                            // 128-255: codecs built outside the tree (docs/writing-a-codec.md)
+                            // 128-254: codecs built outside the tree (docs/writing-a-codec.md);
+                            // 255: reserved (the collectives' failure messages)
   std::string summary;      // one line for `terse codecs` and error messages
   std::function<std::unique_ptr<Codec>(SpecReader&)> make;
 };
