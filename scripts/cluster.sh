@@ -2,6 +2,7 @@
 # Emulates an N-host cluster on this machine and runs a command on every host.
 #
 #   scripts/cluster.sh -n N -r RATE|unshaped [-p PORT] [-b BURST] [-c auto|none] -- COMMAND ...
+#   scripts/cluster.sh -k RATE     prints the token bucket (bytes) a link of RATE gets, and exits
 #
 # Topology: a "switch" network namespace holding a bridge, and N "host" namespaces, each joined
 # to the bridge by a veth pair (eth0 in the host, sI in the switch). Every link is shaped with
@@ -22,12 +23,51 @@ set -euo pipefail
 
 usage() {
   echo "usage: $0 -n N -r RATE [-p PORT] [-b BURST] [-c auto|none] -- COMMAND [ARGS...]" >&2
+  echo "       $0 -k RATE" >&2
   exit 2
 }
 
+rate_bps() {
+  local r=${1,,} num unit
+  num=${r%%[a-z]*}
+  [[ "$num" =~ ^[0-9]+$ ]] || { echo "$0: rate $1 must be an integer with a unit" >&2; exit 2; }
+  unit=${r#"$num"}
+  case "$unit" in
+    gbit) echo $((num * 1000000000)) ;;
+    mbit) echo $((num * 1000000)) ;;
+    kbit) echo $((num * 1000)) ;;
+    bit | "") echo "$num" ;;
+    *) echo "$0: unknown rate unit in $1 (use gbit, mbit, kbit)" >&2; exit 2 ;;
+  esac
+}
+# A -b BURST in bytes: NUM, NUMb, NUMk or NUMkb (KiB), NUMm or NUMmb (MiB), as tc reads them.
+burst_bytes() {
+  local b=${1,,} num unit
+  num=${b%%[a-z]*}
+  unit=${b#"$num"}
+  [[ "$num" =~ ^[0-9]+$ ]] || { echo "$0: burst $1 must be NUM[b|kb|mb] bytes" >&2; exit 2; }
+  case "$unit" in
+    "" | b) echo "$num" ;;
+    k | kb) echo $((num * 1024)) ;;
+    m | mb) echo $((num * 1048576)) ;;
+    *) echo "$0: burst $1 must be NUM[b|kb|mb] bytes" >&2; exit 2 ;;
+  esac
+}
+# tbf's bucket (burst) for a link of BPS bits/s: the traffic a link lets through at full speed
+# after idling, which no real link does, so it is kept to what holds the rate: 2.1 ms of traffic,
+# and at least 16 KiB (eleven full frames). tbf cuts a GSO packet larger than the bucket into
+# frames, so the bucket need not hold one. python/terse/pipeline_model.py models the bucket by
+# asking this function (-k).
+bucket_for() {
+  local bytes=$(($1 / 80000 * 21))
+  [ "$bytes" -lt 16384 ] && bytes=16384
+  echo "$bytes"
+}
+
 n="" rate="" port=29500 burst="" bind=${TERSE_BIND:-auto}
-while getopts "n:r:p:b:c:h" opt; do
+while getopts "n:r:p:b:c:k:h" opt; do
   case "$opt" in
+    k) bps=$(rate_bps "$OPTARG"); bucket_for "$bps"; exit 0 ;;
     n) n=$OPTARG ;;
     r) rate=$OPTARG ;;
     p) port=$OPTARG ;;
@@ -60,51 +100,11 @@ host_cpus() {
   fi
 }
 
-rate_bps() {
-  local r=${1,,} num unit
-  num=${r%%[a-z]*}
-  [[ "$num" =~ ^[0-9]+$ ]] || { echo "$0: rate $1 must be an integer with a unit" >&2; exit 2; }
-  unit=${r#"$num"}
-  case "$unit" in
-    gbit) echo $((num * 1000000000)) ;;
-    mbit) echo $((num * 1000000)) ;;
-    kbit) echo $((num * 1000)) ;;
-    bit | "") echo "$num" ;;
-    *) echo "$0: unknown rate unit in $1 (use gbit, mbit, kbit)" >&2; exit 2 ;;
-  esac
-}
-# A -b BURST in bytes: NUM, NUMb, NUMk or NUMkb (KiB), NUMm or NUMmb (MiB), as tc reads them.
-burst_bytes() {
-  local b=${1,,} num unit
-  num=${b%%[a-z]*}
-  unit=${b#"$num"}
-  [[ "$num" =~ ^[0-9]+$ ]] || { echo "$0: burst $1 must be NUM[b|kb|mb] bytes" >&2; exit 2; }
-  case "$unit" in
-    "" | b) echo "$num" ;;
-    k | kb) echo $((num * 1024)) ;;
-    m | mb) echo $((num * 1048576)) ;;
-    *) echo "$0: burst $1 must be NUM[b|kb|mb] bytes" >&2; exit 2 ;;
-  esac
-}
-# tbf's bucket (burst) is the traffic a link lets through at full speed after idling, which no
-# real link does, so it is kept to what holds the rate: 2.1 ms of traffic (at 1 Gbit/s, 256 KiB
-# held the rate within 4-7% where 64 KiB, 0.5 ms, ran at 1.4-1.5x its time), and at least
-# 16 KiB, eleven full frames. tbf cuts a GSO packet larger than the bucket into frames, so the
-# bucket need not hold one (until stop 53 it was at least 64 KiB for that reason: 5.2 ms of
-# traffic at 100 Mbit/s, which let the 30-50 KB payloads of a compressed 1 MiB allreduce
-# through at 2-3x the rate, by an amount that depended on what ran just before: 4 ranks'
-# sharded onebit K = 1 ran 1.9 ms in the grid and 3.7 ms in exploration, grid s99; with
-# 26 KiB, 3.3 and 3.4 ms, and the raw ring of 1 MiB within 2% of its time with 64 KiB).
-# Its queue (limit) stays what it was when every bucket was at least 256 KiB: 10 ms of
-# traffic plus 256 KiB.
+# The queue (limit): 10 ms of traffic plus the bucket, counted as at least 256 KiB.
 limit=""
 if [ "$rate" != unshaped ]; then
   bps=$(rate_bps "$rate")
-  if [ -z "$burst" ]; then
-    bytes=$((bps / 80000 * 21))
-    [ "$bytes" -lt 16384 ] && bytes=16384
-    burst="${bytes}b"
-  fi
+  [ -z "$burst" ] && burst="$(bucket_for "$bps")b"
   bucket=$(burst_bytes "$burst")
   [ "$bucket" -lt 262144 ] && bucket=262144
   limit="$((bps / 800 + bucket))b"

@@ -5,10 +5,10 @@
 // DGC momentum, PowerSGD's Q) in a CodecState the caller owns, and scratch memory in a
 // Workspace the caller owns and reuses across calls.
 //
-// Every encoding starts with a 24-byte header (see wire.h in src/codecs/) holding the codec id,
-// a digest of its parameters, the element count and the payload length. decode() checks all of
-// it and never reads or writes out of bounds, whatever bytes it is given: a bad payload raises
-// DecodeError.
+// Every encoding starts with a header of Codec::kHeaderBytes bytes (laid out in src/codecs/wire.h)
+// holding the codec id, a digest of its parameters, the element count and the payload length.
+// decode() checks all of it and never reads or writes out of bounds, whatever bytes it is given:
+// a bad payload raises DecodeError.
 //
 // A payload holding NaN or Inf values (which no encoder produces) is rejected the same way. When
 // decode() throws, the destination's contents are unspecified: callers decode into their own
@@ -132,6 +132,9 @@ struct PayloadInfo {
 
 class TERSE_API Codec {
  public:
+  // Bytes of the header that starts every encoding, before the codec's own payload.
+  static constexpr std::size_t kHeaderBytes = 24;
+
   virtual ~Codec() = default;
   Codec(const Codec&) = delete;
   Codec& operator=(const Codec&) = delete;
@@ -175,10 +178,14 @@ class TERSE_API Codec {
   static PayloadInfo peek(std::span<const std::byte> in);
 
  protected:
-  Codec(std::string name, std::uint8_t id, std::string canonical_spec);
-  // For wrappers that encode exactly like another codec (error feedback): same id and digest,
-  // so their payloads decode with the wrapped codec, while spec() tells the two apart.
-  Codec(std::string name, std::uint8_t id, std::string canonical_spec, std::uint32_t digest);
+  // A codec made by its registration's make() from `reader`, once every parameter is read: its
+  // name and wire id are those it was registered with (the registrar is the one place they are
+  // written), its spec the reader's canonical one. Throws std::logic_error for a name no codec
+  // registered.
+  explicit Codec(const SpecReader& reader);
+  // For wrappers that encode exactly like another codec (error feedback): same name, id and
+  // digest, so their payloads decode with the wrapped codec, while spec() tells the two apart.
+  Codec(const Codec& wrapped, std::string canonical_spec);
 
   virtual std::size_t max_payload_bytes(std::size_t n) const = 0;
   // x is finite-checked by the codec itself (see the policy above).
@@ -211,6 +218,8 @@ class TERSE_API Codec {
                          const EncodeContext& ctx) const;
   std::size_t write_header(std::size_t n, std::size_t payload, std::span<std::byte> out) const;
 
+  Codec(std::string name, std::uint8_t id, std::string canonical_spec, std::uint32_t digest);
+
   friend class ErrorFeedbackCodec;  // runs the wrapped codec's payload coder directly
 };
 
@@ -242,13 +251,18 @@ class TERSE_API RoundCodec {
 // ---- Registry ---------------------------------------------------------------------------
 
 struct CodecInfo {
-  std::string name;
-  std::uint8_t id = 0;      // on the wire; unique, never reused
+  std::string name;         // what specs name it by: letters, digits, '_' and '-'
+  std::uint8_t id = 0;      // on the wire; unique, never reused. 0-127: terse's own codecs;
+                            // 128-254: codecs built outside the tree (docs/writing-a-codec.md);
+                            // 255: reserved (the collectives' failure messages)
   std::string summary;      // one line for `terse codecs` and error messages
   std::function<std::unique_ptr<Codec>(SpecReader&)> make;
 };
 
-// Called from each codec's own file through a static registrar. Throws on a duplicate.
+// Called from each codec's own file through a static registrar (returns true, for initializing
+// it). The registration is the only place a codec's name and wire id are written: the codec
+// learns both from it (Codec(const SpecReader&)). Throws InvalidArgument, naming both codecs,
+// when the name or the id is taken, and for an invalid name or a missing make().
 TERSE_API bool register_codec(CodecInfo info);
 // Builds a codec from a spec such as "topk:ratio=0.01" or "onebit:ef=1". Unknown names or keys
 // throw SpecError listing what is allowed. "ef=1" wraps any lossy codec in error feedback.

@@ -29,8 +29,10 @@ round trip and scatters). :func:`predict` then gives the step time of any compre
 link rate, before running it.
 """
 
+import functools
 import math
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
@@ -52,15 +54,18 @@ MESSAGE_OVERHEAD_BYTES = 64
 KERNEL_SECONDS_PER_BYTE = 1e-9
 
 
+@functools.lru_cache(maxsize=None)
 def tbf_burst_bytes(rate_bps: float) -> float:
-    """The token bucket scripts/cluster.sh gives a link of this rate: 2.1 ms of traffic, at
-    least 16 KiB (256 KiB at 1 Gbit/s, 26 KiB at 100 Mbit/s; until stop 35 every bucket was at
-    least 256 KiB, until stop 53 at least 64 KiB). A link direction idles while the other
-    phase of a GPipe step runs, so each phase starts with a full bucket, whose bytes leave at
-    line rate."""
+    """The token bucket scripts/cluster.sh gives a link of this rate (its rule lives there;
+    ``cluster.sh -k RATE`` prints it). A link direction idles while the other phase of a GPipe
+    step runs, so each phase starts with a full bucket, whose bytes leave at line rate."""
     if rate_bps >= UNSHAPED_BPS:
         return 0.0
-    return max(16384.0, float(int(rate_bps) // 80000 * 21))
+    from terse import _paths
+
+    out = subprocess.run(["bash", _paths.CLUSTER_SCRIPT, "-k", f"{int(rate_bps)}bit"],
+                         stdout=subprocess.PIPE, text=True, check=True, timeout=30)
+    return float(out.stdout.strip())
 
 
 def parse_rate(text: str) -> float:

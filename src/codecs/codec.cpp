@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -73,14 +74,22 @@ Workspace& EncodeContext::scratch() const {
 
 // ---- Codec --------------------------------------------------------------------------------
 
-Codec::Codec(std::string name, std::uint8_t id, std::string canonical_spec)
-    : Codec(std::move(name), id, canonical_spec, fnv1a32(canonical_spec)) {}
+namespace {
+std::uint8_t registered_id(const std::string& name);
+}  // namespace
+
+Codec::Codec(const SpecReader& reader)
+    : Codec(reader.name(), registered_id(reader.name()), reader.canonical(),
+            fnv1a32(reader.canonical())) {}
+
+Codec::Codec(const Codec& wrapped, std::string canonical_spec)
+    : Codec(wrapped.name(), wrapped.id(), std::move(canonical_spec), wrapped.param_digest()) {}
 
 Codec::Codec(std::string name, std::uint8_t id, std::string canonical_spec, std::uint32_t digest)
     : name_(std::move(name)), spec_(std::move(canonical_spec)), id_(id), digest_(digest) {}
 
 std::size_t Codec::max_encoded_bytes(std::size_t n) const {
-  return wire::kHeaderBytes + max_payload_bytes(n);
+  return kHeaderBytes + max_payload_bytes(n);
 }
 
 void Codec::check_encode_args(std::size_t n, std::span<std::byte> out,
@@ -98,20 +107,20 @@ void Codec::check_encode_args(std::size_t n, std::span<std::byte> out,
 
 std::size_t Codec::write_header(std::size_t n, std::size_t payload,
                                 std::span<std::byte> out) const {
-  wire::Writer w(out.first(wire::kHeaderBytes));
+  wire::Writer w(out.first(kHeaderBytes));
   w.put(wire::kMagic);
   w.put(wire::kVersion);
   w.put(id_);
   w.put(digest_);
   w.put(static_cast<std::uint64_t>(n));
   w.put(static_cast<std::uint64_t>(payload));
-  return wire::kHeaderBytes + payload;
+  return kHeaderBytes + payload;
 }
 
 std::size_t Codec::encode(std::span<const float> x, std::span<std::byte> out,
                           EncodeContext& ctx) const {
   check_encode_args(x.size(), out, ctx);
-  std::size_t payload = encode_payload(x, out.subspan(wire::kHeaderBytes), ctx);
+  std::size_t payload = encode_payload(x, out.subspan(kHeaderBytes), ctx);
   return write_header(x.size(), payload, out);
 }
 
@@ -121,7 +130,7 @@ std::size_t Codec::encode(std::span<const std::uint16_t> x, DType dtype,
     throw InvalidArgument(fmt::format("terse: {}: 16-bit values cannot be float32", spec_));
   }
   check_encode_args(x.size(), out, ctx);
-  std::size_t payload = encode_half_payload(x, dtype, out.subspan(wire::kHeaderBytes), ctx);
+  std::size_t payload = encode_half_payload(x, dtype, out.subspan(kHeaderBytes), ctx);
   return write_header(x.size(), payload, out);
 }
 
@@ -134,9 +143,9 @@ std::size_t Codec::encode_half_payload(std::span<const std::uint16_t> x, DType d
 
 PayloadInfo Codec::peek(std::span<const std::byte> in) {
   wire::Reader r(in, "terse");
-  if (in.size() < wire::kHeaderBytes) {
+  if (in.size() < kHeaderBytes) {
     throw DecodeError(fmt::format("terse: payload of {} bytes is shorter than the {}-byte header",
-                                  in.size(), wire::kHeaderBytes));
+                                  in.size(), kHeaderBytes));
   }
   auto magic = r.get<std::uint16_t>();
   auto version = r.get<std::uint8_t>();
@@ -183,7 +192,7 @@ std::span<const std::byte> Codec::checked_payload(std::span<const std::byte> in,
                                   "elements", spec_, info.payload_bytes,
                                   max_payload_bytes(elements), elements));
   }
-  return in.subspan(wire::kHeaderBytes);
+  return in.subspan(kHeaderBytes);
 }
 
 void Codec::decode(std::span<const std::byte> in, std::span<float> y, DecodeMode mode) const {
@@ -219,24 +228,53 @@ Registry& registry() {
   return r;
 }
 
+std::uint8_t registered_id(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  auto it = r.by_name.find(name);
+  if (it == r.by_name.end()) {
+    throw std::logic_error(fmt::format("terse: codec '{}' is not registered (a codec is made by "
+                                       "its registration's make())", name));
+  }
+  return it->second.id;
+}
+
+// What a spec can name: "name:key=value,..." splits at ':', ',' and '='.
+bool valid_name(std::string_view name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
 }  // namespace
 
 // Defined in error_feedback.cpp.
 std::unique_ptr<Codec> wrap_error_feedback(std::unique_ptr<Codec> inner);
 
 bool register_codec(CodecInfo info) {
+  if (!valid_name(info.name)) {
+    throw InvalidArgument(fmt::format("terse: cannot register codec '{}' (id {}): a codec name is "
+                                      "letters, digits, '_' and '-'", info.name, info.id));
+  }
+  if (!info.make) {
+    throw InvalidArgument(fmt::format("terse: cannot register codec '{}' (id {}) without make()",
+                                      info.name, info.id));
+  }
+  if (info.id == wire::kFailureId) {
+    throw InvalidArgument(fmt::format("terse: cannot register codec '{}': id {} is reserved for "
+                                      "the collectives' failure messages", info.name, info.id));
+  }
   Registry& r = registry();
   std::lock_guard lock(r.mu);
   for (const auto& [name, other] : r.by_name) {
-    if (other.id == info.id) {
-      throw std::logic_error(fmt::format("terse: codecs '{}' and '{}' share wire id {}", name,
-                                         info.name, info.id));
+    if (name == info.name || other.id == info.id) {
+      throw InvalidArgument(fmt::format(
+          "terse: cannot register codec '{}' (id {}): codec '{}' (id {}) already has that {}",
+          info.name, info.id, name, other.id, name == info.name ? "name" : "wire id"));
     }
   }
   std::string name = info.name;
-  if (!r.by_name.emplace(name, std::move(info)).second) {
-    throw std::logic_error(fmt::format("terse: codec '{}' registered twice", name));
-  }
+  r.by_name.emplace(std::move(name), std::move(info));
   return true;
 }
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "codecs/sparse_payload.h"
+#include "terse/codec_kit.h"
 #include "codecs/wire.h"
 #include "kit/basic.h"
 #include "kit/sparse.h"
@@ -129,7 +129,7 @@ class DgcCodec final : public sparse::ListCodec {
   }
 
  private:
-  DgcCodec(DgcParams p, SpecReader& r) : ListCodec("dgc", 11, r.canonical()), p_(p) {}
+  DgcCodec(DgcParams p, SpecReader& r) : ListCodec(r), p_(p) {}
 
   // At most twice the target: a sampled threshold lets the count wander, and beyond 2k the
   // encoder keeps exactly the k largest.

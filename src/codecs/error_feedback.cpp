@@ -67,7 +67,7 @@ class ErrorFeedbackState final : public CodecState {
 class ErrorFeedbackCodec final : public Codec {
  public:
   explicit ErrorFeedbackCodec(std::unique_ptr<Codec> inner)
-      : Codec(inner->name(), inner->id(), with_ef(inner->spec()), inner->param_digest()),
+      : Codec(*inner, with_ef(inner->spec())),
         inner_(std::move(inner)) {}
 
   CodecTraits traits() const override {

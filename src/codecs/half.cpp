@@ -15,9 +15,7 @@ namespace terse {
 namespace {
 
 struct Fp16Format {
-  static constexpr const char* kName = "fp16";
   static constexpr DType kDType = DType::kFloat16;
-  static constexpr std::uint8_t kId = 1;
   static bool to(std::span<const float> x, std::uint16_t* out) { return kit::to_fp16(x, out); }
   static bool from(const std::uint16_t* in, std::span<float> y, bool acc) {
     return kit::from_fp16(in, y, acc);
@@ -25,9 +23,7 @@ struct Fp16Format {
 };
 
 struct Bf16Format {
-  static constexpr const char* kName = "bf16";
   static constexpr DType kDType = DType::kBFloat16;
-  static constexpr std::uint8_t kId = 2;
   static bool to(std::span<const float> x, std::uint16_t* out) { return kit::to_bf16(x, out); }
   static bool from(const std::uint16_t* in, std::span<float> y, bool acc) {
     return kit::from_bf16(in, y, acc);
@@ -48,7 +44,7 @@ bool copy_finite(std::span<const std::uint16_t> x, DType dtype, std::uint16_t* o
 template <class Format>
 class HalfCodec final : public Codec {
  public:
-  explicit HalfCodec(const SpecReader& r) : Codec(Format::kName, Format::kId, r.canonical()) {}
+  explicit HalfCodec(const SpecReader& r) : Codec(r) {}
 
   CodecTraits traits() const override {
     CodecTraits t;
@@ -121,21 +117,21 @@ class HalfCodec final : public Codec {
  private:
   [[noreturn]] void throw_non_finite_payload() const {
     throw DecodeError(fmt::format("terse: {}: payload holds NaN or Inf, which the encoder never "
-                                  "produces", Format::kName));
+                                  "produces", spec()));
   }
   void check_size(std::size_t bytes, std::size_t n) const {
     if (bytes != n * 2) {
       throw DecodeError(
-          fmt::format("terse: {}: payload of {} bytes for {} elements", Format::kName, bytes, n));
+          fmt::format("terse: {}: payload of {} bytes for {} elements", spec(), bytes, n));
     }
   }
 };
 
 const bool registered_fp16 = register_codec(
-    {"fp16", Fp16Format::kId, "IEEE half precision, round to nearest even (2 bytes/element)",
+    {"fp16", 1, "IEEE half precision, round to nearest even (2 bytes/element)",
      [](SpecReader& r) { return std::make_unique<HalfCodec<Fp16Format>>(r); }});
 const bool registered_bf16 = register_codec(
-    {"bf16", Bf16Format::kId, "bfloat16, round to nearest even (2 bytes/element)",
+    {"bf16", 2, "bfloat16, round to nearest even (2 bytes/element)",
      [](SpecReader& r) { return std::make_unique<HalfCodec<Bf16Format>>(r); }});
 
 }  // namespace

@@ -23,9 +23,8 @@ class LevelCodec : public Codec {
  protected:
   // `invalid`: what dequantize_levels rejected, for the DecodeError (e.g. "a scale is negative
   // or not finite, or a code is 3").
-  LevelCodec(std::string name, std::uint8_t id, std::string canonical, kit::LevelQuantizer q,
-             std::string invalid)
-      : Codec(std::move(name), id, std::move(canonical)), q_(q), invalid_(std::move(invalid)) {}
+  LevelCodec(const SpecReader& r, kit::LevelQuantizer q, std::string invalid)
+      : Codec(r), q_(q), invalid_(std::move(invalid)) {}
 
   const kit::LevelQuantizer& settings() const { return q_; }
 

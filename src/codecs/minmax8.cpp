@@ -142,7 +142,7 @@ class MinMaxCodec final : public Codec {
     return true;
   }
 
-  MinMaxCodec(MinMaxParams p, SpecReader& r) : Codec("minmax8", 7, r.canonical()), p_(p) {}
+  MinMaxCodec(MinMaxParams p, SpecReader& r) : Codec(r), p_(p) {}
 
   std::size_t chunks(std::size_t n) const { return (n + p_.chunk - 1) / p_.chunk; }
 

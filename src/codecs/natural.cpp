@@ -13,7 +13,7 @@ namespace {
 
 class NaturalCodec final : public Codec {
  public:
-  explicit NaturalCodec(const SpecReader& r) : Codec("natural", 6, r.canonical()) {}
+  explicit NaturalCodec(const SpecReader& r) : Codec(r) {}
 
   CodecTraits traits() const override {
     CodecTraits t;

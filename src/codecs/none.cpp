@@ -13,7 +13,7 @@ namespace {
 
 class NoneCodec final : public Codec {
  public:
-  explicit NoneCodec(const SpecReader& r) : Codec("none", 0, r.canonical()) {}
+  explicit NoneCodec(const SpecReader& r) : Codec(r) {}
 
   CodecTraits traits() const override {
     CodecTraits t;

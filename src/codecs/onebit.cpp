@@ -116,7 +116,7 @@ class OneBitCodec final : public Codec {
     return true;
   }
 
-  OneBitCodec(OneBitParams p, SpecReader& r) : Codec("onebit", 3, r.canonical()), p_(p) {}
+  OneBitCodec(OneBitParams p, SpecReader& r) : Codec(r), p_(p) {}
 
   std::size_t chunk_len(std::size_t n) const { return p_.chunk == 0 ? n : p_.chunk; }
   std::size_t chunks(std::size_t n) const {

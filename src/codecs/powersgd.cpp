@@ -43,7 +43,6 @@
 namespace terse {
 namespace {
 
-constexpr std::uint8_t kId = 14;
 constexpr std::uint32_t kStateMagic = 0x53505354;  // "TSPS"
 constexpr std::size_t kMetaBytes = 8 + 8 + 4 + 4;   // rows, cols, rank, scale
 constexpr std::size_t kStateHeadBytes = 4 + 8 + 8 + 8 + 4 + 4 + 8;
@@ -161,7 +160,6 @@ struct Params {
   std::size_t rows = 0;
   bool warm = true;
   std::string wire = "fp32";  // how the round sums travel: fp32 (exact), fp16 or bf16
-  std::string canonical;
 
   static Params read(SpecReader& r) {
     Params p;
@@ -170,15 +168,15 @@ struct Params {
     p.warm = r.flag("warm", true);
     r.choice("orth", "gram-schmidt", {"gram-schmidt"});
     p.wire = r.choice("wire", "fp32", {"fp32", "fp16", "bf16"});
-    p.canonical = r.canonical();
     return p;
   }
 };
 
 class PowerSgdCodec final : public Codec, public RoundCodec {
  public:
-  explicit PowerSgdCodec(const Params& p)
-      : Codec("powersgd", kId, p.canonical), rank_(p.rank), rows_(p.rows), warm_(p.warm),
+  // (r after Params::read(r): the canonical spec holds what was read.)
+  PowerSgdCodec(const Params& p, const SpecReader& r)
+      : Codec(r), rank_(p.rank), rows_(p.rows), warm_(p.warm),
         wire_(p.wire == "fp32" ? nullptr : make_codec(p.wire)) {}
 
   CodecTraits traits() const override {
@@ -526,9 +524,9 @@ class PowerSgdCodec final : public Codec, public RoundCodec {
 };
 
 const bool registered = register_codec(
-    {"powersgd", kId,
+    {"powersgd", 14,
      "PowerSGD rank-r power iteration with warm start and built-in error feedback (2 rounds)",
-     [](SpecReader& r) { return std::make_unique<PowerSgdCodec>(Params::read(r)); }});
+     [](SpecReader& r) { return std::make_unique<PowerSgdCodec>(Params::read(r), r); }});
 
 }  // namespace
 }  // namespace terse

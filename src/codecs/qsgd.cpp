@@ -35,7 +35,7 @@ class QsgdCodec final : public codecs::LevelCodec {
   // (After read_quantizer(r) has read the parameters: the canonical spec holds what was read.)
   QsgdCodec(SpecReader& r, const kit::LevelQuantizer& q)
       : LevelCodec(
-            "qsgd", 5, r.canonical(), q,
+            r, q,
             fmt::format("a norm is negative or not finite, or a code exceeds {}", 2 * q.levels)) {}
 };
 

@@ -7,7 +7,7 @@
 #include <cfloat>
 #include <cstring>
 
-#include "codecs/sparse_payload.h"
+#include "terse/codec_kit.h"
 #include "kit/basic.h"
 #include "kit/random.h"
 #include "kit/sparse.h"
@@ -87,7 +87,7 @@ class RandomKCodec final : public Codec {
 
  private:
   RandomKCodec(double ratio, bool scale, SpecReader& r)
-      : Codec("randomk", 9, r.canonical()), ratio_(ratio), scale_(scale) {}
+      : Codec(r), ratio_(ratio), scale_(scale) {}
 
   // Checks a payload's length and values; returns k.
   std::size_t check_payload(std::span<const std::byte> in, std::size_t n) const {

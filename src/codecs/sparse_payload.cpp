@@ -1,4 +1,4 @@
-#include "codecs/sparse_payload.h"
+#include "terse/codec_kit.h"
 
 #include <fmt/format.h>
 

@@ -41,7 +41,7 @@ class TbqCodec final : public Codec {
   }
 
  private:
-  TbqCodec(float tau, SpecReader& r) : Codec("tbq", 13, r.canonical()), tau_(tau) {}
+  TbqCodec(float tau, SpecReader& r) : Codec(r), tau_(tau) {}
   float tau_;
 };
 

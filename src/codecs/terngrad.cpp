@@ -32,8 +32,7 @@ class TernGradCodec final : public codecs::LevelCodec {
  private:
   // (After read_quantizer(r) has read the parameters: the canonical spec holds what was read.)
   TernGradCodec(SpecReader& r, const kit::LevelQuantizer& q)
-      : LevelCodec("terngrad", 4, r.canonical(), q,
-                   "a scale is negative or not finite, or a code is 3") {}
+      : LevelCodec(r, q, "a scale is negative or not finite, or a code is 3") {}
 };
 
 const bool registered = register_codec(

@@ -106,7 +106,7 @@ class ThreeLcCodec final : public Codec {
   }
 
  private:
-  ThreeLcCodec(double s, SpecReader& r) : Codec("threelc", 12, r.canonical()), sparsity_(s) {}
+  ThreeLcCodec(double s, SpecReader& r) : Codec(r), sparsity_(s) {}
   double sparsity_;
 };
 

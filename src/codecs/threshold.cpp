@@ -6,7 +6,7 @@
 #include <cfloat>
 #include <cmath>
 
-#include "codecs/sparse_payload.h"
+#include "terse/codec_kit.h"
 #include "kit/basic.h"
 #include "kit/random.h"
 #include "kit/sparse.h"
@@ -68,7 +68,7 @@ class ThresholdCodec final : public sparse::ListCodec {
 
  private:
   ThresholdCodec(ThresholdParams p, SpecReader& r)
-      : ListCodec("threshold", 10, r.canonical()), p_(p) {}
+      : ListCodec(r), p_(p) {}
 
   std::size_t cap(std::size_t n) const { return sparse::count_for(p_.max_ratio, n); }
 

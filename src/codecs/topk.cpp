@@ -3,7 +3,7 @@
 // Wire format: header, u32 count (= k), k u32 indices strictly increasing, k fp32 values.
 #include <fmt/format.h>
 
-#include "codecs/sparse_payload.h"
+#include "terse/codec_kit.h"
 #include "kit/basic.h"
 #include "kit/sparse.h"
 #include "terse/codec.h"
@@ -36,7 +36,7 @@ class TopKCodec final : public sparse::ListCodec {
   }
 
  private:
-  TopKCodec(double ratio, SpecReader& r) : ListCodec("topk", 8, r.canonical()), ratio_(ratio) {}
+  TopKCodec(double ratio, SpecReader& r) : ListCodec(r), ratio_(ratio) {}
 
   double ratio_;
 };

@@ -1,6 +1,14 @@
+// The out-of-line parts of terse/codec_kit.h's payload reader and writer.
+#include <string>
+
 #include "codecs/wire.h"
 
 namespace terse::wire {
+
+void Writer::overflow(std::size_t n) const {
+  throw InvalidArgument("terse: encode buffer too small (" + std::to_string(out_.size()) +
+                        " bytes, need " + std::to_string(pos_ + n) + ")");
+}
 
 void Reader::need(std::size_t n) const {
   if (n > in_.size() - pos_) {

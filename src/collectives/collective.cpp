@@ -15,14 +15,12 @@ namespace terse::collectives {
 // A failure payload is a header with this codec id, the kind in the digest field, the origin
 // rank in the element-count field, and an 8-byte payload holding the element index.
 namespace {
-constexpr std::uint8_t kFailureId = 0xff;
-constexpr std::size_t kFailureBytes = wire::kHeaderBytes + 8;
 
 void write_failure(const Failure& f, std::span<std::byte> out) {
   wire::Writer w(out);
   w.put(wire::kMagic);
   w.put(wire::kVersion);
-  w.put(kFailureId);
+  w.put(wire::kFailureId);
   w.put(f.kind);
   w.put(static_cast<std::uint64_t>(f.origin));
   w.put(std::uint64_t{8});
@@ -212,10 +210,10 @@ bool add_input(PartitionContext& ctx, std::size_t offset, std::span<float> acc, 
 
 std::span<const std::byte> received_message(PartitionContext& ctx,
                                             std::span<const std::byte> area, int peer) {
-  if (area.size() < wire::kHeaderBytes) return area;
+  if (area.size() < Codec::kHeaderBytes) return area;
   std::uint64_t payload = 0;
   std::memcpy(&payload, area.data() + 16, 8);
-  if (payload > area.size() - wire::kHeaderBytes) {
+  if (payload > area.size() - Codec::kHeaderBytes) {
     // Cannot come from a peer that uses the same codec; the decoder will reject it.
     Failure f{Failure::kBadPayload, ctx.rank(), ctx.offset, {}};
     f.detail = fmt::format("rank {}: {}: message from peer {} announces {} payload bytes, more "
@@ -224,7 +222,7 @@ std::span<const std::byte> received_message(PartitionContext& ctx,
     ctx.failure.merge(f);
     return area;
   }
-  return area.first(wire::kHeaderBytes + payload);
+  return area.first(Codec::kHeaderBytes + payload);
 }
 
 std::span<const std::byte> failure_message(const PartitionContext& ctx,
@@ -234,7 +232,7 @@ std::span<const std::byte> failure_message(const PartitionContext& ctx,
 }
 
 bool accept_message(PartitionContext& ctx, std::span<const std::byte> message, int peer) {
-  if (message.size() != kFailureBytes || static_cast<std::uint8_t>(message[3]) != kFailureId ||
+  if (message.size() != kFailureBytes || static_cast<std::uint8_t>(message[3]) != wire::kFailureId ||
       message[0] != std::byte{0x54} || message[1] != std::byte{0x53}) {
     return true;
   }

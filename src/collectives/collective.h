@@ -162,6 +162,9 @@ Request post_recv(PartitionContext& ctx, int peer, std::uint32_t index, std::spa
 // Waits for a request, traced as "wait" (sends) or "recv" (receives).
 void wait(PartitionContext& ctx, Request& request, bool is_send, int peer, std::uint64_t bytes);
 
+// Bytes of a failure message: a header and the element index.
+inline constexpr std::size_t kFailureBytes = Codec::kHeaderBytes + 8;
+
 // Bytes a receive area needs for any message about n elements (a payload or a failure).
 std::size_t message_capacity(const Codec& codec, std::size_t n);
 

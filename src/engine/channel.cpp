@@ -3,8 +3,8 @@
 // happen on the channel's completion threads. Payloads and failure messages are those of the
 // collectives (collective.h), so a sender's NaN reaches the receiver as an error, not a hang.
 //
-// Each message travels in two parts: its 24-byte payload header (or a 32-byte failure message)
-// first, then the rest. The receiver learns the sender's codec, element count and length before
+// Each message travels in two parts: its payload header (or a whole failure message) first, then
+// the rest. The receiver learns the sender's codec, element count and length before
 // it posts the receive for the rest, so it can always take the bytes (Gloo aborts the process
 // when a message is longer than the receive posted for it) and report a mismatch precisely.
 #include "terse/channel.h"
@@ -35,8 +35,6 @@ namespace {
 // Bit 55 marks channel messages (the engine's tags keep it clear); 23 bits of the name's digest
 // and 16 bits of the message number follow.
 constexpr std::uint64_t kChannelBit = std::uint64_t{1} << 55;
-constexpr std::size_t kHeaderBytes = 24;   // a codec payload's header (codecs/wire.h)
-constexpr std::size_t kFailureBytes = 32;  // a failure message (collective.cpp)
 // Larger announcements cannot come from a terse peer: refuse rather than allocate.
 constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 36;
 
@@ -175,7 +173,7 @@ Handle Channel::send(int peer, const std::string& name, std::span<const float> x
       collectives::encode_or_fail(*ctx, x, 0, 0, 0, buffer->bytes());
   ctx->workspace = nullptr;
   // A failure message goes whole as the first part; a payload as header, then the rest.
-  const std::size_t first = ctx->failure.any() ? message.size() : kHeaderBytes;
+  const std::size_t first = ctx->failure.any() ? message.size() : Codec::kHeaderBytes;
   auto head = std::make_shared<Request>(collectives::post_send(*ctx, peer, 0, message.first(first)));
   auto rest = std::make_shared<Request>();
   if (message.size() > first) {
@@ -185,7 +183,7 @@ Handle Channel::send(int peer, const std::string& name, std::span<const float> x
   c.enqueue([&c, ctx, buffer, head, rest, peer, bytes = message.size(), complete = complete] {
     std::exception_ptr error;
     try {
-      collectives::wait(*ctx, *head, true, peer, kHeaderBytes);
+      collectives::wait(*ctx, *head, true, peer, Codec::kHeaderBytes);
       collectives::wait(*ctx, *rest, true, peer, bytes);
       if (ctx->failure.any()) error = c.failure_error(*ctx, "send of", peer);
     } catch (...) {
@@ -204,13 +202,13 @@ Handle Channel::recv(int peer, const std::string& name, std::span<float> out,
   const std::size_t cap = collectives::message_capacity(codec, out.size());
   auto area = std::make_shared<kit::Buffer>(c.pool.acquire(cap));
   auto head = std::make_shared<Request>(
-      collectives::post_recv(*ctx, peer, 0, area->bytes().first(kFailureBytes)));
+      collectives::post_recv(*ctx, peer, 0, area->bytes().first(collectives::kFailureBytes)));
   auto [handle, complete] = HandleAccess::make();
   c.enqueue([&c, ctx, area, head, peer, out, cap, complete = complete] {
     std::exception_ptr error;
     try {
-      collectives::wait(*ctx, *head, false, peer, kFailureBytes);
-      std::span<const std::byte> message = area->bytes().first(kFailureBytes);
+      collectives::wait(*ctx, *head, false, peer, collectives::kFailureBytes);
+      std::span<const std::byte> message = area->bytes().first(collectives::kFailureBytes);
       if (collectives::accept_message(*ctx, message, peer)) {
         // A payload header: take the rest whatever it announces, then let the codec judge it.
         std::uint64_t length = 0;
@@ -223,20 +221,20 @@ Handle Channel::recv(int peer, const std::string& name, std::span<float> out,
         }
         kit::Buffer big;
         std::span<std::byte> whole = area->bytes();
-        if (kHeaderBytes + length > cap) {
-          big = c.pool.acquire(kHeaderBytes + length);
-          std::memcpy(big.bytes().data(), area->bytes().data(), kHeaderBytes);
+        if (Codec::kHeaderBytes + length > cap) {
+          big = c.pool.acquire(Codec::kHeaderBytes + length);
+          std::memcpy(big.bytes().data(), area->bytes().data(), Codec::kHeaderBytes);
           whole = big.bytes();
         }
         if (length > 0) {  // the sender sends no second part for an empty payload
           Request rest =
-              collectives::post_recv(*ctx, peer, 1, whole.subspan(kHeaderBytes, length));
+              collectives::post_recv(*ctx, peer, 1, whole.subspan(Codec::kHeaderBytes, length));
           collectives::wait(*ctx, rest, false, peer, length);
         }
         // Decode into scratch, so that out is written only once the whole message decoded.
         kit::Buffer scratch = c.pool.acquire(std::max<std::size_t>(out.size(), 1) * 4);
         std::span<float> y = scratch.as<float>(out.size());
-        if (collectives::decode_or_record(*ctx, whole.first(kHeaderBytes + length), y,
+        if (collectives::decode_or_record(*ctx, whole.first(Codec::kHeaderBytes + length), y,
                                           DecodeMode::kOverwrite, peer)) {
           if (!out.empty()) std::memcpy(out.data(), y.data(), out.size_bytes());
         }

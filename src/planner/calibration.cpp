@@ -896,7 +896,8 @@ bool measure_engine(Communicator& comm, Calibration& c, AllreduceProbe& probe) {
   const double n = comm.size();
   c.task_overhead = c.job_overhead = 0;
   if (n > 1) c.alpha = std::max(0.0, (m[0] - m[1]) / (2 * n - 3));
-  c.job_overhead = std::max(0.0, m[1] - c.alpha - (n - 1) * (kPiece * 4.0 + 24) * c.beta);
+  c.job_overhead = std::max(
+      0.0, m[1] - c.alpha - (n - 1) * (kPiece * 4.0 + Codec::kHeaderBytes) * c.beta);
   auto predict = [&](std::size_t elements, int partitions) {
     CostModel model(c);
     model.set_gather_bytes(0);  // the probe's raw partitions travel on the ring

@@ -1,309 +1,206 @@
-// The contract every registered codec keeps: round trips of every size, the non-finite policy,
-// validated payloads, accumulate mode, and error-feedback accounting. Codec-specific properties
-// (error bounds, unbiasedness, known vectors) are in each codec's own test file.
+// The contract every registered codec keeps (terse/testing/codec_contract.h), run for every
+// built-in codec with and without error feedback, each lossy one against the error bound its
+// definition gives at its default parameters. Codec-specific properties (unbiasedness, known
+// vectors, bounds at other parameters) are in each codec's own test file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <map>
 
-#include "codec_testing.h"
-#include "kit/basic.h"
 #include "terse/codec.h"
+#include "terse/codec_kit.h"
+#include "terse/testing/codec_contract.h"
+
+namespace terse::testing {
+namespace {
+
+using Bounds = std::vector<double>;
+
+double norm2(std::span<const float> x) {
+  double s = 0;
+  for (float v : x) s += static_cast<double>(v) * v;
+  return s;
+}
+
+// ||x|| without its m largest magnitudes: the error of the best m-sparse approximation.
+double tail_norm(std::span<const float> x, std::size_t m) {
+  std::vector<double> sq(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) sq[i] = static_cast<double>(x[i]) * x[i];
+  m = std::min(m, sq.size());
+  std::nth_element(sq.begin(), sq.begin() + m, sq.end(), std::greater<>());
+  double s = 0;
+  for (std::size_t i = m; i < sq.size(); ++i) s += sq[i];
+  return std::sqrt(s);
+}
+
+// f(x_i) for every element.
+template <typename F>
+Bounds each(std::span<const float> x, F f) {
+  Bounds b(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) b[i] = f(std::fabs(static_cast<double>(x[i])), i);
+  return b;
+}
+
+// f(x_i, chunk of x_i) for chunks of `chunk` elements.
+template <typename F>
+Bounds per_chunk(std::span<const float> x, std::size_t chunk, F f) {
+  Bounds b(x.size());
+  for (std::size_t start = 0; start < x.size(); start += chunk) {
+    auto xs = x.subspan(start, std::min(chunk, x.size() - start));
+    for (std::size_t i = 0; i < xs.size(); ++i) b[start + i] = f(xs, std::fabs(xs[i]));
+  }
+  return b;
+}
+
+double abs_max(std::span<const float> x) {
+  double m = 0;
+  for (float v : x) m = std::max(m, std::fabs(static_cast<double>(v)));
+  return m;
+}
+
+// |y_i - x_i| <= |x_i|: y_i is x_i or 0 (sparsifiers that send values unscaled).
+Bounds kept_or_zero(std::span<const float> x) {
+  return each(x, [](double a, std::size_t) { return a; });
+}
+
+// Each lossy codec's bound at its default parameters (the first step from a fresh state for
+// stateful ones), from its definition; docs/codecs.md states the parameters.
+const std::map<std::string, ErrorBound, std::less<>>& bounds() {
+  static const std::map<std::string, ErrorBound, std::less<>> table = {
+      // Round to nearest even: half an ulp, 2^-11 relative (2^-25 absolute among subnormals);
+      // finite values beyond 65504 saturate.
+      {"fp16",
+       {{},
+        [](std::span<const float> x) {
+          return each(x, [](double a, std::size_t) {
+            return a * 0x1p-11 + 0x1p-25 + std::max(0.0, a - 65504.0);
+          });
+        }}},
+      {"bf16",
+       {{},
+        [](std::span<const float> x) {
+          return each(x, [](double a, std::size_t) {
+            return a * 0x1p-8 + 0x1p-134 + std::max(0.0, a - 0x1.fcp127);
+          });
+        }}},
+      // +-s, s = mean |x| of each chunk of m = 1024: its error^2 is ||x||^2 - ||x||_1^2 / m.
+      {"onebit",
+       {[](std::span<const float> x) {
+          double err = 0;
+          for (std::size_t start = 0; start < x.size(); start += 1024) {
+            auto xs = x.subspan(start, std::min<std::size_t>(1024, x.size() - start));
+            double l1 = 0;
+            for (float v : xs) l1 += std::fabs(v);
+            err += norm2(xs) - l1 * l1 / static_cast<double>(xs.size());
+          }
+          return std::sqrt(std::max(0.0, err));
+        },
+        {}}},
+      // Levels {-s, 0, s}, s = max |x| (one chunk, no clipping): off by at most s.
+      {"terngrad",
+       {{},
+        [](std::span<const float> x) {
+          const double s = abs_max(x);
+          return each(x, [s](double, std::size_t) { return s; });
+        }}},
+      // 7 levels of each bucket's (512) L2 norm: off by at most one level, norm / 7.
+      {"qsgd",
+       {{},
+        [](std::span<const float> x) {
+          return per_chunk(
+              x, 512, [](std::span<const float> xs, double) { return std::sqrt(norm2(xs)) / 7; });
+        }}},
+      // |x| in [2^e, 2^(e+1)) goes to one of the two: off by at most 2^e <= |x|. Below the
+      // window of 127 exponents under the largest (at most 2 max|x|), to 0 or its floor.
+      {"natural",
+       {{},
+        [](std::span<const float> x) {
+          const double floor = std::max(0x1p-126, 2 * abs_max(x) * 0x1p-126);
+          return each(x, [floor](double a, std::size_t) { return a + floor; });
+        }}},
+      // 255 steps between the chunk's (4096) min and max: half a step, plus the rounding of
+      // lo + code * step.
+      {"minmax8",
+       {{},
+        [](std::span<const float> x) {
+          return per_chunk(x, 4096, [](std::span<const float> xs, double) {
+            const auto [lo, hi] = std::minmax_element(xs.begin(), xs.end());
+            return (static_cast<double>(*hi) - *lo) / 510 +
+                   1e-6 * std::max(std::fabs(*lo), std::fabs(*hi));
+          });
+        }}},
+      // The k = round(0.01 n) largest magnitudes, exactly: the best k-sparse approximation.
+      {"topk",
+       {[](std::span<const float> x) { return tail_norm(x, sparse::count_for(0.01, x.size())); },
+        kept_or_zero}},
+      // k values kept unscaled (scale=0) at random indices.
+      {"randomk", {{}, kept_or_zero}},
+      // Every |x| > 1e-3 unless more than round(0.1 n) are: then the largest round(0.1 n).
+      {"threshold",
+       {[](std::span<const float> x) {
+          std::size_t above = 0;
+          for (float v : x) above += std::fabs(v) > 1e-3f;
+          return tail_norm(x, std::min(above, sparse::count_for(0.1, x.size())));
+        },
+        kept_or_zero}},
+      // First step: the velocity is x, sent unscaled at a sampled threshold.
+      {"dgc", {{}, kept_or_zero}},
+      // Values {-M, 0, M}, M = max|x| (sparsity 1): |x| >= M/2 to +-M, else 0; off by <= M/2.
+      {"threelc",
+       {{},
+        [](std::span<const float> x) {
+          const double half = abs_max(x) / 2;
+          return each(x, [half](double, std::size_t) { return half; });
+        }}},
+      // |x| > tau to +-tau, else 0; tau = 0.01 as fp32.
+      {"tbq",
+       {{},
+        [](std::span<const float> x) {
+          return each(x, [](double a, std::size_t) {
+            const double tau = 0.01f;
+            return a > tau ? a - tau : a;
+          });
+        }}},
+      // Rank-4 projection of x's matrix view onto P's orthonormal columns: never longer than x.
+      {"powersgd", {[](std::span<const float> x) { return std::sqrt(norm2(x)); }, {}}},
+  };
+  return table;
+}
+
+std::vector<ContractCase> all_cases() {
+  std::vector<ContractCase> cases;
+  for (const auto& info : registered_codecs()) {
+    auto c = make_codec(info.name);
+    const CodecTraits t = c->traits();
+    auto it = bounds().find(info.name);
+    const ErrorBound bound = it == bounds().end() ? ErrorBound{} : it->second;
+    cases.push_back({info.name, bound});
+    // Round codecs (PowerSGD) and DGC have error feedback built in and refuse ef=1.
+    if (!t.lossless && !t.multi_round && !t.builtin_feedback) {
+      cases.push_back({info.name + ":ef=1", bound});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecContract, ::testing::ValuesIn(all_cases()),
+                         contract_case_name);
+
+// A codec added without a bound would fail its round trips; this names what is missing.
+TEST(CodecContractBounds, EveryLossyCodecHasABound) {
+  for (const auto& info : registered_codecs()) {
+    if (make_codec(info.name)->traits().lossless) continue;
+    EXPECT_TRUE(bounds().count(info.name)) << info.name << " has no error bound in the suite";
+  }
+}
+
+}  // namespace
+}  // namespace terse::testing
 
 namespace terse {
 namespace {
-
-using testing::decode;
-using testing::encode;
-using testing::gradient;
-
-std::vector<std::string> all_specs() {
-  std::vector<std::string> specs;
-  for (const auto& info : registered_codecs()) {
-    specs.push_back(info.name);
-    auto c = make_codec(info.name);
-    // Round codecs (PowerSGD) and DGC have error feedback built in and refuse ef=1.
-    const CodecTraits t = c->traits();
-    if (!t.lossless && !t.multi_round && !t.builtin_feedback) specs.push_back(info.name + ":ef=1");
-  }
-  return specs;
-}
-
-class CodecContract : public ::testing::TestWithParam<std::string> {
- protected:
-  std::unique_ptr<Codec> codec = make_codec(GetParam());
-};
-
-TEST_P(CodecContract, RoundTripsEverySize) {
-  for (std::size_t n : {0, 1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 1000, 4097,
-                        65537}) {
-    auto x = gradient(n, n + 1);
-    auto e = encode(*codec, x);
-    EXPECT_LE(e.bytes.size(), codec->max_encoded_bytes(n)) << "n=" << n;
-    auto y = decode(*codec, e.span(), n);
-    double err = 0, norm = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      ASSERT_TRUE(std::isfinite(y[i])) << "n=" << n << " i=" << i;
-      err += (y[i] - x[i]) * (y[i] - x[i]);
-      norm += x[i] * x[i];
-    }
-    if (codec->traits().lossless) {
-      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(x[i], y[i]) << "n=" << n << " i=" << i;
-    }
-  }
-}
-
-TEST_P(CodecContract, AllZerosStayZero) {
-  std::vector<float> x(1001, 0.0f);
-  auto y = decode(*codec, encode(*codec, x).span(), x.size());
-  for (float v : y) ASSERT_EQ(v, 0.0f);
-}
-
-TEST_P(CodecContract, HugeValuesStayFinite) {
-  auto x = gradient(513, 3);
-  x[7] = 3e38f;
-  x[100] = -3e38f;
-  x[200] = 1e30f;
-  auto y = decode(*codec, encode(*codec, x).span(), x.size());
-  for (float v : y) ASSERT_TRUE(std::isfinite(v));
-}
-
-TEST_P(CodecContract, RejectsNaNAndInfNamingTheIndex) {
-  for (float bad : {NAN, INFINITY, -INFINITY}) {
-    for (std::size_t at : {0, 5, 16, 999}) {
-      auto x = gradient(1000, 5);
-      x[at] = bad;
-      auto state = codec->make_state(x.size());
-      std::vector<std::byte> before;
-      if (state) state->save(before);
-      EncodeContext ctx;
-      ctx.state = state.get();
-      std::vector<std::byte> out(codec->max_encoded_bytes(x.size()));
-      try {
-        codec->encode(x, out, ctx);
-        FAIL() << "accepted " << bad << " at " << at;
-      } catch (const InvalidArgument& e) {
-        EXPECT_NE(std::string(e.what()).find("element " + std::to_string(at)), std::string::npos)
-            << e.what();
-      }
-      if (state) {  // a rejected input loses nothing
-        std::vector<std::byte> after;
-        state->save(after);
-        EXPECT_EQ(before, after);
-      }
-    }
-  }
-}
-
-// Half-precision input: 16-bit values of x, and their exact fp32 widening.
-struct HalfInput {
-  std::vector<std::uint16_t> bits;
-  std::vector<float> wide;
-};
-HalfInput to_half(DType dtype, std::span<const float> x) {
-  HalfInput h{std::vector<std::uint16_t>(x.size()), std::vector<float>(x.size())};
-  EXPECT_TRUE(kit::narrow(dtype, x, h.bits.data()));
-  EXPECT_TRUE(kit::widen(dtype, h.bits.data(), h.wide, false));
-  return h;
-}
-
-// Encoding fp16 or bf16 values gives the bytes of encoding their fp32 widening, step after step
-// with the same state (error-feedback residuals stay fp32), so every strategy's results on half
-// tensors are the fp32 path's on the rounded values, and decoding gives the fp32 path's error.
-TEST_P(CodecContract, EncodesHalfInputAsItsWidening) {
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (std::size_t n : {0, 1, 7, 64, 65, 1000, 4097, 65537}) {
-      auto half_state = codec->make_state(n), wide_state = codec->make_state(n);
-      for (std::uint64_t step = 0; step < 3; ++step) {
-        const HalfInput h = to_half(dtype, gradient(n, n + step));
-        EncodeContext half_ctx = testing::context(step), wide_ctx = testing::context(step);
-        half_ctx.state = half_state.get();
-        wide_ctx.state = wide_state.get();
-        std::vector<std::byte> a(codec->max_encoded_bytes(n)), b(a.size());
-        a.resize(codec->encode(h.bits, dtype, a, half_ctx));
-        b.resize(codec->encode(h.wide, b, wide_ctx));
-        ASSERT_EQ(a, b) << to_string(dtype) << " n=" << n << " step=" << step;
-        auto y = decode(*codec, a, n);
-        double err = 0, norm = 0;
-        for (std::size_t i = 0; i < n; ++i) {
-          ASSERT_TRUE(std::isfinite(y[i]));
-          err += (y[i] - h.wide[i]) * (y[i] - h.wide[i]);
-          norm += h.wide[i] * h.wide[i];
-        }
-        // Lossless codecs, and the codec of the input's own format, give the values back.
-        const bool exact = codec->traits().lossless ||
-                           (dtype == DType::kFloat16 && codec->spec() == "fp16") ||
-                           (dtype == DType::kBFloat16 && codec->spec() == "bf16");
-        if (exact) {
-          ASSERT_EQ(err, 0.0) << to_string(dtype) << " n=" << n;
-        }
-        // No codec's error exceeds the input's own norm by more than the sparse codecs' rescaling.
-        EXPECT_LE(err, 1e4 * norm + 1e-12) << to_string(dtype) << " n=" << n;
-      }
-      if (half_state) {
-        std::vector<std::byte> sa, sb;
-        half_state->save(sa);
-        wide_state->save(sb);
-        EXPECT_EQ(sa, sb) << to_string(dtype) << " n=" << n;
-      }
-    }
-  }
-}
-
-TEST_P(CodecContract, RejectsNaNAndInfInHalfInputNamingTheIndex) {
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    const std::uint16_t nan = dtype == DType::kFloat16 ? 0x7e00 : 0x7fc0;
-    const std::uint16_t inf = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
-    for (std::uint16_t bad : {nan, inf, static_cast<std::uint16_t>(inf | 0x8000)}) {
-      for (std::size_t at : {0, 5, 999}) {
-        HalfInput h = to_half(dtype, gradient(1000, 5));
-        h.bits[at] = bad;
-        auto state = codec->make_state(1000);
-        EncodeContext ctx;
-        ctx.state = state.get();
-        std::vector<std::byte> out(codec->max_encoded_bytes(1000));
-        try {
-          codec->encode(h.bits, dtype, out, ctx);
-          FAIL() << to_string(dtype) << ": accepted 0x" << std::hex << bad << " at " << at;
-        } catch (const InvalidArgument& e) {
-          EXPECT_NE(std::string(e.what()).find("element " + std::to_string(at)),
-                    std::string::npos)
-              << e.what();
-        }
-      }
-    }
-  }
-}
-
-TEST_P(CodecContract, AccumulateAddsToDestination) {
-  auto x = gradient(777, 11);
-  auto e = encode(*codec, x);
-  auto y = decode(*codec, e.span(), x.size());
-  std::vector<float> acc(x.size());
-  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = static_cast<float>(i) * 0.25f;
-  auto expect = acc;
-  for (std::size_t i = 0; i < acc.size(); ++i) expect[i] += y[i];
-  codec->decode(e.span(), acc, DecodeMode::kAccumulate);
-  for (std::size_t i = 0; i < acc.size(); ++i) ASSERT_FLOAT_EQ(acc[i], expect[i]) << i;
-}
-
-TEST_P(CodecContract, RejectsTruncatedAndOversizedPayloads) {
-  auto x = gradient(300, 13);
-  auto e = encode(*codec, x);
-  for (std::size_t len = 0; len < e.bytes.size(); ++len) {
-    std::vector<float> y(x.size());
-    EXPECT_THROW(codec->decode(std::span(e.bytes).first(len), y), DecodeError) << "len " << len;
-  }
-  auto longer = e.bytes;
-  longer.push_back(std::byte{0});
-  std::vector<float> y(x.size());
-  EXPECT_THROW(codec->decode(longer, y), DecodeError);
-  std::vector<float> wrong(x.size() + 1);
-  EXPECT_THROW(codec->decode(e.span(), wrong), DecodeError);
-}
-
-TEST_P(CodecContract, RejectsForeignHeaders) {
-  auto x = gradient(64, 17);
-  auto e = encode(*codec, x);
-  std::vector<float> y(x.size());
-  for (std::size_t at : {0, 1, 2, 3, 4, 8, 16}) {  // magic, version, id, digest, count, length
-    auto bad = e.bytes;
-    bad[at] ^= std::byte{0x40};
-    EXPECT_THROW(codec->decode(bad, y), DecodeError) << "byte " << at;
-  }
-}
-
-TEST_P(CodecContract, SurvivesRandomCorruption) {
-  // Any byte flipped after the header: decode either throws DecodeError or writes finite or
-  // non-finite values into y, but never outside it (checked under ASan in CI).
-  auto x = gradient(200, 19);
-  auto e = encode(*codec, x);
-  std::mt19937 gen(23);
-  for (int trial = 0; trial < 2000 && e.bytes.size() > 24; ++trial) {
-    auto bad = e.bytes;
-    std::size_t at = 24 + gen() % (bad.size() - 24);
-    bad[at] ^= std::byte(static_cast<unsigned char>(1 + gen() % 255));
-    std::vector<float> y(x.size());
-    try {
-      codec->decode(bad, y);
-    } catch (const DecodeError&) {
-    }
-  }
-}
-
-TEST_P(CodecContract, DifferentParametersAreRejected) {
-  auto x = gradient(64, 29);
-  auto e = encode(*codec, x);
-  for (const auto& info : registered_codecs()) {
-    if (info.name == codec->name()) continue;
-    auto other = make_codec(info.name);
-    std::vector<float> y(x.size());
-    EXPECT_THROW(other->decode(e.span(), y), DecodeError) << info.name;
-  }
-}
-
-TEST_P(CodecContract, StateSaveRestoreReproducesNextEncoding) {
-  auto state = codec->make_state(500);
-  if (!state) GTEST_SKIP() << "stateless";
-  EncodeContext ctx;
-  ctx.seed = 5;
-  ctx.tensor = 6;
-  ctx.state = state.get();
-  for (int step = 0; step < 3; ++step) {
-    ctx.step = step;
-    testing::encode(*codec, gradient(500, 100 + step), ctx);
-  }
-  std::vector<std::byte> saved;
-  state->save(saved);
-  auto restored = codec->make_state(500);
-  restored->load(saved);
-  ctx.step = 3;
-  auto x = gradient(500, 200);
-  auto a = testing::encode(*codec, x, ctx);
-  EncodeContext ctx2 = ctx;
-  ctx2.state = restored.get();
-  auto b = testing::encode(*codec, x, ctx2);
-  EXPECT_EQ(a.bytes, b.bytes);
-  // A state of the wrong size or garbage is refused.
-  auto small = codec->make_state(499);
-  EXPECT_THROW(small->load(saved), DecodeError);
-  saved.resize(saved.size() / 2);
-  EXPECT_THROW(restored->load(saved), DecodeError);
-}
-
-TEST_P(CodecContract, ErrorFeedbackAccountingIsExact) {
-  if (codec->spec().find("ef=1") == std::string::npos) GTEST_SKIP() << "no error feedback";
-  auto state = codec->make_state(1000);
-  EncodeContext ctx;
-  ctx.state = state.get();
-  std::vector<float> residual(1000, 0.0f);
-  for (int step = 0; step < 4; ++step) {
-    ctx.step = step;
-    auto x = gradient(1000, 300 + step);
-    auto e = testing::encode(*codec, x, ctx);
-    auto y = decode(*codec, e.span(), x.size());
-    std::vector<std::byte> saved;
-    state->save(saved);
-    std::vector<float> r_new(1000);
-    std::memcpy(r_new.data(), saved.data() + 20, 4000);  // magic, n, inner size, residual
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      float t = x[i] + residual[i];
-      // r' = t - y and y + r' are rounded at the scale of |y|, which exceeds |t| for codecs
-      // that send small elements as +-scale (onebit, tbq, minmax8).
-      ASSERT_NEAR(t, y[i] + r_new[i], 1e-6f * (std::fabs(t) + std::fabs(y[i]) + 1e-6f))
-          << "step " << step;
-    }
-    residual = r_new;
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecContract, ::testing::ValuesIn(all_specs()),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           for (auto& c : s) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return s;
-                         });
 
 TEST(CodecRegistry, UnknownNamesAndKeysListWhatIsAllowed) {
   try {

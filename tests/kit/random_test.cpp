@@ -80,28 +80,39 @@ double chi_square(const std::vector<int>& counts, double expected) {
   return c;
 }
 
+// Chi-square of the 16 x 16 grid of disjoint consecutive pairs (u_i, u_{i+1}): catches serial
+// correlation.
+double pairs_chi_square(const std::vector<float>& u) {
+  std::vector<int> grid(256);
+  for (std::size_t i = 0; i + 1 < u.size(); i += 2) {
+    ++grid[static_cast<int>(u[i] * 16) * 16 + static_cast<int>(u[i + 1] * 16)];
+  }
+  return chi_square(grid, static_cast<double>(u.size() / 2) / 256.0);
+}
+
+// Chi-square of 256 equal buckets of [0, 1).
+double buckets_chi_square(const std::vector<float>& u) {
+  std::vector<int> counts(256);
+  for (float v : u) ++counts[static_cast<int>(v * 256)];
+  return chi_square(counts, static_cast<double>(u.size()) / 256.0);
+}
+
+constexpr double kChiSquareLimit = 255 + 6 * 22.6;
+
 TEST(Random, ChiSquareOnBuckets) {
   for (std::uint64_t key : {5ull, 0x123456789ull}) {
     auto u = draw(key);
-    std::vector<int> high(256), low(256);
-    for (std::size_t i = 0; i < kN; ++i) {
-      ++high[static_cast<int>(u[i] * 256)];
-      ++low[random_bits(key, i) & 255];  // the low bits too, which uniform() drops
-    }
-    EXPECT_LT(chi_square(high, kN / 256.0), 255 + 6 * 22.6) << key;
-    EXPECT_GT(chi_square(high, kN / 256.0), 255 - 6 * 22.6) << key;
-    EXPECT_LT(chi_square(low, kN / 256.0), 255 + 6 * 22.6) << key;
+    std::vector<int> low(256);
+    for (std::size_t i = 0; i < kN; ++i) ++low[random_bits(key, i) & 255];  // dropped by uniform()
+    EXPECT_LT(buckets_chi_square(u), kChiSquareLimit) << key;
+    EXPECT_GT(buckets_chi_square(u), 255 - 6 * 22.6) << key;
+    EXPECT_LT(chi_square(low, kN / 256.0), kChiSquareLimit) << key;
   }
 }
 
+
 TEST(Random, PairsOfConsecutiveValuesAreUniform) {
-  // 16 x 16 grid of (u_i, u_{i+1}): catches serial correlation.
-  auto u = draw(11);
-  std::vector<int> grid(256);
-  for (std::size_t i = 0; i + 1 < kN; i += 2) {
-    ++grid[static_cast<int>(u[i] * 16) * 16 + static_cast<int>(u[i + 1] * 16)];
-  }
-  EXPECT_LT(chi_square(grid, kN / 2 / 256.0), 255 + 6 * 22.6);
+  EXPECT_LT(pairs_chi_square(draw(11)), kChiSquareLimit);
 }
 
 double correlation(const std::vector<float>& a, const std::vector<float>& b) {
@@ -132,17 +143,27 @@ TEST(Random, DifferentKeysAreIndependent) {
     for (std::size_t i = 0; i < kN; ++i) {
       ++grid[static_cast<int>(a[i] * 16) * 16 + static_cast<int>(b[i] * 16)];
     }
-    EXPECT_LT(chi_square(grid, kN / 256.0), 255 + 6 * 22.6) << ka << " " << kb;
+    EXPECT_LT(chi_square(grid, kN / 256.0), kChiSquareLimit) << ka << " " << kb;
   }
 }
 
 TEST(Random, NoiseCanFailTheseTests) {
-  // The bounds above are tight enough to catch a broken generator: a generator with lag-1
-  // correlation fails the correlation bound.
+  // The statistics above with their limits reject broken generators: a lag-1 correlated stream
+  // fails the correlation bound, and the mean of neighbours (correlated, triangular) fails the
+  // pair grid and the buckets.
   auto a = draw(1);
-  std::vector<float> b(a.size());
-  for (std::size_t i = 0; i < a.size(); ++i) b[i] = 0.9f * a[i] + 0.1f * a[(i + 1) % a.size()];
+  std::vector<float> b(a.size()), mean(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    b[i] = 0.9f * a[i] + 0.1f * a[(i + 1) % a.size()];
+    mean[i] = 0.5f * (a[i] + a[(i + 1) % a.size()]);
+  }
   EXPECT_GT(std::fabs(correlation(a, b)), 5 / std::sqrt(static_cast<double>(kN)));
+  EXPECT_GT(pairs_chi_square(mean), kChiSquareLimit);
+  EXPECT_GT(buckets_chi_square(mean), kChiSquareLimit);
+  // A stream stuck in half of [0, 1) fails the buckets.
+  std::vector<float> half(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) half[i] = 0.5f * a[i];
+  EXPECT_GT(buckets_chi_square(half), kChiSquareLimit);
 }
 
 }  // namespace

@@ -9,8 +9,9 @@ internal namespaces.
 import subprocess
 import sys
 
-# Internal namespaces of src/.
-INTERNAL = ["terse::planner::", "terse::kit::", "terse::sparse::", "terse::wire::", "terse::codecs::",
+# Internal namespaces of src/. terse::wire:: and terse::sparse:: are not among them: codec_kit.h
+# makes their payload helpers public for codecs written outside the tree.
+INTERNAL = ["terse::planner::", "terse::kit::", "terse::codecs::",
             "terse::transport::", "terse::tags::", "terse::collectives::", "terse::engine::",
             "terse::HandleAccess"]
 
@@ -25,6 +26,7 @@ PUBLIC = [
     "terse::parse_strategy(", "terse::to_string(terse::Strategy)",  # plan.h
     "terse::Engine::Engine(", "terse::Handle::wait()",  # engine.h
     "terse::Channel::Channel(",  # channel.h
+    "terse::wire::Reader::need(", "terse::sparse::write(",  # codec_kit.h
 ]
 
 
