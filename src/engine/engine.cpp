@@ -18,11 +18,13 @@
 // whole submission, across its cross-rank exchanges (the first-use check, the planner's
 // calibration and re-checks), and is taken only by submissions, Engine::plan with codec "auto"
 // and load_state (submission.h says why it must serialize submissions). A thread holding it may
-// take any lock below. Every other lock is a leaf, held for a few local steps and never while
-// another is taken: Plans' records_mu_ and codecs_mu_, WorkerPool's mu_, Completion's mu_, each
-// Job's mu, each Handle::State's mu (callbacks run after it is released), BufferPool's own and
-// BlasShare's. So completion, the workers, handles, synchronize(), bytes_sent() (an atomic) and
-// save_state() never wait for a submission's exchanges.
+// take any lock below. Every other lock of the engine is a leaf among them, held for a few local
+// steps and never while another engine lock is taken: Plans' records_mu_ and codecs_mu_,
+// WorkerPool's mu_, Completion's mu_, each Job's mu, each Handle::State's mu (callbacks run after
+// it is released), BufferPool's own and BlasShare's. Under them only locks of the layers below
+// are taken (the codec registry's, under codecs_mu_). So completion, the workers, handles,
+// synchronize(), bytes_sent() (an atomic) and save_state() never wait for a submission's
+// exchanges.
 #include "terse/engine.h"
 
 #include <fmt/format.h>

@@ -145,28 +145,33 @@ void Plans::before_submission(const std::vector<TensorRef>& tensors) {
 
 // ---- records --------------------------------------------------------------------------------
 
-bool Plans::verified(const std::string& name, const std::string& config) const {
+bool Plans::needs_check(const std::string& name, const std::string& config) const {
   std::lock_guard lock(records_mu_);
   auto rec = records_.find(name);
-  if (rec == records_.end()) return false;
+  if (rec == records_.end()) return true;
   if (rec->second.in_flight) {
     throw InvalidArgument(fmt::format("allreduce: tensor '{}' is already in flight; wait for "
                                       "its handle before submitting it again",
                                       name));
   }
-  return rec->second.verified_for(config);
+  return !rec->second.verified_for(config);
 }
 
 void Plans::commit(Job& job) {
+  // Which planned sizes are being explored, asked before records_mu_ is taken (a leaf).
+  std::vector<char> exploring(job.items.size(), 0);
+  for (std::size_t i = 0; i < job.items.size(); ++i) {
+    const AllreduceOptions& o = job.items[i].ref.options;
+    exploring[i] = o.codec == "auto" && planner().exploring(job.items[i].ref.typed.elements,
+                                                            threads_, o.strategy, o.partitions);
+  }
   std::lock_guard lock(records_mu_);
-  for (auto& it : job.items) {
+  for (std::size_t i = 0; i < job.items.size(); ++i) {
+    Item& it = job.items[i];
     const std::string config = config_of(it.ref, it.plan);
     TensorRecord& rec = records_[it.ref.name];
     // Another size or codec: its old state does not apply, unless exploration comes back to it.
-    const AllreduceOptions& o = it.ref.options;
-    rec.use(config, o.codec == "auto" && (rec.config != config || !rec.parked.empty()) &&
-                        planner().exploring(it.ref.typed.elements, threads_, o.strategy,
-                                            o.partitions));
+    rec.use(config, (rec.config != config || !rec.parked.empty()) && exploring[i]);
     rec.verified = true;
     rec.partitions.resize(it.plan.partitions);
     rec.in_flight = true;

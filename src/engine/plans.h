@@ -78,9 +78,9 @@ class Plans {
 
   // ---- per-tensor records ----
 
-  // Throws InvalidArgument if the tensor is in flight; else whether its configuration `config`
-  // passed the first-use check already.
-  bool verified(const std::string& name, const std::string& config) const;
+  // Whether a tensor under configuration `config` needs the first-use check across ranks (it
+  // never passed it under that configuration). Throws InvalidArgument if the tensor is in flight.
+  bool needs_check(const std::string& name, const std::string& config) const;
 
   // Makes the job's items' records current, in flight and checked, and gives each item its
   // record and step. Under the submission order.

@@ -98,7 +98,7 @@ Handle Submissions::submit(std::vector<TensorRef> tensors) {
       it.codec = codec;
       if (codec->traits().multi_round) it.rounds = dynamic_cast<const RoundCodec*>(codec);
     }
-    if (!plans_.verified(t.name, config_of(t, it.plan))) need_verify = true;
+    if (plans_.needs_check(t.name, config_of(t, it.plan))) need_verify = true;
     it.ref = std::move(t);
     job->items.push_back(std::move(it));
   }
