@@ -29,11 +29,12 @@
 //   with TERSE_TRACE set, measure their clock offsets to rank 0.
 // - allreduce and allreduce_group on a tensor's first use (or a change of its options): the call
 //   returns once every rank has submitted it and the descriptions agree. With codec "auto",
-//   the first plan of a tensor (calibration, or agreement on a cached one; it first waits for
-//   the submissions in flight) and the planner's periodic re-checks (EngineOptions::planner).
+//   the first plan (calibration, or agreement on a cached one; it first waits for the
+//   submissions in flight) and the submissions at which the planner exchanges measured times
+//   (EngineOptions::planner).
 // - plan() with codec "auto" where Planner::plan is one (its first call calibrates;
 //   include/terse/planner.h).
-// Local calls, which exchange nothing: later submissions of a tensor (they return at once),
+// Local calls, which exchange nothing: later submissions of a tensor under a fixed codec,
 // plan() of a fixed codec, synchronize(), save_state(), load_state(), bytes_sent().
 //
 // Threads: every call may be made from any thread. Submissions are taken one at a time in call
