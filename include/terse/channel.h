@@ -9,6 +9,11 @@
 // Promises: every wait is bounded by the communicator's timeout and its error names this rank,
 // the peer and the tensor; a sender whose input holds NaN/Inf raises InvalidArgument at once and
 // sends a failure message instead, so the receiver raises too rather than waiting. Thread-safe.
+//
+// A channel waits for, decodes and completes its messages on two threads of its own, not on an
+// engine's workers: a receive may wait as long as the peer's schedule makes it, and an engine
+// needs its workers free for the collectives every rank is waiting on. Local: creating a
+// channel exchanges nothing.
 #pragma once
 
 #include <cstdint>

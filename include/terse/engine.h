@@ -23,6 +23,34 @@
 //   use of a tensor is checked across ranks and a mismatch raises MismatchError describing both
 //   sides; later mismatches cannot be misread as data (message tags carry a digest of what was
 //   submitted) and surface as a TimeoutError.
+//
+// Collective calls: every rank makes them, at the same point of its sequence of submissions.
+// - The constructor: the ranks agree on each one's share of its machine's cores (below), and,
+//   with TERSE_TRACE set, measure their clock offsets to rank 0.
+// - allreduce and allreduce_group on a tensor's first use (or a change of its options): the call
+//   returns once every rank has submitted it and the descriptions agree. With codec "auto",
+//   the first plan (calibration, or agreement on a cached one; it first waits for the
+//   submissions in flight) and the submissions at which the planner exchanges measured times
+//   (EngineOptions::planner).
+// - plan() with codec "auto" where Planner::plan is one (its first call calibrates;
+//   include/terse/planner.h).
+// Local calls, which exchange nothing: later submissions of a tensor under a fixed codec,
+// plan() of a fixed codec, synchronize(), save_state(), load_state(), bytes_sent().
+//
+// Threads: every call may be made from any thread. Submissions are taken one at a time in call
+// order: one that waits for peers (a first use, a planner exchange) holds up later submissions,
+// plan() with "auto" and load_state(), and nothing else: handles complete, callbacks run and
+// synchronize(), save_state() and bytes_sent() return meanwhile. Ranks must still submit in the
+// same order: threads of a rank that submit concurrently must be ordered so that every rank
+// makes the same sequence.
+//
+// What an engine changes in its process: it starts its worker threads and a completion thread
+// (under SCHED_BATCH; TERSE_SCHED=normal opts out), and it lowers OpenBLAS's process-wide thread
+// count to a rank's share of its machine's cores (a machine's cores over its ranks, the least
+// over all ranks; left alone when OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS is
+// set), so that ranks sharing a machine do not oversubscribe it in PowerSGD's products, and
+// every rank computes them with the same count (their last bits can depend on it). The count
+// it found is restored when the last engine of the process is destroyed.
 #pragma once
 
 #include <chrono>
@@ -133,8 +161,11 @@ struct EngineOptions {
 
 class TERSE_API Engine {
  public:
+  // A collective (see above). Throws InvalidArgument for a null communicator, partition_bytes
+  // below 4096 or a TERSE_THREADS that is not a number of threads.
   explicit Engine(std::shared_ptr<Communicator> comm, EngineOptions options = {});
-  // Waits for every submitted task (each bounded by the timeout), then stops the workers.
+  // Waits for every submitted task (each bounded by the timeout), completes their handles, then
+  // stops the threads.
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -160,7 +191,8 @@ class TERSE_API Engine {
   TensorPlan plan(std::size_t elements, const AllreduceOptions& options,
                   DType dtype = DType::kFloat32) const;
 
-  // Blocks until every submission so far has completed (errors stay with their handles).
+  // Blocks until every submission so far has completed and its callbacks have run (errors stay
+  // with their handles). Local: it waits for this rank's submissions only.
   void synchronize();
 
   // Error-feedback residuals, codec state (PowerSGD's Q, DGC momentum) and step counters of

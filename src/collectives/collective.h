@@ -33,6 +33,10 @@
 
 namespace terse::collectives {
 
+// The most partitions one tensor (or fused message) is split into: the engine clamps
+// AllreduceOptions::partitions to it and the planner's cost model prices K as the engine clamps it.
+inline constexpr int kMaxPartitions = 256;
+
 // n elements split into `parts` nearly equal pieces whose boundaries are multiples of 64
 // elements (cache lines and SIMD blocks), except the end. Pieces may be empty.
 class Split {

@@ -1,7 +1,10 @@
 // Point-to-point compressed tensor exchange. Encoding and posting happen on the caller's thread
 // (so messages of one name leave in call order); waiting, decoding and completing handles
-// happen on the channel's completion threads. Payloads and failure messages are those of the
-// collectives (collective.h), so a sender's NaN reaches the receiver as an error, not a hang.
+// happen on the channel's two completion threads, a WorkerPool of its own: an engine's workers
+// run partition tasks whose progress argument (engine.cpp) a channel wait, which may last until
+// the peer's pipeline schedule sends, would break if it held one of them. Payloads and failure
+// messages are those of the collectives (collective.h), so a sender's NaN reaches the receiver
+// as an error, not a hang.
 //
 // Each message travels in two parts: its payload header (or a whole failure message) first, then
 // the rest. The receiver learns the sender's codec, element count and length before
@@ -11,20 +14,17 @@
 
 #include <fmt/format.h>
 
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <tuple>
 
 #include "collectives/collective.h"
 #include "engine/handle_access.h"
+#include "engine/worker_pool.h"
 #include "kit/buffer_pool.h"
 #include "kit/hash.h"
-#include "transport/scheduling.h"
 
 namespace terse {
 
@@ -55,11 +55,9 @@ struct Channel::Impl {
   std::map<std::tuple<int, std::string>, std::uint32_t> send_seq, recv_seq;
   std::map<std::tuple<int, std::string>, collectives::StateSlots> states;
 
-  std::mutex queue_mu;
-  std::condition_variable queue_cv;
-  std::deque<std::function<void()>> queue;
-  bool stopping = false;
-  std::vector<std::thread> threads;
+  // Waits, decodes and completes handles: two threads, so that a send's completion is not
+  // queued behind a receive that waits for its peer.
+  engine::WorkerPool completions{2};
 
   const Codec& codec_for(const std::string& spec) {
     auto it = codecs.find(spec);
@@ -102,26 +100,7 @@ struct Channel::Impl {
   }
 
   void enqueue(std::function<void()> f) {
-    {
-      std::lock_guard lock(queue_mu);
-      queue.push_back(std::move(f));
-    }
-    queue_cv.notify_one();
-  }
-
-  void loop() {
-    Workspace workspace;
-    for (;;) {
-      std::function<void()> f;
-      {
-        std::unique_lock lock(queue_mu);
-        queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
-        if (queue.empty()) return;
-        f = std::move(queue.front());
-        queue.pop_front();
-      }
-      f();
-    }
+    completions.submit([f = std::move(f)](std::uint32_t, Workspace&) { f(); });
   }
 
   std::exception_ptr failure_error(const PartitionContext& ctx, const char* what, int peer) {
@@ -143,22 +122,10 @@ Channel::Channel(std::shared_ptr<Communicator> comm, ChannelOptions options)
   if (!comm) throw InvalidArgument("channel: no communicator");
   impl_->comm = std::move(comm);
   impl_->options = options;
-  for (int i = 0; i < 2; ++i) {
-    impl_->threads.emplace_back([this] {
-      transport::enter_batch_scheduling();
-      impl_->loop();
-    });
-  }
 }
 
-Channel::~Channel() {
-  {
-    std::lock_guard lock(impl_->queue_mu);
-    impl_->stopping = true;
-  }
-  impl_->queue_cv.notify_all();
-  for (auto& t : impl_->threads) t.join();
-}
+// Every queued wait runs to its end (each bounded by the timeout) before the threads stop.
+Channel::~Channel() { impl_->completions.stop(); }
 
 Handle Channel::send(int peer, const std::string& name, std::span<const float> x,
                      const std::string& codec_spec) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "collectives/collective.h"  // kMaxPartitions
 #include "planner/calibration.h"
 #include "terse/plan.h"
 #include "terse/planner.h"  // Prediction
@@ -18,9 +19,7 @@ class Codec;
 
 namespace planner {
 
-// The engine's largest partition count: it must equal the engine's limit (src/engine/), which
-// clamps K the same way.
-inline constexpr int kMaxPartitions = 256;
+using collectives::kMaxPartitions;
 
 // K as the engine clamps it for n floats: at least one 64-element piece per partition, at most
 // kMaxPartitions.

@@ -20,17 +20,23 @@
 //                       the widened inputs, rounded once, bit-identical on every rank; a NaN in one
 //                       rank's half input fails every rank naming the rank and element
 //   blas                the engine left OpenBLAS this rank's share of the cores (cores over
-//                       LOCAL_WORLD_SIZE, at least 1), or the user's choice where one is set
+//                       LOCAL_WORLD_SIZE, at least 1), or the user's choice where one is set,
+//                       and destroying it restored the count it found
+//   slowpeer            rank 1 submits a tensor's first use late: while rank 0's submission
+//                       waits for it in the first-use check, rank 0's other threads wait for
+//                       an earlier handle, save state, plan and read bytes_sent without waiting
 // Prints "OK rank R ..." on success; "CHECK FAILED: ..." and exit 2 on a wrong result.
 #include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -687,6 +693,70 @@ int channel(Communicator& comm, Engine& engine, std::shared_ptr<Communicator> sh
 
 // `before`: OpenBLAS's threads before the engine started. `terse run` starts every rank on this
 // machine and says how many in LOCAL_WORLD_SIZE.
+// Rank 1 is the slow peer: it submits "late" kSlowPeerDelay after the others. Rank 0 submits it
+// from a thread of its own, which blocks in the first-use check until rank 1 comes, and
+// meanwhile its main thread waits for an earlier handle, saves state, plans and reads
+// bytes_sent: each must return while that submission still waits.
+constexpr auto kSlowPeerDelay = std::chrono::seconds(3);
+
+int slow_peer(Communicator& comm, Engine& engine) {
+  const int r = comm.rank();
+  std::vector<float> early(1000, 1.0f), late(1000, 2.0f);
+  engine.allreduce("early", early).wait();            // its first-use check, with every rank
+  Handle earlier = engine.allreduce("early", early);  // no check: its tasks run at once
+  if (r != 0) {
+    if (r == 1) std::this_thread::sleep_for(kSlowPeerDelay);
+    engine.allreduce("late", late).wait();
+    earlier.wait();
+    check(late[0] == 2.0f && early[0] == 1.0f, "slowpeer: wrong averages");
+    std::printf("OK rank %d slowpeer\n", r);
+    return 0;
+  }
+  std::atomic<bool> started{false}, submitted{false};
+  std::exception_ptr error;
+  std::thread submitter([&] {
+    try {
+      started = true;
+      Handle h = engine.allreduce("late", late);  // blocks in the first-use check
+      submitted = true;
+      h.wait();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  while (!started) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into the check
+  const auto t0 = Clock::now();
+  std::vector<std::byte> state;
+  TensorPlan plan;
+  std::uint64_t sent = 0;
+  std::string failed;
+  try {
+    earlier.wait();
+    state = engine.save_state();  // "late" is not in flight until its check passed
+    AllreduceOptions o;
+    o.codec = "onebit";
+    plan = engine.plan(1000, o);
+    sent = engine.bytes_sent();
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const bool still_waiting = !submitted;
+  submitter.join();
+  if (error) std::rethrow_exception(error);
+  check(still_waiting && failed.empty(),
+        fmt::format("slowpeer: the earlier handle, save_state, plan and bytes_sent returned "
+                    "only after the slow peer's submission ({:.2f} s{}{})",
+                    seconds, failed.empty() ? "" : ", then: ", failed));
+  check(!state.empty() && plan.strategy == Strategy::kSharded && sent > 0,
+        "slowpeer: wrong state, plan or bytes_sent");
+  check(late[0] == 2.0f && early[0] == 1.0f, "slowpeer: wrong averages");
+  std::printf("OK rank %d slowpeer: other calls took %.3f s while a submission waited\n", r,
+              seconds);
+  return 0;
+}
+
 int blas(Communicator& comm, int before) {
   bool chosen = false;
   for (const char* name : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
@@ -702,8 +772,17 @@ int blas(Communicator& comm, int before) {
                     "want {} ({} cores, {} local ranks, {})",
                     comm.rank(), kit::blas_threads(), before, want, kit::usable_cores(), local,
                     chosen ? "threads set in the environment" : "none set"));
-  std::printf("OK rank %d blas %d threads (%d before)\n", comm.rank(), kit::blas_threads(),
-              before);
+  return 0;
+}
+
+// After the engine was destroyed: the count it found is back.
+int blas_restored(Communicator& comm, int before, int during) {
+  check(kit::blas_threads() == before,
+        fmt::format("blas: rank {} has {} OpenBLAS threads after the engine was destroyed, {} "
+                    "before it started",
+                    comm.rank(), kit::blas_threads(), before));
+  std::printf("OK rank %d blas %d threads (%d before, %d after)\n", comm.rank(), during, before,
+              kit::blas_threads());
   return 0;
 }
 
@@ -725,8 +804,10 @@ int main(int argc, char** argv) {
     const bool keep = argc == 3 && std::string(argv[2]) == "keep";
     options.keep_input_on_error = keep;
     int rc = 0;
+    int blas_during = 0;
     {
       Engine engine(comm, options);
+      blas_during = kit::blas_threads();
       if (scenario == "matrix") {
         rc = matrix(*comm, engine, std::vector<std::string>(argv + 2, argv + argc));
       } else if (scenario == "half") {
@@ -745,12 +826,15 @@ int main(int argc, char** argv) {
         rc = stress(*comm, engine);
       } else if (scenario == "blas") {
         rc = blas(*comm, blas_before);
+      } else if (scenario == "slowpeer") {
+        rc = slow_peer(*comm, engine);
       } else {
         std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
         return 2;
       }
       engine.synchronize();
     }
+    if (scenario == "blas" && rc == 0) rc = blas_restored(*comm, blas_before, blas_during);
     comm->barrier("end");
     std::fflush(stdout);
     return rc;

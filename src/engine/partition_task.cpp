@@ -1,0 +1,184 @@
+#include "engine/partition_task.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/plans.h"
+#include "kit/basic.h"
+#include "kit/hash.h"
+#include "terse/error.h"
+#include "terse/trace.h"
+
+namespace terse::engine {
+
+using collectives::PartitionContext;
+
+PartitionTasks::PartitionTasks(Communicator& comm, const EngineOptions& options,
+                               BufferPool& buffers, std::atomic<std::uint64_t>& bytes_sent,
+                               std::function<void(const std::shared_ptr<Job>&)> finish)
+    : comm_(comm),
+      options_(options),
+      buffers_(buffers),
+      bytes_sent_(bytes_sent),
+      finish_(std::move(finish)) {}
+
+void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace) {
+  Job& job = *task.job;
+  const std::int64_t begin = trace_now_ns();
+  PartitionContext ctx;
+  ctx.comm = &comm_;
+  ctx.partition = task.partition;
+  ctx.partitions = task.partitions;
+  ctx.tag_base = task.tag_base;
+  ctx.pool = &buffers_;
+  ctx.workspace = &workspace;
+  ctx.tracer = options_.tracer.get();
+  ctx.thread = thread;
+  ctx.bytes_sent = &bytes_sent_;
+  try {
+    if (task.item < 0) {
+      ctx.tensor = fmt::format("fused group of {} tensors", job.fused.size());
+      run_fused(task, ctx);
+    } else {
+      const Item& it = job.items[task.item];
+      const collectives::Split split(it.ref.typed.elements, task.partitions);
+      ctx.tensor = it.ref.name;
+      ctx.offset = split.begin(task.partition);
+      const DType dtype = it.ref.typed.dtype;
+      Buffer wide;  // a half tensor's partition in fp32: sums and decoded results
+      if (dtype == DType::kFloat32) {
+        ctx.input = split.piece(std::span<const float>(it.ref.data), task.partition);
+        ctx.output = split.piece(result(job, task.item), task.partition);
+      } else {
+        const auto half =
+            split.piece(std::span<const std::uint16_t>(it.ref.typed.half()), task.partition);
+        wide = buffers_.acquire(half.size() * sizeof(float));
+        ctx.output = wide.as<float>(half.size());
+        ctx.input = ctx.output;
+        if (it.rounds != nullptr) {
+          // Round codecs read their input as fp32 arrays: widen it (exactly; NaN and Inf
+          // included, which the codec then reports).
+          kit::widen(dtype, half.data(), ctx.output, false);
+        } else {
+          ctx.half_input = half;
+          ctx.dtype = dtype;
+        }
+      }
+      ctx.divisor = it.ref.options.average ? comm_.size() : 1;
+      ctx.codec = it.codec;
+      ctx.rounds = it.rounds;
+      ctx.states = &it.record->partitions[task.partition];
+      ctx.encode.seed = options_.seed;
+      ctx.encode.step = it.step;
+      ctx.encode.tensor = kit::combine_keys(fnv1a64(it.ref.name), task.partition);
+      ctx.encode.rank = static_cast<std::uint64_t>(comm_.rank());
+      switch (it.plan.strategy) {
+        case Strategy::kRaw:
+          raw_sum(ctx);
+          note_raw_sum(job, task.item, ctx);
+          break;
+        case Strategy::kAllgather: collectives::allgather_allreduce(ctx); break;
+        case Strategy::kSharded: collectives::sharded_allreduce(ctx); break;
+        case Strategy::kRing: collectives::ring_allreduce(ctx); break;
+        case Strategy::kSummable: collectives::summable_allreduce(ctx); break;
+        case Strategy::kAuto: throw InvalidArgument("engine: unresolved strategy");
+      }
+      if (dtype != DType::kFloat32 && !ctx.failure.any()) {
+        // Every rank rounds the same fp32 result the same way.
+        auto out = split.piece(half_result(job, task.item), task.partition);
+        if (!kit::narrow(dtype, ctx.output, out.data())) {
+          throw InvalidArgument(fmt::format("engine: {}: decoded result is not finite",
+                                            ctx.label()));
+        }
+      }
+    }
+    if (ctx.failure.any()) {
+      std::lock_guard lock(job.mu);
+      if (job.failure_item < 0 || ctx.failure.kind < job.failure.kind ||
+          (ctx.failure.kind == job.failure.kind && task.item < job.failure_item)) {
+        job.failure = ctx.failure;
+        job.failure_item = task.item;
+      }
+    }
+  } catch (const TimeoutError& e) {
+    record_error(job, std::make_exception_ptr(TimeoutError(fmt::format(
+                          "{} (if the peer is alive, ranks may have submitted different "
+                          "tensors at this point)",
+                          e.what()))));
+  } catch (const TransportError&) {
+    record_error(job, std::current_exception());
+  } catch (const std::exception& e) {
+    // This rank cannot finish its part: fail the communicator so that peers waiting on this
+    // task learn it now rather than at their timeout.
+    comm_.abort(fmt::format("{}: {}", ctx.label(), e.what()));
+    record_error(job, std::current_exception());
+  }
+  note_span(job, task.item, begin);
+  if (job.remaining.fetch_sub(1) == 1) finish_(task.job);
+}
+
+// The fused raw message: the inputs of small raw tensors gathered into one buffer, reduced as
+// one ring. The first partition's task gathers them; partitions only read their own range.
+void PartitionTasks::run_fused(Task& task, PartitionContext& ctx) {
+  Job& job = *task.job;
+  {
+    std::lock_guard lock(job.mu);
+    if (!job.fused_gathered) {
+      job.fused_gathered = true;
+      auto dst = job.staging.as<float>(job.fused_elements);
+      std::size_t at = 0;
+      for (int i : job.fused) {
+        const auto& src = job.items[i].ref.data;
+        if (!src.empty()) std::memcpy(dst.data() + at, src.data(), src.size_bytes());
+        at += src.size();
+      }
+    }
+  }
+  const collectives::Split split(job.fused_elements, task.partitions);
+  std::span<float> out = job.staging.as<float>(job.fused_elements);  // reduced in place
+  ctx.offset = split.begin(task.partition);
+  ctx.input = split.piece(std::span<const float>(out), task.partition);
+  ctx.output = split.piece(out, task.partition);
+  ctx.divisor = comm_.size();  // only averaging tensors are fused
+  raw_sum(ctx);
+}
+
+// fp32 partitions: small ones gathered (one message step), others on the ring.
+void PartitionTasks::raw_sum(PartitionContext& ctx) {
+  if (collectives::gathers(ctx.input.size(), comm_.size(), options_.gather_bytes)) {
+    collectives::raw_gather(ctx, ctx.input, ctx.output, 0, ctx.divisor);
+  } else {
+    collectives::raw_allreduce(ctx);
+  }
+}
+
+// A raw partition's sum is checked for NaN and Inf by its own task, right after it is computed:
+// on that task's worker, while the workers still have other partitions to run, and inside the
+// time the planner measures. Scanned after the last task instead, a 256 MiB sum takes one core
+// 25-65 ms that no measured span counts.
+void PartitionTasks::note_raw_sum(Job& job, int item, const PartitionContext& ctx) {
+  if (item < 0) return;  // the fused message: completion scans its items
+  const std::size_t bad = kit::find_non_finite(ctx.output);
+  if (bad == ctx.output.size()) return;
+  std::lock_guard lock(job.mu);
+  auto& first = job.items[static_cast<std::size_t>(item)].not_finite;
+  first = std::min(first, ctx.offset + bad);
+}
+
+void PartitionTasks::note_span(Job& job, int item, std::int64_t begin) {
+  if (job.spans.empty() || item < 0) return;
+  const std::int64_t end = trace_now_ns();
+  std::lock_guard lock(job.mu);
+  auto& span = job.spans[item];
+  span.first = std::min(span.first, begin);
+  span.second = std::max(span.second, end);
+}
+
+void PartitionTasks::record_error(Job& job, std::exception_ptr e) {
+  std::lock_guard lock(job.mu);
+  if (!job.error) job.error = e;
+}
+
+}  // namespace terse::engine

@@ -1,0 +1,203 @@
+#include "engine/plans.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "engine/allreduce_probe.h"
+#include "planner/planner_impl.h"
+#include "terse/error.h"
+
+namespace terse::engine {
+
+bool TensorRecord::verified_for(const std::string& c) const {
+  if (c == config) return verified;
+  auto p = parked.find(c);
+  return p != parked.end() && p->second.verified;
+}
+
+void TensorRecord::use(const std::string& c, bool keep) {
+  if (c != config) {
+    ConfigState& current = *this;
+    if (keep && !config.empty()) parked[config] = std::move(current);
+    ConfigState next;
+    if (auto p = parked.find(c); p != parked.end()) {
+      next = std::move(p->second);
+      parked.erase(p);
+    }
+    config = c;
+    current = std::move(next);
+  }
+  if (!keep) parked.clear();
+}
+
+Plans::Plans(Communicator& comm, const EngineOptions& options, int threads,
+             std::function<void()> drain)
+    : comm_(comm), options_(options), threads_(threads), drain_(std::move(drain)) {}
+
+const Codec& Plans::codec(const std::string& spec) const {
+  std::lock_guard lock(codecs_mu_);
+  auto it = codecs_.find(spec);
+  if (it != codecs_.end()) return *it->second;
+  auto& slot = codecs_[spec];
+  slot = make_codec(spec);
+  return *slot;
+}
+
+TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** codec_out,
+                       DType dtype) const {
+  if (o.codec == "auto") return plan_auto(n, o, codec_out, dtype);
+  if (dtype != DType::kFloat32 && codec(o.codec).name() == "none" &&
+      (o.strategy == Strategy::kAuto || o.strategy == Strategy::kRaw)) {
+    // Raw on a half tensor sends the tensor's own precision (see Engine::allreduce).
+    AllreduceOptions own = o;
+    own.codec = dtype == DType::kFloat16 ? "fp16" : "bf16";
+    own.strategy = Strategy::kSummable;
+    return plan(n, own, codec_out, dtype);
+  }
+  TensorPlan p;
+  const Codec& c = codec(o.codec);
+  const CodecTraits t = c.traits();
+  p.codec = c.spec();
+  const bool identity = c.name() == "none";
+  p.strategy = o.strategy;
+  if (p.strategy == Strategy::kAuto) {
+    p.strategy = identity                      ? Strategy::kRaw
+                 : t.summable || t.multi_round ? Strategy::kSummable
+                                               : Strategy::kSharded;
+  }
+  if (p.strategy == Strategy::kRaw && !identity) {
+    throw InvalidArgument(fmt::format("strategy raw sends fp32 and cannot use codec {}; use "
+                                      "allgather, sharded, ring or summable",
+                                      p.codec));
+  }
+  if (p.strategy == Strategy::kSummable && !t.summable && !t.multi_round) {
+    throw InvalidArgument(fmt::format("strategy summable needs a codec whose encodings add "
+                                      "(fp16, bf16, randomk, powersgd); {} is not summable",
+                                      p.codec));
+  }
+  if (t.multi_round && p.strategy != Strategy::kSummable && p.strategy != Strategy::kAllgather) {
+    throw InvalidArgument(fmt::format("codec {} needs sums across ranks between its rounds: "
+                                      "use strategy summable (rings) or allgather (or auto)",
+                                      p.codec));
+  }
+  if (o.partitions < 0 || o.partitions > kMaxPartitions) {
+    throw InvalidArgument(
+        fmt::format("partitions={} is not in 0..{}", o.partitions, kMaxPartitions));
+  }
+  std::size_t k = o.partitions;
+  if (k == 0) k = (n * sizeof(float) + options_.partition_bytes - 1) / options_.partition_bytes;
+  if (t.multi_round) {
+    if (o.partitions > 1) {
+      throw InvalidArgument(fmt::format("codec {} compresses the whole matrix: partitions must "
+                                        "be 1 (or 0)",
+                                        p.codec));
+    }
+    k = 1;
+  }
+  // Partition boundaries fall on multiples of 64 elements: more partitions would be empty.
+  k = std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, (n + 63) / 64));
+  k = std::min<std::size_t>(k, kMaxPartitions);
+  p.partitions = static_cast<int>(k);
+  if (codec_out != nullptr) *codec_out = &c;
+  return p;
+}
+
+// ---- codec "auto": the planner's choice (src/planner/) ---------------------------------------
+
+Planner& Plans::planner() const {
+  if (planner_) return *planner_;
+  if (options_.planner) {
+    planner_ = options_.planner;
+  } else {
+    PlannerOptions po;  // raw also at this engine's own partitioning
+    po.raw_partition_bytes = options_.partition_bytes;
+    planner_ = std::make_shared<Planner>(std::move(po));
+  }
+  // Calibration times allreduces through a probe engine of its own.
+  PlannerAccess::set_allreduce_probe(*planner_, make_allreduce_probe);
+  return *planner_;
+}
+
+TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, const Codec** codec_out,
+                            DType dtype) const {
+  Planner& p = planner();
+  // Calibration measures the links: let submitted work finish first (every rank does).
+  if (!p.calibrated()) drain_();
+  AllreduceOptions chosen = o;
+  const TensorPlan decided = p.plan(comm_, n, threads_, o.strategy, o.partitions);
+  chosen.codec = decided.codec;
+  chosen.strategy = decided.strategy;
+  chosen.partitions = decided.partitions;
+  return plan(n, chosen, codec_out, dtype);
+}
+
+void Plans::before_submission(const std::vector<TensorRef>& tensors) {
+  std::vector<Planner::Use> uses;
+  for (const auto& t : tensors) {
+    if (t.options.codec == "auto") {
+      uses.push_back({elements(t), threads_, t.options.strategy, t.options.partitions});
+    }
+  }
+  if (!uses.empty()) planner().before_submission(comm_, uses);
+}
+
+// ---- records --------------------------------------------------------------------------------
+
+bool Plans::needs_check(const std::string& name, const std::string& config) const {
+  std::lock_guard lock(records_mu_);
+  auto rec = records_.find(name);
+  if (rec == records_.end()) return true;
+  if (rec->second.in_flight) {
+    throw InvalidArgument(fmt::format("allreduce: tensor '{}' is already in flight; wait for "
+                                      "its handle before submitting it again",
+                                      name));
+  }
+  return !rec->second.verified_for(config);
+}
+
+void Plans::commit(Job& job) {
+  // Which planned sizes are being explored, asked before records_mu_ is taken (a leaf).
+  std::vector<char> exploring(job.items.size(), 0);
+  for (std::size_t i = 0; i < job.items.size(); ++i) {
+    const AllreduceOptions& o = job.items[i].ref.options;
+    exploring[i] = o.codec == "auto" && planner().exploring(job.items[i].ref.typed.elements,
+                                                            threads_, o.strategy, o.partitions);
+  }
+  std::lock_guard lock(records_mu_);
+  for (std::size_t i = 0; i < job.items.size(); ++i) {
+    Item& it = job.items[i];
+    const std::string config = config_of(it.ref, it.plan);
+    TensorRecord& rec = records_[it.ref.name];
+    // Another size or codec: its old state does not apply, unless exploration comes back to it.
+    rec.use(config, (rec.config != config || !rec.parked.empty()) && exploring[i]);
+    rec.verified = true;
+    rec.partitions.resize(it.plan.partitions);
+    rec.in_flight = true;
+    it.record = &rec;
+    it.step = rec.step++;
+  }
+}
+
+// Reports the measured time of every planned, unfused item of a successful job, except the
+// first run of a tensor's configuration: it pays once for what later runs reuse (the
+// cross-rank check, buffers, fresh codec state), which is no part of its steady cost.
+void Plans::release(const Job& job, bool succeeded) {
+  if (succeeded) {
+    for (std::size_t i = 0; i < job.spans.size(); ++i) {
+      const Item& it = job.items[i];
+      // The planner's model prices fp32 tensors; half ones are not what it measured.
+      if (it.ref.options.codec != "auto" || it.plan.fused || it.step == 0 ||
+          it.ref.typed.dtype != DType::kFloat32 || job.spans[i].second < job.spans[i].first) {
+        continue;
+      }
+      planner_->observe(it.ref.typed.elements, it.plan,
+                        static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9);
+    }
+  }
+  std::lock_guard lock(records_mu_);
+  for (const auto& it : job.items) it.record->in_flight = false;
+}
+
+}  // namespace terse::engine
