@@ -107,8 +107,8 @@ TEST(Fit, FlagsAStepInCostPerElementNoCacheExplains) {
   EXPECT_TRUE(implausible_steps(x, times({0.26, 0.15, 0.13, 0.18, 0.34}), 5).empty());
   EXPECT_TRUE(implausible_steps(x, times({0.33, 0.31, 0.37, 0.10, 0.36}), 5).empty());
   EXPECT_TRUE(implausible_steps(x, times({7.5, 3.8, 3.2, 4.2, 4.4}), 5).empty());
-  // Disturbed points: fp16's decode at 4 Mi floats (s48), onebit's encode (s49), one in the
-  // middle, and the smallest size.
+  // Disturbed points seen in calibrations: fp16's decode at 4 Mi floats, onebit's encode, one in
+  // the middle, and the smallest size.
   EXPECT_EQ(implausible_steps(x, times({0.26, 0.13, 0.17, 0.19, 17.5}), 5),
             std::vector<std::size_t>{4});
   EXPECT_EQ(implausible_steps(x, times({0.73, 0.70, 0.88, 0.98, 6.0}), 5),
@@ -134,15 +134,15 @@ TEST(Calibration, AnEngineProbeWhoseSmallAllreduceCostsTheBulksBytesIsDisturbed)
     return c;
   };
   const double latency = 30e-6;
-  // s47-s51's probes on 2 ranks: 0.19-0.52x.
+  // Undisturbed probes measured on 2 ranks: 0.19-0.52x.
   for (const auto& [small, bulk] : std::vector<std::pair<double, double>>{
            {0.44, 0.92}, {0.22, 0.71}, {0.17, 0.89}, {0.46, 0.89}, {0.25, 0.61}}) {
     EXPECT_LT(engine_probe_disturbance(probe(small, bulk, 100), latency), 1) << small;
   }
-  // s52 and s44: the small probe's byte at 1.1-1.3x the bulk's.
+  // Disturbed ones: the small probe's byte at 1.1-1.3x the bulk's.
   EXPECT_GT(engine_probe_disturbance(probe(1.68, 1.51, 90), latency), 1);
   EXPECT_GT(engine_probe_disturbance(probe(1.90, 1.46, 488), latency), 1);
-  // 4 ranks on 2 cores: undisturbed probes reach 1.71x (s46), so the small probe is not judged.
+  // 4 ranks on 2 cores: undisturbed probes were measured at up to 1.71x, so the small probe is not judged.
   EXPECT_LT(engine_probe_disturbance(probe(1.45, 1.25, 110, 4), latency), 1);
   // An implausible round latency alone (2.5 ms against links of 30 us) is one too.
   EXPECT_GT(engine_probe_disturbance(probe(0.2, 0.9, 2500, 4), latency), 1);
