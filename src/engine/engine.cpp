@@ -152,7 +152,7 @@ class BlasShare {
 // The members are built in the order of the constructor's checks and collectives (communicator
 // and options, the trace clock, the BLAS share, TERSE_THREADS), then the parts. ~Engine stops
 // the threads before any member is destroyed.
-struct Engine::Impl {
+struct TERSE_HIDDEN Engine::Impl {
   Impl(const std::shared_ptr<Communicator>& c, EngineOptions o)
       : comm(checked(c)),
         options(checked(std::move(o))),
