@@ -164,6 +164,16 @@ std::vector<float> averaged(std::vector<float> sum, int ranks, bool average) {
 
 // ---- matrix -------------------------------------------------------------------------------
 
+// One case of the codec x strategy x size x K matrices: averaging on about half the cases.
+AllreduceOptions matrix_options(const std::string& spec, Strategy strategy, std::size_t n, int k) {
+  AllreduceOptions o;
+  o.codec = spec;
+  o.strategy = strategy;
+  o.partitions = k;
+  o.average = (n + k) % 2 == 0;
+  return o;
+}
+
 int matrix(Communicator& comm, Engine& engine, std::vector<std::string> specs) {
   const int n_ranks = comm.size(), r = comm.rank();
   if (specs.empty()) {
@@ -185,11 +195,7 @@ int matrix(Communicator& comm, Engine& engine, std::vector<std::string> specs) {
     for (Strategy strategy : strategies) {
       for (std::size_t n : sizes) {
         for (int k : {1, 3}) {
-          AllreduceOptions o;
-          o.codec = spec;
-          o.strategy = strategy;
-          o.partitions = k;
-          o.average = (n + k) % 2 == 0;
+          const AllreduceOptions o = matrix_options(spec, strategy, n, k);
           TensorPlan plan;
           try {
             plan = engine.plan(n, o);
@@ -246,11 +252,7 @@ int half(Communicator& comm, Engine& engine) {
       for (Strategy strategy : strategies) {
         for (std::size_t n : {std::size_t{1000}, std::size_t{65537}}) {
           for (int k : {1, 3}) {
-            AllreduceOptions o;
-            o.codec = spec;
-            o.strategy = strategy;
-            o.partitions = k;
-            o.average = (n + k) % 2 == 0;
+            const AllreduceOptions o = matrix_options(spec, strategy, n, k);
             TensorPlan plan;
             try {
               plan = engine.plan(n, o, dtype);
