@@ -46,6 +46,11 @@ namespace terse {
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+void log_line(bool quiet, int rank, const std::string& line) {
+  if (!quiet && rank == 0) std::fprintf(stderr, "terse calibrate: %s\n", line.c_str());
+}
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -357,6 +362,75 @@ double exchange(Communicator& comm, int peer, std::uint64_t tag, std::span<std::
 
 }  // namespace
 
+namespace {
+
+struct PairLink {
+  double alpha = 0, beta = 0;
+};
+
+// One pair's link: both ranks exchange `round`-tagged messages as the strategies make them
+// (both ways at once, a receive posted before the send): 8 bytes, then growing sizes until one
+// takes link_target_seconds. t = alpha + beta * bytes: alpha is the latency of a round as the
+// engine sees it (wake-ups included, which a ping-pong of one message at a time would count
+// twice), beta the time per byte.
+PairLink measure_pair(Communicator& comm, int p, std::uint32_t round,
+                      const CalibrationOptions& options, std::vector<std::byte>& out_buffer,
+                      std::vector<std::byte>& in_buffer) {
+  std::uint32_t index = 0;
+  auto tag = [&] { return tags::reserved(tags::kPlannerSignature, round, index++); };
+  std::vector<double> sizes, times;
+  for (std::size_t bytes = 8;; bytes = bytes < (16 << 10) ? (16 << 10) : bytes * 4) {
+    if (out_buffer.size() < bytes) {
+      out_buffer.assign(bytes, std::byte{1});
+      in_buffer.assign(bytes, std::byte{0});
+    }
+    auto o = std::span(out_buffer).first(bytes);
+    auto i = std::span(in_buffer).first(bytes);
+    exchange(comm, p, tag(), o, i);  // warm-up: socket buffers grow to the size
+    std::vector<double> t;
+    for (int rep = 0; rep < (bytes < (16 << 10) ? 15 : 5); ++rep) {
+      t.push_back(exchange(comm, p, tag(), o, i));
+    }
+    // Both ranks of the pair decide on the larger median, so they stop together.
+    std::array<double, 1> mine = {median(t)}, theirs{};
+    const std::uint64_t t_agree = tag();
+    Request rx = comm.recv(p, t_agree, std::as_writable_bytes(std::span(theirs)), "calibration");
+    comm.send(p, t_agree, std::as_bytes(std::span(mine)), "calibration").wait();
+    rx.wait();
+    const double agreed = std::max(mine[0], theirs[0]);
+    sizes.push_back(static_cast<double>(bytes));
+    times.push_back(agreed);
+    if (sizes.size() >= 4 &&
+        (agreed >= options.link_target_seconds || bytes * 4 > options.link_max_bytes)) {
+      break;
+    }
+  }
+  // beta from the two largest exchanges: a shaped link lets a burst through at full speed
+  // (tbf's bucket, 256 KiB in scripts/cluster.sh: 21 ms at 100 Mbit/s), which adds the same
+  // saving to every exchange longer than the burst and so cancels in their slope, but bends
+  // a fit through the small ones (100 Mbit/s measured as 163 Mbit/s).
+  const LinearFit fit = fit_linear(sizes, times);
+  const std::size_t last = sizes.size() - 1;
+  const double slope = (times[last] - times[last - 1]) / (sizes[last] - sizes[last - 1]);
+  return {fit.a, slope > 0 ? slope : fit.b};
+}
+
+// A pair whose time per byte is above this multiple of the median pair's is measured again.
+constexpr double kSlowPair = 2.0;
+// ... at most this many times; the fastest measurement stands.
+constexpr int kPairRetries = 2;
+// Tag rounds of the re-measurements (the tournament's rounds are below the world size).
+constexpr std::uint32_t kRetryRounds = 0x8000;
+
+}  // namespace
+
+// Every pair is measured in a round-robin tournament (pairs of one round at once), and every
+// rank learns every pair's figures, the larger of its two ranks' measurements. A link figure
+// is the pace of the whole job's collectives (the slowest pair bounds a ring), so one
+// disturbed measurement (a burst of load from outside the job during its exchanges; seen as
+// 871 ns/B on a 16 ns/B link) would misprice every plan. A pair more than kSlowPair times
+// slower than the median pair is measured again, alone, up to kPairRetries times, and keeps its
+// fastest measurement: a link that is slow for real measures slow again and stays so.
 void measure_links(Communicator& comm, const CalibrationOptions& options, Calibration& out) {
   const int n = comm.size(), r = comm.rank();
   std::vector<double> alpha_row(n, 0.0), beta_row(n, 0.0);
@@ -366,48 +440,10 @@ void measure_links(Communicator& comm, const CalibrationOptions& options, Calibr
     comm.barrier("calibration");  // pairs of one round only: rounds must not overlap
     const int p = partner(r, round, n);
     if (p < 0) continue;
-    std::uint32_t index = 0;
-    auto tag = [&] { return tags::reserved(tags::kPlannerSignature, round, index++); };
-    // Exchanges as the strategies make them (both ways at once, a receive posted before the
-    // send): 8 bytes, then growing sizes until one takes link_target_seconds. t = alpha +
-    // beta * bytes: alpha is the latency of a round as the engine sees it (wake-ups included,
-    // which a ping-pong of one message at a time would count twice), beta the time per byte.
-    std::vector<double> sizes, times;
-    for (std::size_t bytes = 8;; bytes = bytes < (16 << 10) ? (16 << 10) : bytes * 4) {
-      if (out_buffer.size() < bytes) {
-        out_buffer.assign(bytes, std::byte{1});
-        in_buffer.assign(bytes, std::byte{0});
-      }
-      auto o = std::span(out_buffer).first(bytes);
-      auto i = std::span(in_buffer).first(bytes);
-      exchange(comm, p, tag(), o, i);  // warm-up: socket buffers grow to the size
-      std::vector<double> t;
-      for (int rep = 0; rep < (bytes < (16 << 10) ? 15 : 5); ++rep) {
-        t.push_back(exchange(comm, p, tag(), o, i));
-      }
-      // Both ranks of the pair decide on the larger median, so they stop together.
-      std::array<double, 1> mine = {median(t)}, theirs{};
-      const std::uint64_t t_agree = tag();
-      Request rx = comm.recv(p, t_agree, std::as_writable_bytes(std::span(theirs)), "calibration");
-      comm.send(p, t_agree, std::as_bytes(std::span(mine)), "calibration").wait();
-      rx.wait();
-      const double agreed = std::max(mine[0], theirs[0]);
-      sizes.push_back(static_cast<double>(bytes));
-      times.push_back(agreed);
-      if (sizes.size() >= 4 &&
-          (agreed >= options.link_target_seconds || bytes * 4 > options.link_max_bytes)) {
-        break;
-      }
-    }
-    // beta from the two largest exchanges: a shaped link lets a burst through at full speed
-    // (tbf's bucket, 256 KiB in scripts/cluster.sh: 21 ms at 100 Mbit/s), which adds the same
-    // saving to every exchange longer than the burst and so cancels in their slope, but bends
-    // a fit through the small ones (100 Mbit/s measured as 163 Mbit/s).
-    const LinearFit fit = fit_linear(sizes, times);
-    const std::size_t last = sizes.size() - 1;
-    const double slope = (times[last] - times[last - 1]) / (sizes[last] - sizes[last - 1]);
-    alpha_row[p] = fit.a;
-    beta_row[p] = slope > 0 ? slope : fit.b;
+    const PairLink link = measure_pair(comm, p, static_cast<std::uint32_t>(round), options,
+                                       out_buffer, in_buffer);
+    alpha_row[p] = link.alpha;
+    beta_row[p] = link.beta;
   }
   // Every rank learns every row; a pair's value is the larger of its two measurements.
   std::vector<double> mine(alpha_row);
@@ -415,11 +451,56 @@ void measure_links(Communicator& comm, const CalibrationOptions& options, Calibr
   const auto rows = gather(comm, mine);
   out.peer_alpha.assign(n, std::vector<double>(n, 0.0));
   out.peer_beta.assign(n, std::vector<double>(n, 0.0));
-  out.alpha = out.beta = 0;
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
       out.peer_alpha[i][j] = std::max(rows[i][j], rows[j][i]);
       out.peer_beta[i][j] = std::max(rows[i][n + j], rows[j][n + i]);
+    }
+  }
+  recheck_slow_pairs(comm, options, out);
+}
+
+void recheck_slow_pairs(Communicator& comm, const CalibrationOptions& options, Calibration& out) {
+  const int n = comm.size(), r = comm.rank();
+  std::vector<std::byte> out_buffer, in_buffer;
+  std::vector<double> pair_betas;
+  for (int i = 0; i < n; ++i) {
+    for (int j = i + 1; j < n; ++j) pair_betas.push_back(out.peer_beta[i][j]);
+  }
+  // Every rank holds the same figures, so every rank finds the same slow pairs, in the same
+  // order, and takes part in each one's round (a barrier; the pair exchanges; a gather).
+  const double typical = pair_betas.empty() ? 0.0 : median(pair_betas);
+  std::uint32_t retry_round = kRetryRounds;
+  for (int i = 0; i < n && typical > 0; ++i) {
+    for (int j = i + 1; j < n; ++j) {
+      for (int attempt = 0;
+           attempt < kPairRetries && out.peer_beta[i][j] > kSlowPair * typical; ++attempt) {
+        comm.barrier("calibration");
+        std::array<double, 2> again = {0.0, 0.0};
+        if (r == i || r == j) {
+          const PairLink link =
+              measure_pair(comm, r == i ? j : i, retry_round, options, out_buffer, in_buffer);
+          again = {link.alpha, link.beta};
+        }
+        ++retry_round;
+        const auto all = gather(comm, again);
+        const double alpha = std::max(all[i][0], all[j][0]);
+        const double beta = std::max(all[i][1], all[j][1]);
+        log_line(options.quiet, r,
+                 fmt::format("link {}-{} measured at {:.2f} ns/B, {:.1f}x the median pair's; "
+                             "measured again: {:.2f} ns/B",
+                             i, j, out.peer_beta[i][j] * 1e9, out.peer_beta[i][j] / typical,
+                             beta * 1e9));
+        if (beta > 0 && beta < out.peer_beta[i][j]) {
+          out.peer_beta[i][j] = out.peer_beta[j][i] = beta;
+          out.peer_alpha[i][j] = out.peer_alpha[j][i] = alpha;
+        }
+      }
+    }
+  }
+  out.alpha = out.beta = 0;
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
       out.alpha = std::max(out.alpha, out.peer_alpha[i][j]);
       out.beta = std::max(out.beta, out.peer_beta[i][j]);
     }
@@ -633,10 +714,6 @@ double parallel_work_seconds(const Codec& codec, int threads, std::size_t n, int
   return std::chrono::duration<double>(*std::max_element(ended.begin(), ended.end()) -
                                        *std::min_element(began.begin(), began.end()))
       .count();
-}
-
-void log_line(bool quiet, int rank, const std::string& line) {
-  if (!quiet && rank == 0) std::fprintf(stderr, "terse calibrate: %s\n", line.c_str());
 }
 
 // Measures everything on the CPU side. With a communicator, ranks measure in lockstep and the

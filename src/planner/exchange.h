@@ -47,6 +47,10 @@ inline double median_standard_error(std::vector<double> v) {
 
 // Measures per-peer latency and time per byte (a collective); fills the link fields.
 void measure_links(Communicator& comm, const CalibrationOptions& options, Calibration& out);
+// Measures again, alone, each pair of out.peer_beta more than twice as slow a byte as the
+// median pair, and keeps each one's fastest measurement (then out.alpha and out.beta, the
+// slowest pair's). A collective; every rank must hold the same figures.
+void recheck_slow_pairs(Communicator& comm, const CalibrationOptions& options, Calibration& out);
 
 // Times a raw allreduce through `probe` and sets calibration.engine_beta from what alpha,
 // beta and the CPU fits leave unexplained (a collective; needs the links and the engine's

@@ -37,9 +37,12 @@ namespace terse::planner {
 // about 10% and its worst tens of percent, so plans further off are rarely the best, and each
 // run of one costs the job that much more.
 inline constexpr double kWithin = 1.5;
-// At most this many contenders besides the best raw plan: sequential halving spends a round
-// per halving, so four take two rounds after the first.
-inline constexpr int kMaxContenders = 4;
+// At most this many contenders besides the best raw plan. The plans within kWithin of the
+// choice are mostly one codec's strategies at neighbouring partition counts, where the model's
+// error is largest (its partition-count term prices pipelining, which the cores' contention
+// bends either way); eight admit two strategies at three or four counts each, and sequential
+// halving spends one round per halving, three after the first.
+inline constexpr int kMaxContenders = 8;
 // The paired test's bound: two standard errors leave about one wrong early stop in forty
 // comparisons (one-sided), and a wrong stop costs at most the gap it could not resolve.
 inline constexpr double kConfidence = 2.0;

@@ -147,6 +147,27 @@ TEST(Explorer, AdmitsContendersWhileTheFirstRoundFitsTheBudget) {
   EXPECT_EQ(planner::pick_contenders(d, 0).size(), 1u);  // no budget: the choice alone
 }
 
+TEST(Explorer, TakesAtMostEightContendersBesidesRaw) {
+  PlanDecision d;
+  d.chosen = candidate("onebit", Strategy::kSharded, 2, 10e-3);
+  d.ranked = {d.chosen};
+  for (int k : {1, 4, 8, 16}) {
+    for (Strategy s : {Strategy::kSharded, Strategy::kRing}) {
+      if (s == Strategy::kSharded && k == 2) continue;
+      d.ranked.push_back(candidate("onebit", s, k, 10e-3 + 0.5e-3 * d.ranked.size()));
+    }
+  }
+  d.ranked.push_back(candidate("none", Strategy::kRaw, 1, 14e-3));
+  const auto picked = planner::pick_contenders(d, 100);
+  ASSERT_EQ(picked.size(), static_cast<std::size_t>(planner::kMaxContenders) + 1);
+  EXPECT_EQ(plan_key(picked.front().plan), "onebit/sharded/2");
+  EXPECT_EQ(plan_key(picked.back().plan), "none/raw/1");
+  // The fastest expected after the choice, in the model's order.
+  for (std::size_t i = 1; i + 1 < picked.size(); ++i) {
+    EXPECT_EQ(plan_key(picked[i].plan), plan_key(d.ranked[i].plan)) << i;
+  }
+}
+
 TEST(Explorer, ACompressedPlanMustBeatRawByMinGain) {
   // The compressed plan measures 3% faster than raw: not the 5% min_gain asks, so raw.
   {

@@ -265,6 +265,43 @@ int scenario_links(Communicator& comm) {
   check(slow_engine.beta == disturbed.beta, "the links changed with the engine's byte");
   check(planner::agree_max(comm, {slow_engine.engine_beta})[0] == slow_engine.engine_beta,
         "ranks disagree on the engine's byte measured again");
+  // One pair disturbed in the tournament: measured again, alone, and restored; the other
+  // pairs keep their figures. With two ranks the lone pair is its own median: nothing to do.
+  Calibration one_slow = c;
+  const double pair = one_slow.peer_beta[0][1];
+  one_slow.peer_beta[0][1] = one_slow.peer_beta[1][0] = kDisturbance * pair;
+  one_slow.beta = kDisturbance * pair;
+  std::vector<double> before;
+  for (int i = 0; i < comm.size(); ++i) {
+    for (int j = i + 1; j < comm.size(); ++j) before.push_back(one_slow.peer_beta[i][j]);
+  }
+  const double slow_above = 2 * planner::median(before);  // other pairs slow under load too
+  planner::recheck_slow_pairs(comm, o, one_slow);
+  if (comm.size() == 2) {
+    check(one_slow.peer_beta[0][1] == kDisturbance * pair,
+          "the only pair was measured again against itself");
+  } else {
+    check(one_slow.peer_beta[0][1] < kDisturbance * pair / 10,
+          fmt::format("a pair measured at {} s/B among pairs of {} s/B was not measured "
+                      "again: {} s/B",
+                      kDisturbance * pair, measured, one_slow.peer_beta[0][1]));
+    check(one_slow.peer_beta[0][1] == one_slow.peer_beta[1][0], "the pair's figures differ");
+    double slowest = 0;
+    for (int i = 0; i < comm.size(); ++i) {
+      for (int j = 0; j < comm.size(); ++j) {
+        slowest = std::max(slowest, one_slow.peer_beta[i][j]);
+        const double was = c.peer_beta[i][j], now = one_slow.peer_beta[i][j];
+        if ((i > 1 || j > 1) && now != was && (was <= slow_above || now > was)) {
+          check(false, fmt::format("pair {}-{} changed from {} to {} s/B though it was not "
+                                   "slow (above {} s/B)",
+                                   i, j, was, now, slow_above));
+        }
+      }
+    }
+    check(one_slow.beta == slowest, "beta is not the slowest pair's");
+    check(planner::agree_max(comm, {one_slow.beta})[0] == one_slow.beta,
+          "ranks disagree on the pair measured again");
+  }
   std::printf("OK rank %d links\n", comm.rank());
   return 0;
 }
