@@ -73,6 +73,10 @@ METHODS: List[Tuple[str, Dict]] = [
     # and PowerSGD (rank 4).
     ("terse-auto", dict(method="terse", codec="auto",
                         auto_codecs=("fp16", "onebit:ef=1", "powersgd"))),
+    # Sharded data parallelism: FSDP2's fully_shard per layer, its own collectives over Gloo
+    # in fp32 and with gradients reduce-scattered in bf16.
+    ("fsdp", dict(method="fsdp")),
+    ("fsdp-bf16", dict(method="fsdp-bf16")),
     ("compute-only", dict(method="local")),
     # Ranks in step bucket by bucket, next to no bytes: what any allreduce costs beyond its
     # bytes on this machine (waiting for the slowest rank, scheduling 4 ranks on the cores).
@@ -89,6 +93,7 @@ BASELINES = ("ddp", "ddp-fp16", "ddp-bf16", "ddp-powersgd-r1", "ddp-powersgd-r4"
 BUDGETS: Dict[str, Dict] = {
     "mlp": dict(epochs=2, evals_per_epoch=4),
     "cnn": dict(epochs=2, evals_per_epoch=4),
+    "transformer": dict(epochs=2, evals_per_epoch=4),
     "vgg": dict(steps=25),
 }
 COMPUTE_ONLY_STEPS = 40

@@ -86,11 +86,43 @@ def _vgg():
         nn.Linear(2560, 2560), nn.ReLU(), nn.Linear(2560, 10))
 
 
+def _transformer():
+    import torch
+    import torch.nn as nn
+
+    class PatchTransformer(nn.Module):
+        """A small vision transformer: 7x7 patches of the 28x28 image (16 tokens), a learned
+        position embedding, 4 pre-norm encoder layers (width 128, 4 heads, MLP 512), mean
+        pooling and a linear head: 0.8 M parameters in 30 tensors."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(49, 128)
+            self.position = nn.Parameter(torch.zeros(1, 16, 128))
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True,
+                                           norm_first=True) for _ in range(4))
+            self.norm = nn.LayerNorm(128)
+            self.head = nn.Linear(128, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            patches = x.reshape(-1, 4, 7, 4, 7).permute(0, 1, 3, 2, 4).reshape(-1, 16, 49)
+            h = self.embed(patches) + self.position
+            for layer in self.layers:
+                h = layer(h)
+            return self.head(self.norm(h).mean(1))
+
+    return PatchTransformer()
+
+
 MODELS: Dict[str, ModelSpec] = {
     "mlp": ModelSpec("mlp", "MLP 784-2048-2048-10 on Fashion-MNIST", "fashion-mnist",
                      batch=64, lr=0.05, momentum=0.9, target_accuracy=0.85, build=_mlp),
     "cnn": ModelSpec("cnn", "CNN conv32-conv64-fc128 on Fashion-MNIST", "fashion-mnist",
                      batch=64, lr=0.05, momentum=0.9, target_accuracy=0.88, build=_cnn),
+    "transformer": ModelSpec("transformer", "patch transformer (4 layers, width 128) on "
+                             "Fashion-MNIST", "fashion-mnist", batch=64, lr=0.05, momentum=0.9,
+                             target_accuracy=0.82, build=_transformer),
     "vgg": ModelSpec("vgg", "VGG-style CNN (conv 32-64-128, fc 2560x3) on synthetic "
                      "3x32x32 images", "synthetic", batch=32, lr=0.01, momentum=0.9,
                      target_accuracy=None, build=_vgg),
@@ -108,7 +140,8 @@ def build_model(name: str):
 # ---- how gradients travel -------------------------------------------------------------------
 
 METHODS = ("ddp", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "ddp-powersgd-batched", "terse",
-           "local", "sync")
+           "local", "sync", "fsdp", "fsdp-bf16", "fsdp-terse")
+FSDP_METHODS = ("fsdp", "fsdp-bf16", "fsdp-terse")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -124,7 +157,11 @@ class RunConfig:
     warm start), ``ddp-powersgd-batched`` (its batched_powerSGD_hook: one matrix per bucket;
     it fails on its first compressed step in torch 1.13 and 2.15.0), ``terse`` (terse's hook with
     ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto``,
-    ``auto_codecs``), ``local`` (a hook that returns
+    ``auto_codecs``), ``fsdp`` (FSDP2's ``fully_shard`` per layer with its default fp32
+    collectives over Gloo), ``fsdp-bf16`` (the same, gradients reduce-scattered in bfloat16:
+    ``MixedPrecisionPolicy(reduce_dtype=bfloat16)``), ``fsdp-terse`` (the same sharding with
+    terse's reduce-scatter of ``codec`` and, with ``all_gather_codec``, its quantized
+    parameter all-gather; ``min_bytes`` as for the hook), ``local`` (a hook that returns
     each rank's own gradient without communicating: the compute-only floor of a step; replicas
     diverge by design), or ``sync`` (as ``local``, after an allreduce of one float per bucket
     through the default process group: the floor of a step whose ranks keep in step bucket by
@@ -140,6 +177,7 @@ class RunConfig:
     gather_bytes: int = 16 << 10  # the hook's gather_bytes: raw messages gathered up to this
     powersgd_rank: int = 4
     auto_codecs: Tuple[str, ...] = ()  # codec "auto": what the planner may choose (): default
+    all_gather_codec: str = ""  # fsdp-terse: the parameters' all-gather codec ("": raw)
     threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
     # The optimizer's momentum; < 0: the model's (0.9). A codec that carries the momentum in
     # what it sends (DGC's momentum correction) needs 0 here, or the step applies it twice.
@@ -237,6 +275,54 @@ def _communication(model: Any, config: RunConfig) -> Optional[Any]:
     return None
 
 
+def _shard_units(model: Any) -> List[Any]:
+    """The modules FSDP shards one at a time: the model's children that hold parameters (the
+    elements of a ModuleList each on their own); what is left belongs to the root."""
+    import torch.nn as nn
+
+    units = []
+    for child in model.children():
+        for module in (child if isinstance(child, nn.ModuleList) else [child]):
+            if any(True for _ in module.parameters()):
+                units.append(module)
+    return units
+
+
+def _fsdp_model(config: RunConfig) -> Any:
+    """The model of ``config`` sharded with FSDP2's ``fully_shard`` per unit, then the root."""
+    import torch
+
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        raise RuntimeError(f"method {config.method} needs FSDP2's fully_shard (torch 2.6 or "
+                           f"later); this is torch {torch.__version__}") from None
+    model = build_model(config.model).to(getattr(torch, config.dtype))
+    policy = (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) if config.method == "fsdp-bf16"
+              else MixedPrecisionPolicy())
+    for unit in _shard_units(model):
+        fully_shard(unit, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def _fsdp_communication(model: Any, config: RunConfig) -> Optional[Any]:
+    """Installs terse's collectives on the FSDP ``model`` for method ``fsdp-terse``; returns
+    their state (else None)."""
+    if config.method != "fsdp-terse":
+        return None
+    import terse.fsdp
+
+    return terse.fsdp.compress(model, codec=config.codec,
+                               all_gather_codec=config.all_gather_codec or None,
+                               min_bytes=config.min_bytes, timeout=config.timeout)
+
+
+def _unwrapped(model: Any) -> Any:
+    """The module itself: DDP's wrapped module, or an FSDP model (sharded in place)."""
+    return getattr(model, "module", model)
+
+
 def method_label(config: RunConfig) -> str:
     """How the method reads in tables: "DDP fp32", "DDP PowerSGD r4", "terse fp16", ...; a
     model in bfloat16 or float16 adds its dtype: "DDP fp32 [bfloat16 model]"."""
@@ -259,6 +345,10 @@ def _method_label(config: RunConfig) -> str:
         return "compute only (no communication)"
     if config.method == "sync":
         return "sync only (1 float per bucket)"
+    if config.method == "fsdp":
+        return "FSDP fp32"
+    if config.method == "fsdp-bf16":
+        return "FSDP bf16 reduce"
     extra = [] if config.strategy == "auto" else [config.strategy]
     extra += [] if config.partitions == 0 else [f"K={config.partitions}"]
     codec = config.codec
@@ -268,6 +358,9 @@ def _method_label(config: RunConfig) -> str:
         rest = [f"{k}={v}" for k, v in keys.items() if k != "rank"]
         codec = f"PowerSGD r{keys.get('rank', 4)}" + (f" {','.join(rest)}" if rest else "")
     extra += [] if config.momentum < 0 else [f"SGD momentum {config.momentum:g}"]
+    if config.method == "fsdp-terse":
+        extra += [] if not config.all_gather_codec else [f"all-gather {config.all_gather_codec}"]
+        return f"FSDP terse {codec}" + (f" ({', '.join(extra)})" if extra else "")
     return f"terse {codec}" + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -342,12 +435,15 @@ def evaluate(module: Any, data: _Data) -> float:
 
 
 def parameter_digest(module: Any) -> str:
-    """SHA-256 of every parameter's bytes, in order: equal digests mean bit-identical replicas."""
+    """SHA-256 of every parameter's bytes, in order: equal digests mean bit-identical replicas.
+    A sharded parameter (a DTensor) is gathered whole first (a collective)."""
     import torch
 
     digest = hashlib.sha256()
     for p in module.parameters():
         p = p.detach()
+        if hasattr(p, "full_tensor"):
+            p = p.full_tensor()
         if p.dtype in (torch.bfloat16, torch.float16):
             p = p.float()  # numpy has no bfloat16; widening is exact
         digest.update(p.contiguous().numpy().tobytes())
@@ -434,9 +530,12 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
         # op.nbytes"). One bucket holding every parameter keeps the order the same everywhere.
         dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 62
         model = DDP(build_model(config.model).to(dtype), bucket_cap_mb=1 << 20)
+    elif config.method in FSDP_METHODS:
+        model = _fsdp_model(config)
     else:
         model = DDP(build_model(config.model).to(dtype))
-    state = _communication(model, config)
+    state = (_fsdp_communication(model, config) if config.method in FSDP_METHODS
+             else _communication(model, config))
     momentum = config.momentum if config.momentum >= 0 else spec.momentum
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=momentum)
     parameters = sum(p.numel() for p in model.parameters())
@@ -490,7 +589,7 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
             step += 1
             if step in eval_steps or (steps_per_epoch and step == total):
                 meter.stop()
-                accuracy = evaluate(model.module, data)
+                accuracy = evaluate(_unwrapped(model), data)
                 curve.append({"step": step, "epoch": step / steps_per_epoch,
                               "train_seconds": train_seconds, "accuracy": accuracy})
                 if rank == 0:
@@ -512,13 +611,15 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
         "wire_bytes_per_step": meter.wire / timed if meter.wire is not None and timed else None,
         "payload_bytes_per_step": (meter.payload / timed if meter.payload is not None and timed
                                    else None),
-        "digest": parameter_digest(model.module),
+        "digest": parameter_digest(_unwrapped(model)),
     }
     everyone: List[Optional[Dict[str, Any]]] = [None] * world
     dist.all_gather_object(everyone, mine)
     plan = []
     if state is not None:
-        plan = [(name, n, p.codec, p.strategy, p.partitions) for name, n, p in state.plan()]
+        if hasattr(state, "plan"):
+            plan = [(name, n, p.codec, p.strategy, p.partitions)
+                    for name, n, p in state.plan()]
         state.close()
 
     result = None
