@@ -178,7 +178,8 @@ class MoE(nn.Module):
         received = _AllToAll.apply(dispatch.view(self.world, -1), self.exchange,
                                    f"{self.name}/dispatch/{capacity}")
         received = received.view(self.world, self.experts_per_rank, capacity, width)
-        outputs = [self.experts[e](received[:, e].reshape(-1, width))
+        outputs = [self.experts[e](received[:, e].reshape(-1, width)).view(self.world, capacity,
+                                                                          width)
                    for e in range(self.experts_per_rank)]
         processed = torch.stack(outputs, 1).view(self.world, -1)
         returned = _AllToAll.apply(processed, self.exchange, f"{self.name}/combine/{capacity}")
