@@ -25,10 +25,10 @@
 #include "bench_util.h"
 #include "commands.h"
 #include "launch.h"
-#include "units.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/error.h"
+#include "units.h"
 
 namespace terse::tools {
 namespace {
@@ -113,9 +113,10 @@ void run_rank(const Options& opt) {
   std::uint64_t tensor = 0;
   for (const auto& op : ops) {
     if (op != "reduce_scatter" && op != "all_gather" && op != "all_to_all") {
-      throw InvalidArgument(fmt::format("bench collectives: unknown --op {} (reduce_scatter, "
-                                        "all_gather, all_to_all)",
-                                        op));
+      throw InvalidArgument(
+          fmt::format("bench collectives: unknown --op {} (reduce_scatter, "
+                      "all_gather, all_to_all)",
+                      op));
     }
     for (const auto& size : sizes) {
       const std::size_t total = parse_size(size) / sizeof(float) / n_ranks * n_ranks;
@@ -182,12 +183,12 @@ void run_rank(const Options& opt) {
           comm->barrier("bench");
           const auto t0 = Clock::now();
           once();
-          times.push_back(max_of(
-              gather(*comm, std::chrono::duration<double>(Clock::now() - t0).count())));
+          times.push_back(
+              max_of(gather(*comm, std::chrono::duration<double>(Clock::now() - t0).count())));
         }
         if (!cfg.gloo) {
-          bytes_per_rank = max_of(
-              gather(*comm, static_cast<double>(engine.bytes_sent() - before) / opt.reps));
+          bytes_per_rank =
+              max_of(gather(*comm, static_cast<double>(engine.bytes_sent() - before) / opt.reps));
         }
         const double med = median(times);
         if (cfg.gloo) gloo_median = med;
@@ -226,9 +227,10 @@ void run_rank(const Options& opt) {
 
 void add_bench_collectives_command(CLI::App& bench) {
   auto opt = std::make_shared<Options>();
-  CLI::App* cmd = bench.add_subcommand(
-      "collectives", "Reduce-scatter, all-gather and all-to-all time: Gloo's, terse raw and "
-                     "compressed, same processes");
+  CLI::App* cmd =
+      bench.add_subcommand("collectives",
+                           "Reduce-scatter, all-gather and all-to-all time: Gloo's, terse raw and "
+                           "compressed, same processes");
   cmd->add_option("--ranks", opt->ranks, "Local ranks to start when not under a launcher")
       ->capture_default_str();
   cmd->add_option("--op", opt->ops,
@@ -238,8 +240,9 @@ void add_bench_collectives_command(CLI::App& bench) {
   cmd->add_option("--reps", opt->reps, "Timed runs per configuration (median)")
       ->capture_default_str();
   cmd->add_option("--threads", opt->threads, "Engine worker threads (0: default)");
-  cmd->add_option("--link", opt->link, "Link rate of the emulated cluster, e.g. 1gbit (for "
-                                       "the ideal time)");
+  cmd->add_option("--link", opt->link,
+                  "Link rate of the emulated cluster, e.g. 1gbit (for "
+                  "the ideal time)");
   cmd->add_option("--json", opt->json, "Write results as JSON to this file (rank 0)");
   cmd->callback([opt] {
     if (!relaunch_unless_launched(opt->ranks, "bench collectives")) run_rank(*opt);

@@ -216,7 +216,10 @@ class TERSE_API Engine {
   //
   // reduce_scatter: input holds size() * n elements, rank r's shard is [r*n, (r+1)*n); output
   // (n elements) receives the sum over ranks of this rank's shard (divided by size() when
-  // averaging). float32 only. Strategies (docs/design.md, "Collectives beyond allreduce"):
+  // averaging). A float16 or bfloat16 tensor is widened a partition at a time into fp32 scratch,
+  // reduced there and rounded once; codec "none" on it sends its own format (strategy alltoall
+  // with codec fp16 or bf16: every value exact, the rank-order fp32 sum rounded once).
+  // Strategies (docs/design.md, "As built (reduce-scatter, all-gather, all-to-all)"):
   //   raw       fp32 to the shard's owner, summed in rank order: the exact rank-order sum.
   //   alltoall  every rank encodes each other shard once, the owner decodes and sums in fp32 in
   //             rank order with its own fp32 input (ZeRO++'s qgZ): one quantization per

@@ -10,13 +10,11 @@
 
 namespace terse::collectives {
 
-void all_gather(PartitionContext &ctx, const Chunks &chunks,
-                std::span<float> output) {
+void all_gather(PartitionContext &ctx, const Chunks &chunks, std::span<float> output) {
   const std::size_t cap = message_capacity(*ctx.codec, chunks.max_size());
   FinalExchange exchange(ctx, cap, 0);
   kit::Buffer mine = ctx.pool->acquire(cap);
-  std::span<const std::byte> payload =
-      encode_or_fail(ctx, ctx.input, 0, 0, 0, mine.bytes());
+  std::span<const std::byte> payload = encode_or_fail(ctx, ctx.input, 0, 0, 0, mine.bytes());
   exchange.finish(payload, [&](int j) { return chunks.piece(output, j); });
 }
 
@@ -25,24 +23,20 @@ void all_gather_bytes(PartitionContext &ctx, std::span<const std::byte> mine,
   const int n = ctx.size(), r = ctx.rank();
   std::vector<Request> rx(n), tx(n);
   for (int j = 0; j < n; ++j) {
-    if (j != r)
-      rx[j] = post_recv(ctx, j, 0, out(j));
+    if (j != r) rx[j] = post_recv(ctx, j, 0, out(j));
   }
   for (int k = 1; k < n; ++k) {
     const int j = (r + k) % n;
     tx[j] = post_send(ctx, j, 0, mine);
   }
   std::span<std::byte> own = out(r);
-  if (!mine.empty() && own.data() != mine.data())
-    std::memcpy(own.data(), mine.data(), mine.size());
+  if (!mine.empty() && own.data() != mine.data()) std::memcpy(own.data(), mine.data(), mine.size());
   for (int j = 0; j < n; ++j) {
-    if (j != r)
-      wait(ctx, rx[j], false, j, out(j).size());
+    if (j != r) wait(ctx, rx[j], false, j, out(j).size());
   }
   for (int j = 0; j < n; ++j) {
-    if (j != r)
-      wait(ctx, tx[j], true, j, mine.size());
+    if (j != r) wait(ctx, tx[j], true, j, mine.size());
   }
 }
 
-} // namespace terse::collectives
+}  // namespace terse::collectives

@@ -20,23 +20,19 @@ namespace {
 
 // Message 0: block sizes. Returns what each peer announced (our own for
 // ourselves).
-std::vector<std::uint64_t> exchange_sizes(PartitionContext &ctx,
-                                          const AllToAllBlocks &b) {
+std::vector<std::uint64_t> exchange_sizes(PartitionContext &ctx, const AllToAllBlocks &b) {
   const int n = ctx.size(), r = ctx.rank();
   std::vector<std::uint64_t> mine(b.send_size.begin(), b.send_size.end());
   std::vector<std::uint64_t> theirs(n);
   theirs[r] = mine[r];
   std::vector<Request> rx(n), tx(n);
   for (int q = 0; q < n; ++q) {
-    if (q == r)
-      continue;
-    rx[q] =
-        post_recv(ctx, q, 0, std::as_writable_bytes(std::span(&theirs[q], 1)));
+    if (q == r) continue;
+    rx[q] = post_recv(ctx, q, 0, std::as_writable_bytes(std::span(&theirs[q], 1)));
     tx[q] = post_send(ctx, q, 0, std::as_bytes(std::span(&mine[q], 1)));
   }
   for (int q = 0; q < n; ++q) {
-    if (q == r)
-      continue;
+    if (q == r) continue;
     wait(ctx, rx[q], false, q, 8);
     wait(ctx, tx[q], true, q, 8);
     if (theirs[q] != b.recv_size[q]) {
@@ -52,10 +48,9 @@ std::vector<std::uint64_t> exchange_sizes(PartitionContext &ctx,
   return theirs;
 }
 
-} // namespace
+}  // namespace
 
-void all_to_all(PartitionContext &ctx, const AllToAllBlocks &b,
-                std::span<float> output) {
+void all_to_all(PartitionContext &ctx, const AllToAllBlocks &b, std::span<float> output) {
   const int n = ctx.size(), r = ctx.rank();
   const std::vector<std::uint64_t> announced = exchange_sizes(ctx, b);
   std::vector<std::size_t> cap(n), send_cap(n), at(n + 1, 0), send_at(n + 1, 0);
@@ -71,42 +66,36 @@ void all_to_all(PartitionContext &ctx, const AllToAllBlocks &b,
   std::vector<Request> rx(n), tx(n);
   std::vector<std::size_t> sent(n);
   for (int q = 0; q < n; ++q) {
-    if (q != r)
-      rx[q] = post_recv(ctx, q, 1, in_area(q));
+    if (q != r) rx[q] = post_recv(ctx, q, 1, in_area(q));
   }
   for (int k = 1; k < n; ++k) {
     const int q = (r + k) % n;
-    auto payload = encode_or_fail(
-        ctx, ctx.input.subspan(b.send_begin[q], b.send_size[q]),
-        b.send_begin[q], q, q, out.bytes().subspan(send_at[q], send_cap[q]));
+    auto payload =
+        encode_or_fail(ctx, ctx.input.subspan(b.send_begin[q], b.send_size[q]), b.send_begin[q], q,
+                       q, out.bytes().subspan(send_at[q], send_cap[q]));
     sent[q] = payload.size();
     tx[q] = post_send(ctx, q, 1, payload);
   }
   if (b.send_size[r] == b.recv_size[r] && b.send_size[r] > 0) {
     Stage s(ctx, "merge", -1, b.send_size[r] * 4);
-    add_input(ctx, b.send_begin[r],
-              output.subspan(b.recv_begin[r], b.recv_size[r]), false);
+    add_input(ctx, b.send_begin[r], output.subspan(b.recv_begin[r], b.recv_size[r]), false);
   }
   for (int q = 0; q < n; ++q) {
-    if (q == r)
-      continue;
+    if (q == r) continue;
     wait(ctx, rx[q], false, q, cap[q]);
-    if (announced[q] != b.recv_size[q])
-      continue; // drained; the mismatch is recorded
+    if (announced[q] != b.recv_size[q]) continue;  // drained; the mismatch is recorded
     decode_or_record(ctx, received_message(ctx, in_area(q), q),
-                     output.subspan(b.recv_begin[q], b.recv_size[q]),
-                     DecodeMode::kOverwrite, q);
+                     output.subspan(b.recv_begin[q], b.recv_size[q]), DecodeMode::kOverwrite, q);
   }
   for (int q = 0; q < n; ++q) {
-    if (q != r)
-      wait(ctx, tx[q], true, q, sent[q]);
+    if (q != r) wait(ctx, tx[q], true, q, sent[q]);
   }
   agree_on_failure(ctx, kStatusIndex);
 }
 
 void all_to_all_bytes(PartitionContext &ctx, const AllToAllBlocks &b,
-                      std::span<const std::byte> input,
-                      std::span<std::byte> output, std::size_t element_bytes) {
+                      std::span<const std::byte> input, std::span<std::byte> output,
+                      std::size_t element_bytes) {
   const int n = ctx.size(), r = ctx.rank();
   const std::vector<std::uint64_t> announced = exchange_sizes(ctx, b);
   // Blocks of a size we do not expect are drained into scratch.
@@ -115,19 +104,16 @@ void all_to_all_bytes(PartitionContext &ctx, const AllToAllBlocks &b,
     if (q != r && announced[q] != b.recv_size[q])
       drain = std::max<std::size_t>(drain, announced[q]);
   }
-  kit::Buffer scratch =
-      ctx.pool->acquire(std::max<std::size_t>(drain * element_bytes, 1));
+  kit::Buffer scratch = ctx.pool->acquire(std::max<std::size_t>(drain * element_bytes, 1));
   std::vector<Request> rx(n), tx(n);
   auto block = [&](auto s, std::size_t begin, std::size_t size) {
     return s.subspan(begin * element_bytes, size * element_bytes);
   };
   for (int q = 0; q < n; ++q) {
-    if (q == r)
-      continue;
-    std::span<std::byte> area =
-        announced[q] == b.recv_size[q]
-            ? block(output, b.recv_begin[q], b.recv_size[q])
-            : scratch.bytes().first(announced[q] * element_bytes);
+    if (q == r) continue;
+    std::span<std::byte> area = announced[q] == b.recv_size[q]
+                                    ? block(output, b.recv_begin[q], b.recv_size[q])
+                                    : scratch.bytes().first(announced[q] * element_bytes);
     rx[q] = post_recv(ctx, q, 1, area);
   }
   for (int k = 1; k < n; ++k) {
@@ -140,12 +126,11 @@ void all_to_all_bytes(PartitionContext &ctx, const AllToAllBlocks &b,
                 b.send_size[r] * element_bytes);
   }
   for (int q = 0; q < n; ++q) {
-    if (q == r)
-      continue;
+    if (q == r) continue;
     wait(ctx, rx[q], false, q, announced[q] * element_bytes);
     wait(ctx, tx[q], true, q, b.send_size[q] * element_bytes);
   }
   agree_on_failure(ctx, kStatusIndex);
 }
 
-} // namespace terse::collectives
+}  // namespace terse::collectives

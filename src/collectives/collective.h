@@ -316,8 +316,10 @@ void summable_allreduce(PartitionContext& ctx);
 // contributions and its own fp32 input in rank order (one quantization per contribution);
 // kSharded, kRing, kSummable: the allreduce's own reduce-scatter half and its final encoding,
 // decoded by the chunk's owner alone, so that the shard is the allreduce's result for the chunk.
+// `finish`, if given, runs after the shard is complete and before the status round, so that a
+// failure it records (a half tensor's sum that overflows when rounded) reaches every rank.
 void reduce_scatter(PartitionContext& ctx, Strategy strategy, const Chunks& chunks,
-                    std::span<float> shard);
+                    std::span<float> shard, const std::function<void()>& finish = {});
 // The halves themselves (ring: the owner of chunk c is rank c - 1, and sends its final payload
 // on to rank c; summable leaves dividing to the caller).
 void raw_reduce_scatter(PartitionContext& ctx, const Chunks& chunks, std::span<float> shard);

@@ -161,10 +161,41 @@ void PartitionTasks::run_collective(Task& task, PartitionContext& ctx) {
     case Op::kReduceScatter: {
       const std::size_t shard = it.output.elements;
       const collectives::Split split(shard, k);
-      ctx.input = std::span<const float>(it.ref.data);  // failures name input elements
-      collectives::reduce_scatter(ctx, it.plan.strategy,
-                                  Chunks::strided(shard, split.begin(p), split.size(p), n),
-                                  split.piece(it.output.floats(), p));
+      if (dtype == DType::kFloat32) {
+        ctx.input = std::span<const float>(it.ref.data);  // failures name input elements
+        collectives::reduce_scatter(ctx, it.plan.strategy,
+                                    Chunks::strided(shard, split.begin(p), split.size(p), n),
+                                    split.piece(it.output.floats(), p));
+        break;
+      }
+      // A half tensor: the partition's N pieces widened (exactly, NaN and Inf included) into
+      // fp32 scratch, the shard reduced there and rounded once into the output.
+      const std::size_t m = split.size(p);
+      Buffer wide = buffers_.acquire(std::max<std::size_t>((n + 1) * m * sizeof(float), 1));
+      std::span<float> pieces = wide.as<float>((n + 1) * m).first(n * m);
+      std::span<float> sum = wide.as<float>((n + 1) * m).subspan(n * m, m);
+      const auto half = std::span<const std::uint16_t>(it.ref.typed.half());
+      for (int j = 0; j < n; ++j) {
+        kit::widen(dtype, half.data() + j * shard + split.begin(p), pieces.subspan(j * m, m),
+                   false);
+      }
+      ctx.input = pieces;
+      std::uint16_t* to = it.output.half().data() + split.begin(p);
+      auto round = [&] {
+        if (ctx.failure.any() || kit::narrow(dtype, sum, to)) return;
+        // A sum beyond the format's range; every rank learns it in the status round.
+        const std::size_t bad = kit::find_non_finite(std::span<const std::uint16_t>(to, m), dtype);
+        ctx.failure.merge({Failure::kSumNotFinite, r, r * m + bad, {}});
+      };
+      collectives::reduce_scatter(ctx, it.plan.strategy, Chunks::strided(m, 0, m, n), sum,
+                                  round);
+      if (m > 0 && (ctx.failure.kind == Failure::kInputNotFinite ||
+                    ctx.failure.kind == Failure::kSumNotFinite)) {
+        // Failure indices are the scratch's (piece j at j * m): every rank maps them back to the
+        // tensor's the same way.
+        const std::uint64_t at = ctx.failure.index;
+        ctx.failure.index = at / m * shard + split.begin(p) + at % m;
+      }
       break;
     }
     case Op::kAllGather: {

@@ -144,8 +144,14 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
                                  "bf16, randomk); {} is not summable",
                                  p.codec));
       }
-      if (dtype != DType::kFloat32) {
-        throw refuse(fmt::format("{} tensors are not supported (float32 only)", to_string(dtype)));
+      if (dtype != DType::kFloat32 && identity &&
+          (o.strategy == Strategy::kAuto || o.strategy == Strategy::kRaw)) {
+        // Raw on a half tensor sends its own precision, as an allreduce does: each value sent
+        // exactly in its format, summed in fp32 in rank order by the owner, rounded once.
+        CollectiveOptions own = o;
+        own.codec = dtype == DType::kFloat16 ? "fp16" : "bf16";
+        own.strategy = Strategy::kAllToAll;
+        return plan_collective(op, name, shard, total, own, codec_out, dtype);
       }
       break;
     case Op::kAllGather:
