@@ -21,6 +21,8 @@ void add_bench_codecs_command(CLI::App& bench);
 void add_bench_powersgd_command(CLI::App& bench);
 // terse bench allreduce: Gloo's rings, terse raw and compressed strategies, same processes.
 void add_bench_allreduce_command(CLI::App& bench);
+// terse bench collectives: reduce-scatter, all-gather, all-to-all against Gloo's, same processes.
+void add_bench_collectives_command(CLI::App& bench);
 // terse calibrate: links and codec costs for the planner, written to the cache.
 void add_calibrate_command(CLI::App& app);
 // terse plan: per-tensor decisions and predicted speedup before a job runs.

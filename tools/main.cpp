@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   terse::tools::add_bench_codecs_command(*bench);
   terse::tools::add_bench_powersgd_command(*bench);
   terse::tools::add_bench_allreduce_command(*bench);
+  terse::tools::add_bench_collectives_command(*bench);
   terse::tools::add_bench_planner_command(*bench);
   // `terse plan --pipeline ...` is the pipeline's planner: the same as `terse plan-pipeline ...`.
   std::vector<std::string> args(argv + 1, argv + argc);

@@ -88,6 +88,22 @@ struct AllreduceOptions {
   bool average = true;
 };
 
+// Options of reduce_scatter, all_gather and all_to_all (see Engine::reduce_scatter).
+struct CollectiveOptions {
+  // A codec spec ("none", "minmax8", "onebit:ef=1", ...). "auto" is refused (InvalidArgument):
+  // the planner prices allreduces only.
+  std::string codec = "none";
+  // reduce_scatter: raw (codec none), alltoall (the default for codecs), sharded, ring,
+  // summable. all_gather: raw (codec none) or allgather. all_to_all: raw (codec none) or
+  // alltoall. auto picks the first valid one.
+  Strategy strategy = Strategy::kAuto;
+  // Partitions K (1 .. 256), pipelined as an allreduce's; 0 lets the engine choose from the
+  // size (all_to_all: 1, since the ranks' sizes differ and K must agree).
+  int partitions = 0;
+  // reduce_scatter only: divide the sum by the number of ranks.
+  bool average = true;
+};
+
 // One tensor of a submission. `data` is read as this rank's contribution and overwritten with
 // the result; it must stay valid and untouched until the submission completes.
 struct TensorRef {
@@ -185,6 +201,53 @@ class TERSE_API Engine {
   Handle allreduce(std::string name, TensorView tensor, AllreduceOptions options = {});
   // Starts one submission of several tensors (e.g. a DDP bucket), planned per tensor.
   Handle allreduce_group(std::vector<TensorRef> tensors);
+
+  // ---- reduce-scatter, all-gather, all-to-all ----
+  //
+  // Collectives of their own, with an allreduce's life cycle: checked across ranks on first use
+  // of a name (MismatchError on every rank naming the rank, the tensor and the operation),
+  // partitioned and pipelined, bounded waits, NaN or Inf in any rank's input an error on every
+  // rank (the engine stays usable), codec state (error feedback) kept per tensor name,
+  // operation and shard and saved by save_state. Sizes that do not fit throw InvalidArgument at
+  // once, nothing submitted. Input and output must stay valid and untouched until the handle
+  // completes; the input is only read. After an error the output may hold partial results.
+  // A name's state is its own per operation: reduce_scatter("w") and all_gather("w") do not
+  // share error feedback, and may be in flight together.
+  //
+  // reduce_scatter: input holds size() * n elements, rank r's shard is [r*n, (r+1)*n); output
+  // (n elements) receives the sum over ranks of this rank's shard (divided by size() when
+  // averaging). A float16 or bfloat16 tensor is widened a partition at a time into fp32 scratch,
+  // reduced there and rounded once; codec "none" on it sends its own format (strategy alltoall
+  // with codec fp16 or bf16: every value exact, the rank-order fp32 sum rounded once).
+  // Strategies (docs/design.md, "As built (reduce-scatter, all-gather, all-to-all)"):
+  //   raw       fp32 to the shard's owner, summed in rank order: the exact rank-order sum.
+  //   alltoall  every rank encodes each other shard once, the owner decodes and sums in fp32 in
+  //             rank order with its own fp32 input (ZeRO++'s qgZ): one quantization per
+  //             contribution, the owner's own exact. The default for a codec.
+  //   sharded, ring, summable  the allreduce's own reduce-scatter half and final encoding: the
+  //             shard is bit for bit the allreduce's result for the same elements when the
+  //             allreduce's chunks are the shards (one partition, n a multiple of 64, the same
+  //             name); otherwise the same operations on differently cut pieces.
+  Handle reduce_scatter(std::string name, TensorView input, TensorView output,
+                        CollectiveOptions options = {});
+  // all_gather: input holds n elements (this rank's shard); output (size() * n elements)
+  // receives rank r's shard at [r*n, (r+1)*n). Raw (codec none), the values travel as they
+  // are (any DType). Compressed, each shard is encoded once by its owner and every rank, the
+  // owner included, decodes the same bytes: every rank's output is bit-identical. A half tensor
+  // is encoded from its own values and its decoded values rounded once. input may be the
+  // output's own shard.
+  Handle all_gather(std::string name, TensorView input, TensorView output,
+                    CollectiveOptions options = {});
+  // all_to_all: input is split into send_counts[p] elements for rank p (in rank order), and
+  // output receives recv_counts[p] elements from rank p (in rank order); uneven splits and
+  // zeros allowed, and the counts may change from call to call. Rank q's send_counts[r] must
+  // equal rank r's recv_counts[q]: a disagreement fails every rank (MismatchError naming the
+  // ranks and sizes). Compressed, each block is encoded once by its sender and decoded by its
+  // receiver; a rank's block to itself is copied exactly. Raw: any DType; compressed: float32.
+  // Codec state is kept per peer and restarts when a block's size changes.
+  Handle all_to_all(std::string name, TensorView input, std::span<const std::size_t> send_counts,
+                    TensorView output, std::span<const std::size_t> recv_counts,
+                    CollectiveOptions options = {});
 
   // What the engine will do with a tensor of n elements under options (validates them). With
   // codec "auto" the first call is a collective (see EngineOptions::planner).

@@ -21,8 +21,10 @@ enum class Strategy {
   kRing,       // compressed ring: decode-merge-re-encode at every hop, then allgather
   kSummable,   // ring on compressed data (codecs whose encodings add); RoundCodecs' rounds
                // on rings
+  kAllToAll,   // reduce-scatter and all-to-all only: every rank encodes each destination's
+               // block once, one all-to-all, the destination decodes (and sums in fp32)
 };
-// "auto", "raw", "allgather", "sharded", "ring", "summable".
+// "auto", "raw", "allgather", "sharded", "ring", "summable", "alltoall".
 TERSE_API std::string_view to_string(Strategy s);
 // Throws SpecError listing the allowed names.
 TERSE_API Strategy parse_strategy(std::string_view name);

@@ -262,6 +262,38 @@ class PyEngine {
     return PyHandle(std::move(handle), std::move(borrowed));
   }
 
+  // reduce_scatter, all_gather, all_to_all: both tensors borrowed until the handle completes.
+  PyHandle collective(const char* op, std::string name, py::object input, py::object output,
+                      std::vector<std::size_t> send_counts, std::vector<std::size_t> recv_counts,
+                      std::string codec, const std::string& strategy, int partitions,
+                      bool average) {
+    auto engine = get();
+    CollectiveOptions options;
+    options.codec = std::move(codec);
+    options.strategy = parse_strategy(strategy);
+    options.partitions = partitions;
+    options.average = average;
+    const TensorView in = tensor_view(input, name);
+    const TensorView out = tensor_view(output, name);
+    py::list borrowed;
+    borrowed.append(input);
+    borrowed.append(output);
+    const std::string which = op;
+    Handle handle;
+    {
+      py::gil_scoped_release release;
+      if (which == "reduce_scatter") {
+        handle = engine->reduce_scatter(std::move(name), in, out, std::move(options));
+      } else if (which == "all_gather") {
+        handle = engine->all_gather(std::move(name), in, out, std::move(options));
+      } else {
+        handle = engine->all_to_all(std::move(name), in, send_counts, out, recv_counts,
+                                    std::move(options));
+      }
+    }
+    return PyHandle(std::move(handle), std::move(borrowed));
+  }
+
   PyHandle allreduce_group(py::iterable items) {
     auto engine = get();
     std::vector<TensorRef> refs;
@@ -433,7 +465,7 @@ void bind(py::module_& m) {
       [] {
         std::vector<std::string> out;
         for (auto s : {Strategy::kAuto, Strategy::kRaw, Strategy::kAllgather, Strategy::kSharded,
-                       Strategy::kRing, Strategy::kSummable}) {
+                       Strategy::kRing, Strategy::kSummable, Strategy::kAllToAll}) {
           out.emplace_back(to_string(s));
         }
         return out;
@@ -662,7 +694,8 @@ void bind(py::module_& m) {
            "not wait for the engine.");
 
   py::class_<PyEngine>(m, "Engine",
-                       "Asynchronous compression-aware allreduce of named float32 tensors. Every "
+                       "Asynchronous compression-aware allreduce (and reduce-scatter, all-gather, "
+                       "all-to-all) of named float32, float16 and bfloat16 tensors. Every "
                        "rank must submit the same tensors with the same options in the same "
                        "order; results are written in place and are bit-identical on all ranks.")
       .def(py::init<std::shared_ptr<Communicator>, const EngineOptions&>(), py::arg("comm"),
@@ -674,6 +707,57 @@ void bind(py::module_& m) {
            "or bfloat16, or a float32 or float16 buffer; 16-bit tensors are reduced in fp32 a "
            "partition at a time and rounded once); "
            "returns a Handle. Raises at once for invalid options.")
+      .def(
+          "reduce_scatter",
+          [](PyEngine& e, std::string name, py::object input, py::object output,
+             std::string codec, const std::string& strategy, int partitions, bool average) {
+            return e.collective("reduce_scatter", std::move(name), std::move(input),
+                                std::move(output), {}, {}, std::move(codec), strategy,
+                                partitions, average);
+          },
+          py::arg("name"), py::arg("input"), py::arg("output"), py::arg("codec") = "none",
+          py::arg("strategy") = "auto", py::arg("partitions") = 0, py::arg("average") = true,
+          "Starts a reduce-scatter; returns a Handle. input holds world size x n float32 "
+          "elements (rank r's shard at [r*n, (r+1)*n)); output (n elements) receives the sum over "
+          "ranks of this rank's shard, divided by the world size when average. Strategies: "
+          "'raw' (codec 'none': the fp32 rank-order sum), 'alltoall' (the default for a codec: "
+          "each contribution quantized once, as ZeRO++'s qgZ), 'sharded', 'ring', 'summable' "
+          "(the allreduce's halves: its result for the shard). Error feedback is kept per "
+          "shard. Raises at once for sizes or options it cannot honour.")
+      .def(
+          "all_gather",
+          [](PyEngine& e, std::string name, py::object input, py::object output,
+             std::string codec, const std::string& strategy, int partitions) {
+            return e.collective("all_gather", std::move(name), std::move(input),
+                                std::move(output), {}, {}, std::move(codec), strategy,
+                                partitions, false);
+          },
+          py::arg("name"), py::arg("input"), py::arg("output"), py::arg("codec") = "none",
+          py::arg("strategy") = "auto", py::arg("partitions") = 0,
+          "Starts an all-gather; returns a Handle. input holds this rank's shard of n elements "
+          "(float32, float16 or bfloat16; it may be a view of output's own shard); output "
+          "(world size x n elements, same dtype) receives rank r's shard at [r*n, (r+1)*n). "
+          "With a lossy codec each shard is encoded once by its owner and every rank decodes "
+          "the same bytes: every rank's output is bit-identical.")
+      .def(
+          "all_to_all",
+          [](PyEngine& e, std::string name, py::object input,
+             std::vector<std::size_t> send_counts, py::object output,
+             std::vector<std::size_t> recv_counts, std::string codec,
+             const std::string& strategy, int partitions) {
+            return e.collective("all_to_all", std::move(name), std::move(input),
+                                std::move(output), std::move(send_counts),
+                                std::move(recv_counts), std::move(codec), strategy, partitions,
+                                false);
+          },
+          py::arg("name"), py::arg("input"), py::arg("send_counts"), py::arg("output"),
+          py::arg("recv_counts"), py::arg("codec") = "none", py::arg("strategy") = "auto",
+          py::arg("partitions") = 0,
+          "Starts an all-to-all; returns a Handle. input is split into send_counts[p] elements "
+          "for rank p (in rank order); output receives recv_counts[p] elements from rank p. "
+          "Uneven splits and zeros allowed; counts may change between calls, but rank q's "
+          "send_counts[r] must equal rank r's recv_counts[q] (else MismatchError on every "
+          "rank). With a lossy codec (float32 only) each block is encoded once by its sender.")
       .def("allreduce_group", &PyEngine::allreduce_group, py::arg("items"),
            "Starts one submission of (name, tensor[, AllreduceOptions]) items, e.g. a DDP "
            "bucket: small raw tensors travel fused, the others per their codec.")

@@ -40,6 +40,33 @@ std::string PartitionContext::label() const {
   return fmt::format("{} (partition {}/{})", tensor, partition + 1, partitions);
 }
 
+// ---- chunks ---------------------------------------------------------------------------------
+
+Chunks Chunks::even(std::size_t n, int parts) {
+  const Split split(n, static_cast<std::size_t>(parts));
+  Chunks c;
+  for (int j = 0; j < parts; ++j) {
+    c.begin_.push_back(split.begin(j));
+    c.size_.push_back(split.size(j));
+  }
+  return c;
+}
+
+Chunks Chunks::strided(std::size_t stride, std::size_t begin, std::size_t size, int parts) {
+  Chunks c;
+  for (int j = 0; j < parts; ++j) {
+    c.begin_.push_back(stride * static_cast<std::size_t>(j) + begin);
+    c.size_.push_back(size);
+  }
+  return c;
+}
+
+std::size_t Chunks::max_size() const {
+  std::size_t m = 0;
+  for (std::size_t s : size_) m = std::max(m, s);
+  return m;
+}
+
 // ---- state slots ----------------------------------------------------------------------------
 
 CodecState* StateSlots::get(const Codec& codec, int slot, std::size_t n) {
@@ -114,6 +141,47 @@ Request post_recv(PartitionContext& ctx, int peer, std::uint32_t index,
 void wait(PartitionContext& ctx, Request& request, bool is_send, int peer, std::uint64_t bytes) {
   Stage s(ctx, is_send ? "send" : "recv", peer, bytes);
   request.wait();
+}
+
+void agree_on_failure(PartitionContext& ctx, std::uint32_t index) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1) return;
+  // kind, origin, index: the detail text stays with the origin.
+  struct Status {
+    std::uint32_t kind;
+    std::uint32_t pad;
+    std::int64_t origin;
+    std::uint64_t index;
+  };
+  const Status mine{ctx.failure.kind, 0, ctx.failure.origin, ctx.failure.index};
+  std::vector<Status> theirs(n);
+  std::vector<Request> rx(n), tx(n);
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    rx[j] = post_recv(ctx, j, index, std::as_writable_bytes(std::span(&theirs[j], 1)));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int j = (r + k) % n;
+    tx[j] = post_send(ctx, j, index, std::as_bytes(std::span(&mine, 1)));
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    wait(ctx, rx[j], false, j, sizeof(Status));
+    const Status& s = theirs[j];
+    if (s.kind == Failure::kNone) continue;
+    Failure f;
+    if (s.kind > Failure::kCountMismatch || s.origin < -1 || s.origin >= n) {
+      f = Failure{Failure::kBadPayload, r, ctx.offset, {}};
+      f.detail = fmt::format("rank {}: {}: malformed status message from peer {}", r, ctx.label(),
+                             j);
+    } else {
+      f = Failure{s.kind, s.origin, s.index, {}};
+    }
+    ctx.failure.merge(f);
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j != r) wait(ctx, tx[j], true, j, sizeof(Status));
+  }
 }
 
 void apply_divisor(PartitionContext& ctx, std::span<float> y) {
@@ -241,7 +309,7 @@ bool accept_message(PartitionContext& ctx, std::span<const std::byte> message, i
   std::uint64_t origin = 0;
   std::memcpy(&origin, message.data() + 8, 8);
   std::memcpy(&f.index, message.data() + 24, 8);
-  if (f.kind < Failure::kInputNotFinite || f.kind > Failure::kBadPayload ||
+  if (f.kind < Failure::kInputNotFinite || f.kind > Failure::kCountMismatch ||
       (origin >= static_cast<std::uint64_t>(ctx.size()) && origin != ~std::uint64_t{0})) {
     f = Failure{Failure::kBadPayload, ctx.rank(), ctx.offset, {}};
     f.detail = fmt::format("rank {}: {}: malformed failure message from peer {}", ctx.rank(),

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -29,6 +30,7 @@
 #include "kit/buffer_pool.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
+#include "terse/plan.h"
 #include "terse/trace.h"
 
 namespace terse::collectives {
@@ -64,6 +66,27 @@ class Split {
   std::size_t n_, parts_;
 };
 
+// Where each rank's chunk of a partition lies in the strategy's input (and, for an allreduce,
+// its output). An allreduce cuts its partition evenly (Split); a reduce-scatter's chunk j is rank
+// j's shard's piece of the partition, one shard size apart.
+class Chunks {
+ public:
+  // Split(n, parts)'s pieces.
+  static Chunks even(std::size_t n, int parts);
+  // Chunk j at j * stride + begin, `size` elements each.
+  static Chunks strided(std::size_t stride, std::size_t begin, std::size_t size, int parts);
+  std::size_t begin(int j) const { return begin_[j]; }
+  std::size_t size(int j) const { return size_[j]; }
+  std::size_t max_size() const;
+  template <typename T>
+  std::span<T> piece(std::span<T> s, int j) const {
+    return s.subspan(begin_[j], size_[j]);
+  }
+
+ private:
+  std::vector<std::size_t> begin_, size_;
+};
+
 // The first failure a partition saw. Ranks may see several; the smallest (kind, origin, index)
 // wins, so that every rank reports the same one whatever the arrival order.
 struct Failure {
@@ -72,6 +95,7 @@ struct Failure {
     kInputNotFinite = 1,  // origin's own input held NaN or Inf at index
     kSumNotFinite = 2,    // a partial sum at origin overflowed (inputs finite)
     kBadPayload = 3,      // origin received a payload it could not decode
+    kCountMismatch = 4,   // origin expected a block of another size (all-to-all counts)
   };
   std::uint32_t kind = kNone;
   std::int64_t origin = -1;
@@ -238,6 +262,14 @@ class FinalExchange {
   std::vector<Request> rx_, tx_;
 };
 
+// The status round that ends a reduce-scatter or an all-to-all partition, where a failure (NaN
+// input, a bad payload, mismatched counts) reaches only some ranks: every rank sends its
+// recorded failure (or none) to every other rank and merges theirs (message `index`), so that
+// every rank ends with the same failure.
+void agree_on_failure(PartitionContext& ctx, std::uint32_t index);
+// The message index of that round: above every index a strategy uses.
+inline constexpr std::uint32_t kStatusIndex = 0xfff0;
+
 // y /= ctx.divisor (in place; nothing when averaging is off or there is one rank).
 void apply_divisor(PartitionContext& ctx, std::span<float> y);
 
@@ -273,5 +305,53 @@ void rounds_allreduce(PartitionContext& ctx, bool gather);
 void sharded_allreduce(PartitionContext& ctx);
 void ring_allreduce(PartitionContext& ctx);
 void summable_allreduce(PartitionContext& ctx);
+
+// ---- reduce-scatter, all-gather, all-to-all (one file each) ---------------------------------
+//
+// The reduce-scatter halves of the strategies above: chunk j of the partition (chunks, in
+// ctx.input) is reduced into rank j's shard; `shard` (this rank's piece of its output,
+// chunks.size(rank) elements) receives this rank's, divided by ctx.divisor. Each ends with
+// agree_on_failure. Strategy kRaw: fp32 sent once to its owner, summed in rank order;
+// kAllToAll: every rank encodes each other owner's chunk once, the owner sums the decoded
+// contributions and its own fp32 input in rank order (one quantization per contribution);
+// kSharded, kRing, kSummable: the allreduce's own reduce-scatter half and its final encoding,
+// decoded by the chunk's owner alone, so that the shard is the allreduce's result for the chunk.
+// `finish`, if given, runs after the shard is complete and before the status round, so that a
+// failure it records (a half tensor's sum that overflows when rounded) reaches every rank.
+void reduce_scatter(PartitionContext& ctx, Strategy strategy, const Chunks& chunks,
+                    std::span<float> shard, const std::function<void()>& finish = {});
+// The halves themselves (ring: the owner of chunk c is rank c - 1, and sends its final payload
+// on to rank c; summable leaves dividing to the caller).
+void raw_reduce_scatter(PartitionContext& ctx, const Chunks& chunks, std::span<float> shard);
+void sharded_reduce_scatter(PartitionContext& ctx, const Chunks& chunks, std::span<float> shard,
+                            bool final_encode);
+void ring_reduce_scatter(PartitionContext& ctx, const Chunks& chunks, std::span<float> shard);
+void summable_reduce_scatter(PartitionContext& ctx, const Chunks& chunks,
+                             std::span<float> shard);
+
+// All-gather of ctx.input (this rank's piece) with ctx.codec: encoded once by its owner (state
+// slot 0), and every rank, the owner included, decodes every owner's payload into out(j)
+// (chunks.size(j) elements of `output` at chunks.begin(j)). A failure payload reaches every
+// rank, so no status round is needed.
+void all_gather(PartitionContext& ctx, const Chunks& chunks, std::span<float> output);
+// The same for raw bytes (any element type): `mine` goes to every rank as it is, and rank j's
+// bytes land in out(j).
+void all_gather_bytes(PartitionContext& ctx, std::span<const std::byte> mine,
+                      const std::function<std::span<std::byte>(int)>& out);
+
+// All-to-all of one partition. Block q of this rank's input (ctx.input or, raw, `send_bytes(q)`)
+// goes to rank q; rank q's block lands in `recv(q)`. First each rank tells each peer the size of
+// the block it sends (message 0), so that a block of another size than the receiver expects is
+// drained and reported instead of misread; then the blocks (message 1: raw bytes, or encoded
+// once by their sender with state slot q and decoded by the receiver); then agree_on_failure.
+// `element_bytes`: 4 for fp32, 2 for a half tensor sent raw.
+struct AllToAllBlocks {
+  std::vector<std::size_t> send_begin, send_size;  // elements of ctx.input (or the raw tensor)
+  std::vector<std::size_t> recv_begin, recv_size;  // elements of the output
+};
+void all_to_all(PartitionContext& ctx, const AllToAllBlocks& blocks, std::span<float> output);
+void all_to_all_bytes(PartitionContext& ctx, const AllToAllBlocks& blocks,
+                      std::span<const std::byte> input, std::span<std::byte> output,
+                      std::size_t element_bytes);
 
 }  // namespace terse::collectives

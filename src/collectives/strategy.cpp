@@ -13,6 +13,7 @@ namespace {
 constexpr std::pair<Strategy, std::string_view> kStrategyNames[] = {
     {Strategy::kAuto, "auto"},       {Strategy::kRaw, "raw"},   {Strategy::kAllgather, "allgather"},
     {Strategy::kSharded, "sharded"}, {Strategy::kRing, "ring"}, {Strategy::kSummable, "summable"},
+    {Strategy::kAllToAll, "alltoall"},
 };
 }  // namespace
 
@@ -28,7 +29,7 @@ Strategy parse_strategy(std::string_view name) {
     if (n == name) return v;
   }
   throw SpecError(fmt::format(
-      "unknown strategy '{}' (allowed: auto, raw, allgather, sharded, ring, summable)", name));
+      "unknown strategy '{}' (allowed: auto, raw, allgather, sharded, ring, summable, alltoall)", name));
 }
 
 }  // namespace terse

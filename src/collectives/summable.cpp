@@ -8,10 +8,14 @@
 // compressed partition.
 //
 // Multi-round codecs (PowerSGD) run their rounds' sums on rings (rounds.cpp).
+//
+// As a reduce-scatter, the owner of chunk c's complete payload (rank c - 1) sends it to rank c
+// alone, which decodes it.
 #include <fmt/format.h>
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "collectives/collective.h"
@@ -19,18 +23,28 @@
 
 namespace terse::collectives {
 
-void summable_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
-                   std::uint32_t first_index) {
+namespace {
+
+// scatter: the reduce-scatter into `shard`; else the allreduce into output.
+void summable(PartitionContext& ctx, const Chunks& split, std::span<const float> input,
+              std::span<float> output, std::span<float> shard, bool scatter,
+              std::uint32_t first_index) {
   const int n = ctx.size(), r = ctx.rank();
-  const Split split(input.size(), n);
   auto mod = [n](int v) { return ((v % n) + n) % n; };
   const std::size_t cap = message_capacity(*ctx.codec, split.max_size());
   // Areas: 0-1 incoming partial payloads (alternating: the one received at step s is sent on at
   // step s+1), 2 our own encoding of the current chunk.
-  kit::Buffer areas = ctx.pool->acquire(cap * 3);
+  kit::Buffer areas = ctx.pool->acquire(cap * 4);
   auto area = [&](int k) { return areas.bytes().subspan(cap * k, cap); };
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  FinalExchange finals(ctx, cap, first_index + static_cast<std::uint32_t>(n - 1));
+  const std::uint32_t final_index = first_index + static_cast<std::uint32_t>(n - 1);
+  std::optional<FinalExchange> finals;
+  Request final_rx;
+  if (!scatter) {
+    finals.emplace(ctx, cap, final_index);
+  } else if (n > 1) {
+    final_rx = post_recv(ctx, prev, final_index, area(3));  // our own chunk's complete payload
+  }
   std::span<const std::byte> outgoing =
       encode_or_fail(ctx, split.piece(input, r), split.begin(r), r, r, area(2));
   for (int s = 0; s < n - 1; ++s) {
@@ -59,7 +73,31 @@ void summable_ring(PartitionContext& ctx, std::span<const float> input, std::spa
     outgoing = ctx.failure.any() ? failure_message(ctx, in_area) : partial;
   }
   // outgoing now holds the complete payload of our chunk r+1 (or our own chunk when n == 1).
-  finals.finish(outgoing, [&](int j) { return split.piece(output, mod(j + 1)); });
+  if (!scatter) {
+    finals->finish(outgoing, [&](int j) { return split.piece(output, mod(j + 1)); });
+    return;
+  }
+  if (n == 1) {
+    decode_or_record(ctx, outgoing, shard, DecodeMode::kOverwrite, r);
+    return;
+  }
+  Request tx = post_send(ctx, next, final_index, outgoing);
+  wait(ctx, final_rx, false, prev, cap);
+  decode_or_record(ctx, received_message(ctx, area(3), prev), shard, DecodeMode::kOverwrite,
+                   prev);
+  wait(ctx, tx, true, next, outgoing.size());
+}
+
+}  // namespace
+
+void summable_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
+                   std::uint32_t first_index) {
+  summable(ctx, Chunks::even(input.size(), ctx.size()), input, output, {}, false, first_index);
+}
+
+void summable_reduce_scatter(PartitionContext& ctx, const Chunks& chunks,
+                             std::span<float> shard) {
+  summable(ctx, chunks, ctx.input, {}, shard, true, 0);
 }
 
 void summable_allreduce(PartitionContext& ctx) {

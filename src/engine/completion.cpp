@@ -174,14 +174,25 @@ std::exception_ptr Completion::failure_error(const Job& job) const {
                   : std::string("a sum across ranks holds NaN or Inf (some rank's input was "
                                 "not finite, or the sum overflowed)");
       break;
+    case Failure::kCountMismatch:
+      cause = f.detail.empty()
+                  ? fmt::format("rank {} expected a block of another size from rank {} (its "
+                                "recv_counts disagree with that rank's send_counts)",
+                                f.origin, f.index)
+                  : f.detail;
+      break;
     default:
       cause = f.detail.empty()
                   ? fmt::format("rank {} received a payload it could not decode", f.origin)
                   : f.detail;
   }
-  const std::string msg = fmt::format("rank {}: allreduce of {} failed on every rank{}: {}",
-                                      comm_.rank(), what, outcome(), cause);
+  const Op op = job.failure_item < 0 ? Op::kAllreduce : job.items[job.failure_item].op;
+  const std::string msg =
+      fmt::format("rank {}: {} of {} failed on every rank{}: {}", comm_.rank(), op_name(op), what,
+                  op == Op::kAllreduce ? outcome() : " (the output may hold partial results)",
+                  cause);
   if (f.kind == Failure::kBadPayload) return std::make_exception_ptr(DecodeError(msg));
+  if (f.kind == Failure::kCountMismatch) return std::make_exception_ptr(MismatchError(msg));
   return std::make_exception_ptr(InvalidArgument(msg));
 }
 
@@ -189,7 +200,7 @@ std::exception_ptr Completion::failure_error(const Job& job) const {
 void Completion::check_raw_sums(const Job& job) const {
   for (std::size_t i = 0; i < job.items.size(); ++i) {
     const Item& it = job.items[i];
-    if (it.plan.strategy != Strategy::kRaw) continue;
+    if (it.plan.strategy != Strategy::kRaw || it.op != Op::kAllreduce) continue;
     std::span<float> sum = result(job, static_cast<int>(i));
     const std::size_t bad = it.plan.fused ? kit::find_non_finite(sum) : it.not_finite;
     if (bad >= sum.size()) continue;

@@ -208,6 +208,27 @@ Handle Engine::allreduce_group(std::vector<TensorRef> tensors) {
   return impl_->submissions.submit(std::move(tensors));
 }
 
+Handle Engine::reduce_scatter(std::string name, TensorView input, TensorView output,
+                              CollectiveOptions options) {
+  return impl_->submissions.submit_collective(engine::Op::kReduceScatter, std::move(name), input,
+                                              output, {}, {}, options);
+}
+
+Handle Engine::all_gather(std::string name, TensorView input, TensorView output,
+                          CollectiveOptions options) {
+  return impl_->submissions.submit_collective(engine::Op::kAllGather, std::move(name), input,
+                                              output, {}, {}, options);
+}
+
+Handle Engine::all_to_all(std::string name, TensorView input,
+                          std::span<const std::size_t> send_counts, TensorView output,
+                          std::span<const std::size_t> recv_counts, CollectiveOptions options) {
+  return impl_->submissions.submit_collective(
+      engine::Op::kAllToAll, std::move(name), input, output,
+      std::vector<std::size_t>(send_counts.begin(), send_counts.end()),
+      std::vector<std::size_t>(recv_counts.begin(), recv_counts.end()), options);
+}
+
 TensorPlan Engine::plan(std::size_t elements, const AllreduceOptions& options,
                         DType dtype) const {
   if (options.codec != "auto") return impl_->plans.plan(elements, options, nullptr, dtype);

@@ -29,8 +29,17 @@ using collectives::kMaxPartitions;
 
 struct TensorRecord;
 
+// The operation of a submission.
+enum class Op : std::uint8_t { kAllreduce, kReduceScatter, kAllGather, kAllToAll };
+// "allreduce", "reduce_scatter", "all_gather", "all_to_all".
+const char* op_name(Op op);
+
 struct Item {
-  TensorRef ref;
+  Op op = Op::kAllreduce;
+  TensorRef ref;  // reduce_scatter, all_gather, all_to_all: ref.typed is the input
+  // reduce_scatter, all_gather, all_to_all: the output, and the counts of an all_to_all.
+  TensorView output;
+  std::vector<std::size_t> send_counts, recv_counts;
   TensorPlan plan;
   const Codec* codec = nullptr;  // null for raw
   const RoundCodec* rounds = nullptr;
@@ -84,6 +93,11 @@ inline std::size_t elements(const TensorRef& t) {
 // The description of a tensor's configuration: it is checked across ranks on first use, names
 // saved state and is hashed into message tags, so a change resets the tensor's state.
 std::string config_of(const TensorRef& t, const TensorPlan& p);
+// The same for any item (a reduce_scatter's, all_gather's or all_to_all's names its operation).
+std::string config_of(const Item& it);
+
+// The key of an item's record: its name, qualified by its operation unless an allreduce.
+std::string record_key(const Item& it);
 
 // Small raw tensors that average (DDP's case) travel together in one message.
 bool fusable(const Item& it, const EngineOptions& options);

@@ -41,6 +41,8 @@ void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace)
     if (task.item < 0) {
       ctx.tensor = fmt::format("fused group of {} tensors", job.fused.size());
       run_fused(task, ctx);
+    } else if (job.items[task.item].op != Op::kAllreduce) {
+      run_collective(task, ctx);
     } else {
       const Item& it = job.items[task.item];
       const collectives::Split split(it.ref.typed.elements, task.partitions);
@@ -83,7 +85,8 @@ void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace)
         case Strategy::kSharded: collectives::sharded_allreduce(ctx); break;
         case Strategy::kRing: collectives::ring_allreduce(ctx); break;
         case Strategy::kSummable: collectives::summable_allreduce(ctx); break;
-        case Strategy::kAuto: throw InvalidArgument("engine: unresolved strategy");
+        case Strategy::kAuto:
+        case Strategy::kAllToAll: throw InvalidArgument("engine: not an allreduce strategy");
       }
       if (dtype != DType::kFloat32 && !ctx.failure.any()) {
         // Every rank rounds the same fp32 result the same way.
@@ -117,6 +120,157 @@ void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace)
   }
   note_span(job, task.item, begin);
   if (job.remaining.fetch_sub(1) == 1) finish_(task.job);
+}
+
+// A reduce_scatter's, all_gather's or all_to_all's partition: partition p of a shard (or of each
+// block) is Split(shard, K)'s piece p, so that every rank's pieces line up.
+void PartitionTasks::run_collective(Task& task, PartitionContext& ctx) {
+  using collectives::Chunks;
+  using collectives::Failure;
+  const Job& job = *task.job;
+  const Item& it = job.items[task.item];
+  const int n = comm_.size(), r = comm_.rank();
+  const int p = task.partition;
+  const std::size_t k = static_cast<std::size_t>(task.partitions);
+  const DType dtype = it.ref.typed.dtype;
+  const std::size_t eb = element_bytes(dtype);
+  const bool raw = it.plan.strategy == Strategy::kRaw;
+  ctx.tensor = fmt::format("{} of {}", op_name(it.op), it.ref.name);
+  ctx.divisor = it.ref.options.average ? n : 1;
+  ctx.codec = it.codec;
+  ctx.states = &it.record->partitions[p];
+  ctx.encode.seed = options_.seed;
+  ctx.encode.step = it.step;
+  ctx.encode.tensor = kit::combine_keys(fnv1a64(it.ref.name), p);
+  ctx.encode.rank = static_cast<std::uint64_t>(r);
+  auto bytes_of = [](const TensorView& v) {
+    return std::span<std::byte>(static_cast<std::byte*>(v.data), v.bytes());
+  };
+  // The first non-finite value of x (fp32 or half values of `dtype`), or x's size.
+  auto non_finite = [&](std::span<const std::byte> x) {
+    if (dtype == DType::kFloat32) {
+      return kit::find_non_finite(std::span<const float>(
+          reinterpret_cast<const float*>(x.data()), x.size() / sizeof(float)));
+    }
+    return kit::find_non_finite(std::span<const std::uint16_t>(
+                                    reinterpret_cast<const std::uint16_t*>(x.data()),
+                                    x.size() / 2),
+                                dtype);
+  };
+  switch (it.op) {
+    case Op::kReduceScatter: {
+      const std::size_t shard = it.output.elements;
+      const collectives::Split split(shard, k);
+      if (dtype == DType::kFloat32) {
+        ctx.input = std::span<const float>(it.ref.data);  // failures name input elements
+        collectives::reduce_scatter(ctx, it.plan.strategy,
+                                    Chunks::strided(shard, split.begin(p), split.size(p), n),
+                                    split.piece(it.output.floats(), p));
+        break;
+      }
+      // A half tensor: the partition's N pieces widened (exactly, NaN and Inf included) into
+      // fp32 scratch, the shard reduced there and rounded once into the output.
+      const std::size_t m = split.size(p);
+      Buffer wide = buffers_.acquire(std::max<std::size_t>((n + 1) * m * sizeof(float), 1));
+      std::span<float> pieces = wide.as<float>((n + 1) * m).first(n * m);
+      std::span<float> sum = wide.as<float>((n + 1) * m).subspan(n * m, m);
+      const auto half = std::span<const std::uint16_t>(it.ref.typed.half());
+      for (int j = 0; j < n; ++j) {
+        kit::widen(dtype, half.data() + j * shard + split.begin(p), pieces.subspan(j * m, m),
+                   false);
+      }
+      ctx.input = pieces;
+      std::uint16_t* to = it.output.half().data() + split.begin(p);
+      auto round = [&] {
+        if (ctx.failure.any() || kit::narrow(dtype, sum, to)) return;
+        // A sum beyond the format's range; every rank learns it in the status round.
+        const std::size_t bad = kit::find_non_finite(std::span<const std::uint16_t>(to, m), dtype);
+        ctx.failure.merge({Failure::kSumNotFinite, r, r * m + bad, {}});
+      };
+      collectives::reduce_scatter(ctx, it.plan.strategy, Chunks::strided(m, 0, m, n), sum,
+                                  round);
+      if (m > 0 && (ctx.failure.kind == Failure::kInputNotFinite ||
+                    ctx.failure.kind == Failure::kSumNotFinite)) {
+        // Failure indices are the scratch's (piece j at j * m): every rank maps them back to the
+        // tensor's the same way.
+        const std::uint64_t at = ctx.failure.index;
+        ctx.failure.index = at / m * shard + split.begin(p) + at % m;
+      }
+      break;
+    }
+    case Op::kAllGather: {
+      const std::size_t shard = it.ref.typed.elements;
+      const collectives::Split split(shard, k);
+      const Chunks chunks = Chunks::strided(shard, split.begin(p), split.size(p), n);
+      ctx.offset = split.begin(p);  // failures name shard elements
+      if (raw) {
+        const auto in = bytes_of(it.ref.typed).subspan(split.begin(p) * eb, split.size(p) * eb);
+        const auto out = bytes_of(it.output);
+        auto piece = [&](int j) { return out.subspan(chunks.begin(j) * eb, chunks.size(j) * eb); };
+        collectives::all_gather_bytes(ctx, in, piece);
+        // Every rank scans the same bytes: all fail or none.
+        for (int j = 0; j < n; ++j) {
+          const std::size_t bad = non_finite(piece(j));
+          if (bad < chunks.size(j)) {
+            ctx.failure.merge({Failure::kInputNotFinite, j, split.begin(p) + bad, {}});
+          }
+        }
+      } else if (dtype == DType::kFloat32) {
+        ctx.input = split.piece(std::span<const float>(it.ref.data), p);
+        collectives::all_gather(ctx, chunks, it.output.floats());
+      } else {
+        // A half shard is encoded from its own values; every rank decodes into fp32 scratch and
+        // rounds each value once.
+        const std::size_t size = split.size(p);
+        Buffer wide = buffers_.acquire(std::max<std::size_t>(size * n * sizeof(float), 1));
+        std::span<float> decoded = wide.as<float>(size * n);
+        ctx.input = decoded.first(size);  // its size only: the codec reads half_input
+        ctx.half_input =
+            split.piece(std::span<const std::uint16_t>(it.ref.typed.half()), p);
+        ctx.dtype = dtype;
+        const Chunks local = Chunks::strided(size, 0, size, n);
+        collectives::all_gather(ctx, local, decoded);
+        if (!ctx.failure.any()) {
+          for (int j = 0; j < n; ++j) {
+            std::uint16_t* to = it.output.half().data() + chunks.begin(j);
+            if (!kit::narrow(dtype, local.piece(decoded, j), to)) {
+              throw InvalidArgument(fmt::format("engine: {}: decoded result is not finite",
+                                                ctx.label()));
+            }
+          }
+        }
+      }
+      break;
+    }
+    case Op::kAllToAll: {
+      collectives::AllToAllBlocks b;
+      std::size_t send_at = 0, recv_at = 0;
+      for (int q = 0; q < n; ++q) {
+        const collectives::Split s(it.send_counts[q], k), t(it.recv_counts[q], k);
+        b.send_begin.push_back(send_at + s.begin(p));
+        b.send_size.push_back(s.size(p));
+        b.recv_begin.push_back(recv_at + t.begin(p));
+        b.recv_size.push_back(t.size(p));
+        send_at += it.send_counts[q];
+        recv_at += it.recv_counts[q];
+      }
+      if (raw) {
+        const auto in = bytes_of(it.ref.typed);
+        for (int q = 0; q < n; ++q) {  // our own input's values (the peers scan theirs)
+          const std::size_t bad = non_finite(in.subspan(b.send_begin[q] * eb, b.send_size[q] * eb));
+          if (bad < b.send_size[q]) {
+            ctx.failure.merge({Failure::kInputNotFinite, r, b.send_begin[q] + bad, {}});
+          }
+        }
+        collectives::all_to_all_bytes(ctx, b, in, bytes_of(it.output), eb);
+      } else {
+        ctx.input = std::span<const float>(it.ref.data);
+        collectives::all_to_all(ctx, b, it.output.floats());
+      }
+      break;
+    }
+    case Op::kAllreduce: break;
+  }
 }
 
 // The fused raw message: the inputs of small raw tensors gathered into one buffer, reduced as

@@ -33,6 +33,7 @@ class PartitionTasks {
 
  private:
   void run_fused(Task& task, collectives::PartitionContext& ctx);
+  void run_collective(Task& task, collectives::PartitionContext& ctx);
   void raw_sum(collectives::PartitionContext& ctx);
   static void note_raw_sum(Job& job, int item, const collectives::PartitionContext& ctx);
   static void note_span(Job& job, int item, std::int64_t begin);

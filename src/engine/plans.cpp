@@ -67,6 +67,10 @@ TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** c
                  : t.summable || t.multi_round ? Strategy::kSummable
                                                : Strategy::kSharded;
   }
+  if (p.strategy == Strategy::kAllToAll) {
+    throw InvalidArgument("strategy alltoall reduces a reduce_scatter or all_to_all, not an "
+                          "allreduce; use allgather, sharded, ring or summable");
+  }
   if (p.strategy == Strategy::kRaw && !identity) {
     throw InvalidArgument(fmt::format("strategy raw sends fp32 and cannot use codec {}; use "
                                       "allgather, sharded, ring or summable",
@@ -100,6 +104,90 @@ TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** c
   k = std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, (n + 63) / 64));
   k = std::min<std::size_t>(k, kMaxPartitions);
   p.partitions = static_cast<int>(k);
+  if (codec_out != nullptr) *codec_out = &c;
+  return p;
+}
+
+TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t shard,
+                                  std::size_t total, const CollectiveOptions& o,
+                                  const Codec** codec_out, DType dtype) const {
+  const char* what = op_name(op);
+  auto refuse = [&](const std::string& why) {
+    return InvalidArgument(fmt::format("rank {}: {} of tensor '{}': {}", comm_.rank(), what, name,
+                                       why));
+  };
+  if (o.codec == "auto") {
+    throw refuse("codec auto is not supported here (the planner prices allreduces); name a codec");
+  }
+  const Codec& c = codec(o.codec);
+  const CodecTraits t = c.traits();
+  const bool identity = c.name() == "none";
+  if (t.multi_round) {
+    throw refuse(fmt::format("codec {} compresses a whole matrix over rounds of sums; no shard "
+                             "or block of it can be sent alone",
+                             c.spec()));
+  }
+  TensorPlan p;
+  p.codec = c.spec();
+  p.strategy = o.strategy;
+  std::string allowed;
+  switch (op) {
+    case Op::kReduceScatter:
+      if (p.strategy == Strategy::kAuto) p.strategy = identity ? Strategy::kRaw : Strategy::kAllToAll;
+      allowed = "raw (codec none), alltoall, sharded, ring or summable";
+      if (p.strategy == Strategy::kAllgather || p.strategy == Strategy::kAuto) {
+        throw refuse(fmt::format("strategy {} has no reduce-scatter; use {}",
+                                 to_string(p.strategy), allowed));
+      }
+      if (p.strategy == Strategy::kSummable && !t.summable) {
+        throw refuse(fmt::format("strategy summable needs a codec whose encodings add (fp16, "
+                                 "bf16, randomk); {} is not summable",
+                                 p.codec));
+      }
+      if (dtype != DType::kFloat32 && identity &&
+          (o.strategy == Strategy::kAuto || o.strategy == Strategy::kRaw)) {
+        // Raw on a half tensor sends its own precision, as an allreduce does: each value sent
+        // exactly in its format, summed in fp32 in rank order by the owner, rounded once.
+        CollectiveOptions own = o;
+        own.codec = dtype == DType::kFloat16 ? "fp16" : "bf16";
+        own.strategy = Strategy::kAllToAll;
+        return plan_collective(op, name, shard, total, own, codec_out, dtype);
+      }
+      break;
+    case Op::kAllGather:
+    case Op::kAllToAll: {
+      const Strategy compressed = op == Op::kAllGather ? Strategy::kAllgather : Strategy::kAllToAll;
+      if (p.strategy == Strategy::kAuto) p.strategy = identity ? Strategy::kRaw : compressed;
+      if (p.strategy != Strategy::kRaw && p.strategy != compressed) {
+        throw refuse(fmt::format("strategy {} does not apply; use raw (codec none) or {}",
+                                 to_string(p.strategy), to_string(compressed)));
+      }
+      if (op == Op::kAllToAll && dtype != DType::kFloat32 && p.strategy != Strategy::kRaw) {
+        throw refuse(fmt::format("{} tensors travel raw only (codec none); codecs take float32",
+                                 to_string(dtype)));
+      }
+      break;
+    }
+    case Op::kAllreduce: throw refuse("not a collective of its own");
+  }
+  if (p.strategy == Strategy::kRaw && !identity) {
+    throw refuse(fmt::format("strategy raw sends the values as they are and cannot use codec {}",
+                             p.codec));
+  }
+  if (o.partitions < 0 || o.partitions > kMaxPartitions) {
+    throw refuse(fmt::format("partitions={} is not in 0..{}", o.partitions, kMaxPartitions));
+  }
+  std::size_t k = o.partitions;
+  if (k == 0) {
+    k = op == Op::kAllToAll
+            ? 1
+            : (total * sizeof(float) + options_.partition_bytes - 1) / options_.partition_bytes;
+  }
+  // Partition boundaries within a shard fall on multiples of 64 elements.
+  if (op != Op::kAllToAll) {
+    k = std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, (shard + 63) / 64));
+  }
+  p.partitions = static_cast<int>(std::clamp<std::size_t>(k, 1, kMaxPartitions));
   if (codec_out != nullptr) *codec_out = &c;
   return p;
 }
@@ -168,8 +256,8 @@ void Plans::commit(Job& job) {
   std::lock_guard lock(records_mu_);
   for (std::size_t i = 0; i < job.items.size(); ++i) {
     Item& it = job.items[i];
-    const std::string config = config_of(it.ref, it.plan);
-    TensorRecord& rec = records_[it.ref.name];
+    const std::string config = config_of(it);
+    TensorRecord& rec = records_[record_key(it)];
     // Another size or codec: its old state does not apply, unless exploration comes back to it.
     rec.use(config, (rec.config != config || !rec.parked.empty()) && exploring[i]);
     rec.verified = true;

@@ -72,6 +72,13 @@ class Plans {
   TensorPlan plan(std::size_t n, const AllreduceOptions& o, const Codec** codec_out = nullptr,
                   DType dtype = DType::kFloat32) const;
 
+  // The plan of a reduce_scatter, all_gather or all_to_all of tensor `name`: `shard` elements
+  // per shard (all_to_all: unused) and `total` elements in the larger of input and output.
+  // Throws InvalidArgument naming the rank, tensor and operation for options it cannot honour.
+  TensorPlan plan_collective(Op op, const std::string& name, std::size_t shard, std::size_t total,
+                             const CollectiveOptions& o, const Codec** codec_out,
+                             DType dtype) const;
+
   // Before a submission is planned: lets the planner re-check its decisions, a collective at
   // the same point on every rank (ranks submit the same sequence). Under the submission order.
   void before_submission(const std::vector<TensorRef>& tensors);

@@ -26,8 +26,47 @@ std::string config_of(const TensorRef& t, const TensorPlan& p) {
                      t.options.average ? "average" : "sum");
 }
 
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kAllreduce: return "allreduce";
+    case Op::kReduceScatter: return "reduce_scatter";
+    case Op::kAllGather: return "all_gather";
+    case Op::kAllToAll: return "all_to_all";
+  }
+  return "?";
+}
+
+std::string record_key(const Item& it) {
+  if (it.op == Op::kAllreduce) return it.ref.name;
+  return fmt::format("{}:{}", op_name(it.op), it.ref.name);
+}
+
+// Rank-independent (it is compared across ranks): an all_to_all's counts are not part of it.
+std::string config_of(const Item& it) {
+  if (it.op == Op::kAllreduce) return config_of(it.ref, it.plan);
+  const DType d = it.ref.typed.dtype;
+  std::string values;
+  switch (it.op) {
+    case Op::kReduceScatter:
+      values = fmt::format("{} of {} {} values per shard", op_name(it.op), it.output.elements,
+                           to_string(d));
+      break;
+    case Op::kAllGather:
+      values = fmt::format("{} of {} {} values per shard", op_name(it.op), it.ref.typed.elements,
+                           to_string(d));
+      break;
+    default: values = fmt::format("{} of {} blocks", op_name(it.op), to_string(d));
+  }
+  return fmt::format("{}, codec {}, strategy {}, {} partition{}{}", values, it.plan.codec,
+                     to_string(it.plan.strategy), it.plan.partitions,
+                     it.plan.partitions == 1 ? "" : "s",
+                     it.op != Op::kReduceScatter    ? ""
+                     : it.ref.options.average ? ", average"
+                                              : ", sum");
+}
+
 bool fusable(const Item& it, const EngineOptions& options) {
-  return it.plan.strategy == Strategy::kRaw && it.ref.options.average &&
+  return it.op == Op::kAllreduce && it.plan.strategy == Strategy::kRaw && it.ref.options.average &&
          it.ref.typed.dtype == DType::kFloat32 && it.ref.data.size_bytes() <= options.fuse_bytes;
 }
 
@@ -124,6 +163,111 @@ Handle Submissions::submit(std::vector<TensorRef> tensors) {
   return HandleAccess::of(job->handle);
 }
 
+Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
+                                      TensorView output, std::vector<std::size_t> send_counts,
+                                      std::vector<std::size_t> recv_counts,
+                                      const CollectiveOptions& options) {
+  const char* what = op_name(op);
+  const int n = comm_.size(), r = comm_.rank();
+  auto invalid = [&](const std::string& why) {
+    return InvalidArgument(fmt::format("rank {}: {} of tensor '{}': {}", r, what, name, why));
+  };
+  if (name.empty()) throw InvalidArgument(fmt::format("rank {}: {}: a tensor needs a name", r, what));
+  if ((input.data == nullptr && input.elements != 0) ||
+      (output.data == nullptr && output.elements != 0)) {
+    throw invalid("a tensor with elements and no data");
+  }
+  if (input.dtype != output.dtype) {
+    throw invalid(fmt::format("input is {} and output {}; they must have one type",
+                              to_string(input.dtype), to_string(output.dtype)));
+  }
+  std::size_t shard = 0, total = 0;
+  switch (op) {
+    case Op::kReduceScatter:
+      if (input.elements != static_cast<std::size_t>(n) * output.elements) {
+        throw invalid(fmt::format("input has {} elements and output {}: input must hold {} ranks "
+                                  "x the output's {} ({})",
+                                  input.elements, output.elements, n, output.elements,
+                                  static_cast<std::size_t>(n) * output.elements));
+      }
+      shard = output.elements;
+      total = input.elements;
+      break;
+    case Op::kAllGather:
+      if (output.elements != static_cast<std::size_t>(n) * input.elements) {
+        throw invalid(fmt::format("input has {} elements and output {}: output must hold {} "
+                                  "ranks x the input's {} ({})",
+                                  input.elements, output.elements, n, input.elements,
+                                  static_cast<std::size_t>(n) * input.elements));
+      }
+      shard = input.elements;
+      total = output.elements;
+      break;
+    case Op::kAllToAll: {
+      if (send_counts.size() != static_cast<std::size_t>(n) ||
+          recv_counts.size() != static_cast<std::size_t>(n)) {
+        throw invalid(fmt::format("{} send_counts and {} recv_counts for {} ranks; give one per "
+                                  "rank",
+                                  send_counts.size(), recv_counts.size(), n));
+      }
+      std::size_t sent = 0, received = 0;
+      for (auto c : send_counts) sent += c;
+      for (auto c : recv_counts) received += c;
+      if (sent != input.elements || received != output.elements) {
+        throw invalid(fmt::format("send_counts sum to {} for an input of {} elements and "
+                                  "recv_counts to {} for an output of {}: each must sum to its "
+                                  "tensor's size",
+                                  sent, input.elements, received, output.elements));
+      }
+      if (send_counts[r] != recv_counts[r]) {
+        throw invalid(fmt::format("send_counts[{}] = {} and recv_counts[{}] = {}: this rank's "
+                                  "block to itself must be received whole",
+                                  r, send_counts[r], r, recv_counts[r]));
+      }
+      total = std::max(input.elements, output.elements);
+      break;
+    }
+    case Op::kAllreduce: throw invalid("not a collective of its own");
+  }
+
+  std::lock_guard order(order_mu_);
+  auto job = std::make_shared<Job>();
+  job->handle = std::make_shared<Handle::State>();
+  if (options_.tracer) job->submitted_ns = trace_now_ns();
+  Item it;
+  it.op = op;
+  const Codec* codec = nullptr;
+  it.plan = plans_.plan_collective(op, name, shard, total, options, &codec, input.dtype);
+  if (it.plan.strategy != Strategy::kRaw) it.codec = codec;
+  it.ref.name = std::move(name);
+  it.ref.typed = input;
+  if (input.dtype == DType::kFloat32) it.ref.data = input.floats();
+  it.ref.options.codec = options.codec;
+  it.ref.options.strategy = options.strategy;
+  it.ref.options.partitions = options.partitions;
+  it.ref.options.average = op == Op::kReduceScatter && options.average;
+  it.output = output;
+  it.send_counts = std::move(send_counts);
+  it.recv_counts = std::move(recv_counts);
+  const bool need_verify = plans_.needs_check(record_key(it), config_of(it));
+  job->items.push_back(std::move(it));
+  if (need_verify) verify(job->items);  // throws MismatchError: nothing submitted
+
+  plans_.commit(*job);
+  std::vector<Task> tasks = split(job);
+  job->remaining = static_cast<int>(tasks.size());
+  std::vector<WorkerPool::Task> work;
+  work.reserve(tasks.size());
+  for (auto& t : tasks) {
+    work.push_back([this, t = std::move(t)](std::uint32_t worker, Workspace& w) mutable {
+      tasks_.run(t, worker, w);
+    });
+  }
+  completion_.begin();
+  workers_.submit(std::move(work));
+  return HandleAccess::of(job->handle);
+}
+
 // Fusion and the staging buffer.
 void Submissions::lay_out(Job& job) const {
   std::size_t fusable_items = 0;
@@ -150,7 +294,7 @@ void Submissions::lay_out(Job& job) const {
     staging += job.items[i].ref.typed.elements;
   }
   for (auto& it : job.items) {
-    if (it.plan.fused || !options_.keep_input_on_error) continue;
+    if (it.plan.fused || !options_.keep_input_on_error || it.op != Op::kAllreduce) continue;
     it.staging = staging;
     it.staged = true;
     staging += staged_floats(it);
@@ -194,7 +338,7 @@ std::vector<Task> Submissions::split(const std::shared_ptr<Job>& job) {
   for (std::size_t i = 0; i < job->items.size(); ++i) {
     const Item& it = job->items[i];
     if (it.plan.fused) continue;
-    const std::string what = fmt::format("{}|{}", it.ref.name, config_of(it.ref, it.plan));
+    const std::string what = fmt::format("{}|{}", record_key(it), config_of(it));
     for (int p = 0; p < it.plan.partitions; ++p) add_task(i, p, it.plan.partitions, what);
   }
   return tasks;
@@ -205,13 +349,13 @@ std::vector<Task> Submissions::split(const std::shared_ptr<Job>& job) {
 void Submissions::verify(const std::vector<Item>& items) {
   std::string text;
   for (const auto& it : items) {
-    text += fmt::format("'{}': {}\n", it.ref.name, config_of(it.ref, it.plan));
+    text += fmt::format("'{}': {}\n", it.ref.name, config_of(it));
   }
   const int n = comm_.size(), r = comm_.rank();
   if (n == 1) return;
   const std::string label =
       items.size() == 1
-          ? fmt::format("'{}' (first-use check)", items[0].ref.name)
+          ? fmt::format("{} of '{}' (first-use check)", op_name(items[0].op), items[0].ref.name)
           : fmt::format("'{}' and {} more (first-use check)", items[0].ref.name, items.size() - 1);
   const std::uint64_t base = (tags::kVerifySignature << 32) |
                              (static_cast<std::uint64_t>(verify_seq_++ & 0xffff) << 16);

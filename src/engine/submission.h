@@ -39,6 +39,11 @@ class Submissions {
   // options, a tensor in flight, or a mismatch across ranks on first use (MismatchError).
   Handle submit(std::vector<TensorRef> tensors);
 
+  // Checks, plans and queues a reduce_scatter, all_gather or all_to_all (Engine's promises).
+  Handle submit_collective(Op op, std::string name, TensorView input, TensorView output,
+                           std::vector<std::size_t> send_counts,
+                           std::vector<std::size_t> recv_counts, const CollectiveOptions& options);
+
   // Holds the submission order, for other calls that must be sequenced with submissions.
   std::unique_lock<std::mutex> order() { return std::unique_lock(order_mu_); }
 

@@ -217,6 +217,8 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       break;
     case Strategy::kAuto:
       throw InvalidArgument("cost model: strategy auto has no cost; resolve it first");
+    case Strategy::kAllToAll:
+      throw InvalidArgument("cost model: strategy alltoall is not an allreduce strategy");
   }
 
   const double K = parts;

@@ -22,6 +22,15 @@
 //   blas                the engine left OpenBLAS this rank's share of the cores (cores over
 //                       LOCAL_WORLD_SIZE, at least 1), or the user's choice where one is set,
 //                       and destroying it restored the count it found
+//   reduce_scatter      every codec x strategy: raw is the rank-order sum bit for bit, sharded,
+//                       ring and summable are the allreduce's slice bit for bit where the
+//                       chunks are the shards, lossy ones within the allreduce's error bound
+//   all_gather          every codec, in place too, fp32 and half: bit-identical on every rank,
+//                       raw exact, lossy within the codec's bound
+//   all_to_all          even and uneven (changing) splits: raw exact, lossy within the bound
+//   collective_errors   NaN in a shard, mismatched first use, disagreeing all_to_all counts:
+//                       an error on every rank naming rank, tensor and operation
+//   die_collective V    V dies during reduce-scatters; the others fail naming the operation
 //   slowpeer            rank 1 submits a tensor's first use late: while rank 0's submission
 //                       waits for it in the first-use check, rank 0's other threads wait for
 //                       an earlier handle, save state, plan and read bytes_sent without waiting
@@ -37,6 +46,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -788,6 +798,456 @@ int blas_restored(Communicator& comm, int before, int during) {
   return 0;
 }
 
+// ---- reduce_scatter, all_gather, all_to_all ------------------------------------------------
+
+// The codecs of the collective matrices: every registered one that is not multi-round, and
+// error feedback on one of them.
+std::vector<std::string> op_specs() {
+  std::vector<std::string> specs;
+  for (const auto& info : registered_codecs()) {
+    if (make_codec(info.name)->traits().multi_round) continue;
+    specs.push_back(info.name);
+  }
+  specs.push_back("onebit:ef=1");
+  specs.push_back("topk:ratio=0.05,ef=1");
+  return specs;
+}
+
+// Shard j's rank-order fp32 sum, divided as the engine divides.
+std::vector<float> rank_order_shard(const Inputs& x, std::size_t shard, int j, bool average) {
+  std::vector<float> acc(x[0].begin() + j * shard, x[0].begin() + (j + 1) * shard);
+  for (std::size_t i = 1; i < x.size(); ++i) {
+    for (std::size_t e = 0; e < shard; ++e) acc[e] += x[i][j * shard + e];
+  }
+  if (average && x.size() > 1) {
+    for (float& v : acc) v /= static_cast<float>(x.size());
+  }
+  return acc;
+}
+
+int reduce_scatter_matrix(Communicator& comm, Engine& engine) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  const Strategy strategies[] = {Strategy::kRaw, Strategy::kAllToAll, Strategy::kSharded,
+                                 Strategy::kRing, Strategy::kSummable};
+  int cases = 0, identical = 0;
+  for (const auto& spec : op_specs()) {
+    auto codec = make_codec(spec);
+    for (Strategy strategy : strategies) {
+      for (std::size_t shard : {std::size_t{0}, std::size_t{1}, std::size_t{1000},
+                                std::size_t{4096}, std::size_t{40000}}) {
+        for (int k : {1, 3}) {
+          CollectiveOptions o;
+          o.codec = spec;
+          o.strategy = strategy;
+          o.partitions = k;
+          o.average = (shard + k) % 2 == 0;
+          const std::string name =
+              fmt::format("rs/{}/{}/{}/{}", spec, to_string(strategy), shard, k);
+          const std::size_t total = shard * n_ranks;
+          for (std::uint64_t step = 0; step < 2; ++step) {
+            const std::string what = fmt::format("{} step {}", name, step);
+            Inputs x = all_inputs(n_ranks, name, step, total);
+            std::vector<float> y(shard, -7.0f);
+            try {
+              engine.reduce_scatter(name, TensorView(x[r]), TensorView(std::span(y)), o).wait();
+            } catch (const InvalidArgument& e) {
+              // Not a valid combination: refused at once, naming the operation.
+              check(step == 0 && contains(e.what(), "reduce_scatter of tensor '" + name + "'"),
+                    what + ": unexpected error: " + e.what());
+              break;
+            }
+            const auto exact_all = averaged(exact_sum(x), n_ranks, o.average);
+            const std::vector<float> exact(exact_all.begin() + r * shard,
+                                           exact_all.begin() + (r + 1) * shard);
+            if (strategy == Strategy::kRaw) {
+              check_equal(y, rank_order_shard(x, shard, r, o.average), what + " (rank order)");
+            } else if (codec->traits().lossless) {
+              check(relative_error(y, exact) < 1e-6, what + ": lossless result is not the sum");
+            } else if (shard >= 1000 && step == 0) {
+              // One quantization per contribution (alltoall), or the allreduce's path: within
+              // the allreduce's documented bound of 2N round trips.
+              const double one = round_trip_error(*codec, x[0]);
+              check(relative_error(y, exact) <= 2.0 * n_ranks * one + 1e-6,
+                    fmt::format("{}: error {} exceeds 2N x the round-trip error {}", what,
+                                relative_error(y, exact), one));
+            }
+            // The allreduce's own halves: the shard is the allreduce's slice bit for bit when
+            // its chunks are the shards (one partition, a multiple of 64 elements).
+            if (k == 1 && shard % 64 == 0 && shard > 0 &&
+                (strategy == Strategy::kSharded || strategy == Strategy::kRing ||
+                 strategy == Strategy::kSummable)) {
+              AllreduceOptions a;
+              a.codec = spec;
+              a.strategy = strategy;
+              a.partitions = 1;
+              a.average = o.average;
+              std::vector<float> full = x[r];
+              engine.allreduce(name, full, a).wait();
+              check_equal(y, std::span<const float>(full).subspan(r * shard, shard),
+                          what + " (the allreduce's slice)");
+              ++identical;
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  // Half tensors: widened a partition at a time, reduced in fp32, rounded once. Codec none sends
+  // the values in their own format (exactly): the rank-order sum of the widened values, rounded.
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const std::string entry : {"none@auto", "minmax8@alltoall", "minmax8@sharded",
+                                    "fp16@ring", "bf16@summable"}) {
+      const std::size_t shard = 3000;
+      CollectiveOptions o;
+      o.codec = entry.substr(0, entry.find('@'));
+      o.strategy = parse_strategy(entry.substr(entry.find('@') + 1));
+      o.partitions = 2;
+      const std::string name = fmt::format("rs/{}/{}", to_string(dtype), entry);
+      Inputs wide = all_inputs(n_ranks, name, 0, shard * n_ranks);
+      std::vector<std::vector<std::uint16_t>> bits(n_ranks,
+                                                   std::vector<std::uint16_t>(shard * n_ranks));
+      for (int i = 0; i < n_ranks; ++i) {
+        kit::narrow(dtype, wide[i], bits[i].data());
+        kit::widen(dtype, bits[i].data(), wide[i], false);
+      }
+      std::vector<std::uint16_t> y(shard);
+      engine.reduce_scatter(name, TensorView(bits[r].data(), bits[r].size(), dtype),
+                            TensorView(y.data(), shard, dtype), o)
+          .wait();
+      std::vector<float> got(shard);
+      kit::widen(dtype, y.data(), got, false);
+      const std::vector<float> sum = rank_order_shard(wide, shard, r, o.average);
+      if (o.codec == "none") {
+        std::vector<std::uint16_t> want(shard);
+        kit::narrow(dtype, sum, want.data());
+        check(y == want, name + ": not the rank-order sum rounded once");
+      } else {
+        check(relative_error(got, sum) < 0.05,
+              fmt::format("{}: error {} against the sum", name, relative_error(got, sum)));
+      }
+      ++cases;
+    }
+  }
+  check(identical > 0, "no case compared with the allreduce");
+  std::printf("OK rank %d reduce_scatter %d cases, %d identical to the allreduce\n", r, cases,
+              identical);
+  return 0;
+}
+
+int all_gather_matrix(Communicator& comm, Engine& engine) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  int cases = 0;
+  for (const auto& spec : op_specs()) {
+    auto codec = make_codec(spec);
+    for (std::size_t shard : {std::size_t{0}, std::size_t{1}, std::size_t{1000},
+                              std::size_t{40000}}) {
+      for (int k : {1, 3}) {
+        for (bool in_place : {false, true}) {
+          CollectiveOptions o;
+          o.codec = spec;
+          o.partitions = k;
+          const std::string name =
+              fmt::format("ag/{}/{}/{}/{}", spec, shard, k, in_place ? "inplace" : "");
+          for (std::uint64_t step = 0; step < 2; ++step) {
+            const std::string what = fmt::format("{} step {}", name, step);
+            Inputs x = all_inputs(n_ranks, name, step, shard);
+            std::vector<float> y(shard * n_ranks, -7.0f);
+            std::vector<float> in = x[r];
+            std::span<float> input(in);
+            if (in_place) {
+              std::copy(in.begin(), in.end(), y.begin() + r * shard);
+              input = std::span(y).subspan(r * shard, shard);
+            }
+            engine.all_gather(name, TensorView(input), TensorView(std::span(y)), o).wait();
+            check_identical(comm, y, what);
+            for (int j = 0; j < n_ranks; ++j) {
+              std::span<const float> got = std::span<const float>(y).subspan(j * shard, shard);
+              if (codec->traits().lossless) {
+                check_equal(got, x[j], fmt::format("{}: rank {}'s shard", what, j));
+              } else if (shard >= 1000 && step == 0) {
+                const double one = round_trip_error(*codec, x[j]);
+                check(relative_error(got, x[j]) <= 2.0 * one + 1e-6,
+                      fmt::format("{}: rank {}'s shard: error {} exceeds 2x one round trip {}",
+                                  what, j, relative_error(got, x[j]), one));
+              }
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  // Half tensors: raw travels as it is; a codec reads the half values and rounds once.
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const char* spec : {"none", "minmax8", "fp16"}) {
+      const std::size_t shard = 3000;
+      const std::string name = fmt::format("ag/{}/{}", to_string(dtype), spec);
+      std::vector<std::vector<std::uint16_t>> bits(n_ranks, std::vector<std::uint16_t>(shard));
+      for (int i = 0; i < n_ranks; ++i) {
+        kit::narrow(dtype, make_input(i, name, 0, shard), bits[i].data());
+      }
+      std::vector<std::uint16_t> y(shard * n_ranks);
+      CollectiveOptions o;
+      o.codec = spec;
+      o.partitions = 2;
+      engine.all_gather(name, TensorView(bits[r].data(), shard, dtype),
+                        TensorView(y.data(), y.size(), dtype), o)
+          .wait();
+      check_identical(comm, y, name);
+      for (int j = 0; j < n_ranks; ++j) {
+        std::vector<float> got(shard), want(shard);
+        kit::widen(dtype, y.data() + j * shard, got, false);
+        kit::widen(dtype, bits[j].data(), want, false);
+        if (std::string(spec) == "none") {
+          check(std::memcmp(y.data() + j * shard, bits[j].data(), shard * 2) == 0,
+                name + ": raw half shard changed");
+        } else {
+          check(relative_error(got, want) < 0.05, name + ": half shard far from its input");
+        }
+      }
+      ++cases;
+    }
+  }
+  std::printf("OK rank %d all_gather %d cases\n", r, cases);
+  return 0;
+}
+
+// counts[i][j]: what rank i sends rank j at a step (uneven, zeros included), or even.
+std::vector<std::vector<std::size_t>> a2a_counts(int n, std::uint64_t step, bool even) {
+  std::vector<std::vector<std::size_t>> c(n, std::vector<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      c[i][j] = even ? 3000 : ((i * 7 + j * 3 + step) % 5) * 1100 + (i + j) % 3;
+    }
+  }
+  return c;
+}
+
+int all_to_all_matrix(Communicator& comm, Engine& engine) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  int cases = 0;
+  for (const std::string spec : {"none", "fp16", "minmax8", "onebit:ef=1", "topk:ratio=0.1",
+                                 "qsgd"}) {
+    auto codec = make_codec(spec);
+    for (bool even : {true, false}) {
+      for (int k : {1, 2}) {
+        const std::string name = fmt::format("a2a/{}/{}/{}", spec, even ? "even" : "uneven", k);
+        for (std::uint64_t step = 0; step < 3; ++step) {
+          const std::string what = fmt::format("{} step {}", name, step);
+          const auto counts = a2a_counts(n_ranks, step, even);
+          std::vector<std::size_t> send(n_ranks), recv(n_ranks);
+          Inputs x;
+          for (int i = 0; i < n_ranks; ++i) {
+            std::size_t total = 0;
+            for (int j = 0; j < n_ranks; ++j) total += counts[i][j];
+            x.push_back(make_input(i, name, step, total));
+          }
+          std::size_t out_total = 0;
+          for (int j = 0; j < n_ranks; ++j) {
+            send[j] = counts[r][j];
+            recv[j] = counts[j][r];
+            out_total += recv[j];
+          }
+          std::vector<float> y(out_total, -7.0f);
+          CollectiveOptions o;
+          o.codec = spec;
+          o.partitions = k;
+          engine.all_to_all(name, TensorView(x[r]), send, TensorView(std::span(y)), recv, o)
+              .wait();
+          std::size_t at = 0;
+          for (int j = 0; j < n_ranks; ++j) {
+            std::size_t from = 0;  // rank j's block for us starts after its blocks for 0..r-1
+            for (int q = 0; q < r; ++q) from += counts[j][q];
+            std::span<const float> want = std::span<const float>(x[j]).subspan(from, recv[j]);
+            std::span<const float> got = std::span<const float>(y).subspan(at, recv[j]);
+            const std::string block = fmt::format("{}: block from rank {}", what, j);
+            if (j == r || codec->traits().lossless) {
+              check_equal(got, want, block);
+            } else if (recv[j] >= 1000) {
+              const std::vector<float> w(want.begin(), want.end());
+              const double one = round_trip_error(*codec, w);
+              check(relative_error(got, want) <= 2.0 * one + 1e-6,
+                    fmt::format("{}: error {} exceeds 2x one round trip {}", block,
+                                relative_error(got, want), one));
+            }
+            at += recv[j];
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  // bf16 blocks travel raw, bit for bit.
+  {
+    const DType dtype = DType::kBFloat16;
+    const std::size_t per = 777;
+    std::vector<std::uint16_t> in(per * n_ranks), out(per * n_ranks);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::uint16_t>(r * 1000 + i);
+    std::vector<std::size_t> counts(n_ranks, per);
+    engine.all_to_all("a2a/bf16", TensorView(in.data(), in.size(), dtype), counts,
+                      TensorView(out.data(), out.size(), dtype), counts)
+        .wait();
+    for (int j = 0; j < n_ranks; ++j) {
+      for (std::size_t e = 0; e < per; ++e) {
+        check(out[j * per + e] == static_cast<std::uint16_t>(j * 1000 + r * per + e),
+              "a2a/bf16: wrong value");
+      }
+    }
+    ++cases;
+  }
+  std::printf("OK rank %d all_to_all %d cases\n", r, cases);
+  return 0;
+}
+
+// Errors that every rank must see: NaN in one rank's shard, mismatched first use, counts that
+// disagree. The engine keeps working after each.
+int collective_errors(Communicator& comm, Engine& engine) {
+  const int n_ranks = comm.size(), r = comm.rank(), bad = n_ranks - 1;
+  int cases = 0;
+  auto expect = [&](const std::string& what, const std::function<void()>& f,
+                    const std::vector<std::string>& needles) {
+    std::string error;
+    try {
+      f();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    check(!error.empty(), what + ": no error on rank " + std::to_string(r));
+    for (const auto& needle : needles) {
+      check(contains(error, needle), what + ": error lacks '" + needle + "': " + error);
+    }
+    std::printf("EXPECTED-FAILURE rank %d: %s\n", r, error.c_str());
+    ++cases;
+  };
+  const std::size_t shard = 5000, at = 4321;
+  // NaN in the bad rank's input, in the shard of rank 0.
+  for (const std::string entry : {"none@raw", "minmax8@alltoall", "onebit@sharded",
+                                  "minmax8@ring", "fp16@summable"}) {
+    CollectiveOptions o;
+    o.codec = entry.substr(0, entry.find('@'));
+    o.strategy = parse_strategy(entry.substr(entry.find('@') + 1));
+    o.partitions = 2;
+    const std::string name = "rs-nan/" + entry;
+    std::vector<float> x = make_input(r, name, 0, shard * n_ranks);
+    if (r == bad) x[at] = NAN;
+    std::vector<float> y(shard);
+    expect(name, [&] { engine.reduce_scatter(name, TensorView(x), TensorView(std::span(y)), o).wait(); },
+           {"reduce_scatter", name, fmt::format("rank {}'s input holds NaN or Inf at element {}",
+                                                bad, at)});
+    x = make_input(r, name, 1, shard * n_ranks);
+    engine.reduce_scatter(name, TensorView(x), TensorView(std::span(y)), o).wait();
+  }
+  // A half tensor's NaN is found in its widened partition and named by its own index.
+  for (const std::string spec : {"none", "minmax8"}) {
+    const std::string name = "rs-nan/bf16/" + spec;
+    CollectiveOptions o;
+    o.codec = spec;
+    o.partitions = 3;
+    std::vector<std::uint16_t> x(shard * n_ranks, 0x3f80), y(shard);  // ones
+    if (r == bad) x[shard + at] = 0x7fc0;  // in the shard of rank 1
+    const DType bf16 = DType::kBFloat16;
+    expect(name, [&] {
+      engine.reduce_scatter(name, TensorView(x.data(), x.size(), bf16),
+                            TensorView(y.data(), y.size(), bf16), o).wait();
+    }, {"reduce_scatter", name, fmt::format("rank {}'s input holds NaN or Inf at element {}",
+                                            bad, shard + at)});
+  }
+  for (const std::string spec : {"none", "minmax8"}) {
+    const std::string name = "ag-nan/" + spec;
+    CollectiveOptions o;
+    o.codec = spec;
+    std::vector<float> x = make_input(r, name, 0, shard), y(shard * n_ranks);
+    if (r == bad) x[at] = INFINITY;
+    expect(name, [&] { engine.all_gather(name, TensorView(x), TensorView(std::span(y)), o).wait(); },
+           {"all_gather", name, fmt::format("rank {}'s input holds NaN or Inf at element {}",
+                                            bad, at)});
+    x = make_input(r, name, 1, shard);
+    engine.all_gather(name, TensorView(x), TensorView(std::span(y)), o).wait();
+
+    const std::string a2a = "a2a-nan/" + spec;
+    std::vector<float> in = make_input(r, a2a, 0, shard * n_ranks), out(shard * n_ranks);
+    std::vector<std::size_t> counts(n_ranks, shard);
+    if (r == bad) in[at] = NAN;  // in the block for rank 0
+    expect(a2a, [&] { engine.all_to_all(a2a, TensorView(in), counts, TensorView(std::span(out)), counts, o).wait(); },
+           {"all_to_all", a2a, fmt::format("rank {}'s input holds NaN or Inf at element {}", bad,
+                                           at)});
+  }
+  // all_to_all counts that disagree across ranks: rank 0 expects one element more from the bad
+  // rank than it sends (the others' blocks are fine).
+  {
+    const std::string name = "a2a-counts";
+    std::vector<std::size_t> send(n_ranks, 100), recv(n_ranks, 100);
+    if (r == 0) recv[bad] = 101;
+    std::size_t in_total = 0, out_total = 0;
+    for (int j = 0; j < n_ranks; ++j) {
+      in_total += send[j];
+      out_total += recv[j];
+    }
+    std::vector<float> in = make_input(r, name, 0, in_total), out(out_total);
+    expect(name, [&] { engine.all_to_all(name, TensorView(in), send, TensorView(std::span(out)), recv).wait(); },
+           {"all_to_all", name, fmt::format("rank 0 expected a block of"),
+            fmt::format("from rank {}", bad)});
+    recv[bad] = 100;
+    out.resize(100 * n_ranks);
+    engine.all_to_all(name, TensorView(in), send, TensorView(std::span(out)), recv).wait();
+  }
+  // Mismatched first use: rank 1 gives another shard size or codec.
+  for (const std::string kind : {"size", "codec"}) {
+    const std::string name = "mismatch/" + kind;
+    CollectiveOptions o;
+    std::size_t n = 1000;
+    if (r == 1 && kind == "size") n = 999;
+    if (r == 1 && kind == "codec") o.codec = "fp16";
+    std::vector<float> x(n * n_ranks, 1.0f), y(n);
+    expect(name, [&] { engine.reduce_scatter(name, TensorView(x), TensorView(std::span(y)), o).wait(); },
+           {"different tensors", "rank 1 submitted", "reduce_scatter of"});
+    std::vector<float> g(n * n_ranks);
+    expect(name, [&] { engine.all_gather(name, TensorView(std::span(y)), TensorView(std::span(g)), o).wait(); },
+           {"different tensors", "rank 1 submitted", "all_gather of"});
+  }
+  std::vector<float> ones(10 * n_ranks, 1.0f), y(10);
+  engine.reduce_scatter("after", TensorView(ones), TensorView(std::span(y))).wait();
+  check(y[0] == 1.0f, "average of ones is not one");
+  std::printf("OK rank %d collective errors %d cases\n", r, cases);
+  return 0;
+}
+
+// VICTIM dies during a loop of reduce-scatters: the others fail within the timeout, naming
+// the operation, the tensor and a peer.
+int die_collective(Communicator& comm, Engine& engine, int victim) {
+  const int r = comm.rank();
+  signal(SIGTERM, SIG_IGN);
+  const std::size_t shard = 1 << 20;
+  std::vector<float> x = make_input(r, "big", 0, shard * comm.size()), y(shard);
+  engine.reduce_scatter("warm-up", TensorView(x), TensorView(std::span(y))).wait();
+  if (r == victim) {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      ::kill(::getpid(), SIGKILL);
+    }).detach();
+  }
+  const auto start = Clock::now();
+  try {
+    for (int step = 0; step < 1000; ++step) {
+      CollectiveOptions o;
+      o.codec = step % 2 ? "minmax8" : "none";
+      engine.reduce_scatter("big", TensorView(x), TensorView(std::span(y)), o).wait();
+    }
+  } catch (const Error& e) {
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    const std::string msg = e.what();
+    check(contains(msg, "reduce_scatter of") && contains(msg, "big"),
+          "error does not name the operation and tensor: " + msg);
+    check(contains(msg, "peer"), "error does not name a peer: " + msg);
+    std::printf("EXPECTED-FAILURE rank %d after %.2f s: %s\n", r, s, msg.c_str());
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+  fail("rank " + std::to_string(r) + " did not notice that rank " + std::to_string(victim) +
+       " died");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -802,7 +1262,10 @@ int main(int argc, char** argv) {
     EngineOptions options;
     options.seed = kSeed;
     if (scenario == "stress") options.threads = 2;
-    if (scenario == "matrix" || scenario == "half") options.partition_bytes = 64 << 10;
+    if (scenario == "matrix" || scenario == "half" || scenario == "reduce_scatter" ||
+        scenario == "all_gather") {
+      options.partition_bytes = 64 << 10;
+    }
     const bool keep = argc == 3 && std::string(argv[2]) == "keep";
     options.keep_input_on_error = keep;
     int rc = 0;
@@ -826,6 +1289,16 @@ int main(int argc, char** argv) {
         rc = channel(*comm, engine, comm);
       } else if (scenario == "stress") {
         rc = stress(*comm, engine);
+      } else if (scenario == "reduce_scatter") {
+        rc = reduce_scatter_matrix(*comm, engine);
+      } else if (scenario == "all_gather") {
+        rc = all_gather_matrix(*comm, engine);
+      } else if (scenario == "all_to_all") {
+        rc = all_to_all_matrix(*comm, engine);
+      } else if (scenario == "collective_errors") {
+        rc = collective_errors(*comm, engine);
+      } else if (scenario == "die_collective" && argc == 3) {
+        rc = die_collective(*comm, engine, std::atoi(argv[2]));
       } else if (scenario == "blas") {
         rc = blas(*comm, blas_before);
       } else if (scenario == "slowpeer") {

@@ -1,0 +1,252 @@
+// terse bench collectives: reduce-scatter, all-gather and all-to-all time of one large tensor,
+// in the same processes and the same run, for Gloo's own algorithms
+// (ReduceScatterHalvingDoubling, allgather, alltoall) and terse raw and compressed.
+//
+// Run under a launcher (scripts/cluster.sh or `terse run`), or alone: without RANK in the
+// environment it starts --ranks local ranks of itself through `terse run`. --size is the whole
+// tensor: a reduce-scatter's input, an all-gather's output, an all-to-all's input (even
+// blocks). Every figure is the median over --reps timed runs of the slowest rank's time, each
+// after a barrier. With --link RATE it reports the ideal time, the bytes the busiest rank sends
+// over the link rate, and the measured time against it (x ideal).
+#include <fmt/format.h>
+#include <gloo/allgather.h>
+#include <gloo/alltoall.h>
+#include <gloo/reduce_scatter.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "commands.h"
+#include "launch.h"
+#include "terse/communicator.h"
+#include "terse/engine.h"
+#include "terse/error.h"
+#include "units.h"
+
+namespace terse::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int ranks = 4;
+  std::vector<std::string> ops;
+  std::vector<std::string> sizes;
+  std::vector<std::string> codecs;
+  int reps = 5;
+  int threads = 0;
+  std::string link;
+  std::string json;
+};
+
+struct Config {
+  std::string label;
+  bool gloo = false;
+  CollectiveOptions options;
+};
+
+std::vector<Config> configs(const std::string& op, const Options& opt) {
+  std::vector<Config> out;
+  out.push_back({"gloo", true, {}});
+  auto add = [&](const std::string& codec, Strategy s) {
+    CollectiveOptions o;
+    o.codec = codec;
+    o.strategy = s;
+    out.push_back({fmt::format("terse {} {}", to_string(s), codec), false, o});
+  };
+  add("none", Strategy::kRaw);
+  const Strategy compressed = op == "reduce_scatter" ? Strategy::kAllToAll
+                              : op == "all_gather"   ? Strategy::kAllgather
+                                                     : Strategy::kAllToAll;
+  if (!opt.codecs.empty()) {
+    for (const auto& c : opt.codecs) add(c, compressed);
+    return out;
+  }
+  add("fp16", compressed);
+  add("minmax8", compressed);
+  if (op == "reduce_scatter") {
+    add("minmax8", Strategy::kSharded);
+    add("fp16", Strategy::kSummable);
+    add("onebit:ef=1", compressed);
+  }
+  return out;
+}
+
+void run_rank(const Options& opt) {
+  Bootstrap boot = bootstrap_from_env(default_timeout());
+  std::shared_ptr<Communicator> comm = Communicator::create(boot.rank, boot.size, boot.store);
+  CommunicatorOptions gloo_options;
+  gloo_options.prefix = "gloo-baseline";
+  std::shared_ptr<Communicator> gloo_comm =
+      Communicator::create(boot.rank, boot.size, boot.store, gloo_options);
+  auto ctx = gloo_context(*gloo_comm);
+  const int r = comm->rank(), n_ranks = comm->size();
+  const double rate = opt.link.empty() ? 0 : parse_rate(opt.link);
+  EngineOptions eo;
+  eo.threads = opt.threads;
+  Engine engine(comm, eo);
+  const std::vector<std::string> ops =
+      opt.ops.empty() ? std::vector<std::string>{"reduce_scatter", "all_gather", "all_to_all"}
+                      : opt.ops;
+  const std::vector<std::string> sizes =
+      opt.sizes.empty() ? std::vector<std::string>{"4MiB", "32MiB"} : opt.sizes;
+  if (r == 0) {
+    fmt::print("terse bench collectives: {} ranks, median of {} runs{}\n", n_ranks, opt.reps,
+               rate > 0 ? fmt::format(", links {} ({:.0f} Mbit/s)", opt.link, rate / 1e6) : "");
+    fmt::print("{:<15} {:>7} {:<28} {:>9} {:>9} {:>10} {:>9} {:>8} {:>8}\n", "operation", "size",
+               "configuration", "median s", "min s", "MB/rank", "ideal s", "x ideal", "vs gloo");
+    std::fflush(stdout);
+  }
+  nlohmann::json report;
+  report["ranks"] = n_ranks;
+  report["reps"] = opt.reps;
+  report["link"] = opt.link;
+  report["link_bits_per_second"] = rate;
+  report["results"] = nlohmann::json::array();
+  std::uint64_t tensor = 0;
+  for (const auto& op : ops) {
+    if (op != "reduce_scatter" && op != "all_gather" && op != "all_to_all") {
+      throw InvalidArgument(
+          fmt::format("bench collectives: unknown --op {} (reduce_scatter, "
+                      "all_gather, all_to_all)",
+                      op));
+    }
+    for (const auto& size : sizes) {
+      const std::size_t total = parse_size(size) / sizeof(float) / n_ranks * n_ranks;
+      const std::size_t shard = total / n_ranks;
+      // Input and output sizes of the operation.
+      const std::size_t in_n = op == "all_gather" ? shard : total;
+      const std::size_t out_n = op == "reduce_scatter" ? shard : total;
+      auto input = touched<float>(in_n), output = touched<float>(std::max(out_n, total));
+      {
+        std::mt19937_64 gen(1000 + r);
+        std::normal_distribution<float> normal(0.0f, 1e-3f);
+        for (auto& v : input) v = normal(gen);
+      }
+      const std::vector<std::size_t> counts(n_ranks, shard);
+      double gloo_median = 0;
+      for (Config& cfg : configs(op, opt)) {
+        std::function<void()> once;
+        double bytes_per_rank = 0;
+        std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> rs;
+        const std::string name = fmt::format("{}{}", op, tensor++);
+        if (cfg.gloo) {
+          bytes_per_rank = static_cast<double>(n_ranks - 1) * shard * 4;
+          if (op == "reduce_scatter") {
+            // In place on a copy of the input: rank r's sum lands at its shard.
+            rs = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
+                ctx, std::vector<float*>{output.data()}, static_cast<int>(total),
+                std::vector<int>(n_ranks, static_cast<int>(shard)));
+            once = [&] {
+              std::copy(input.begin(), input.end(), output.begin());
+              rs->run();
+            };
+          } else if (op == "all_gather") {
+            once = [&] {
+              gloo::AllgatherOptions o(ctx);
+              o.setInput(input.data(), in_n);
+              o.setOutput(output.data(), total);
+              gloo::allgather(o);
+            };
+          } else {
+            once = [&] {
+              gloo::AlltoallOptions o(ctx);
+              o.setInput(input.data(), total);
+              o.setOutput(output.data(), total);
+              gloo::alltoall(o);
+            };
+          }
+        } else {
+          const TensorView in(input.data(), in_n, DType::kFloat32);
+          const TensorView out(output.data(), out_n, DType::kFloat32);
+          once = [&, in, out] {
+            if (op == "reduce_scatter") {
+              engine.reduce_scatter(name, in, out, cfg.options).wait();
+            } else if (op == "all_gather") {
+              engine.all_gather(name, in, out, cfg.options).wait();
+            } else {
+              engine.all_to_all(name, in, counts, out, counts, cfg.options).wait();
+            }
+          };
+        }
+        for (int w = 0; w < 3; ++w) once();  // first use, buffers, every worker thread
+        std::vector<double> times;
+        const auto before = engine.bytes_sent();
+        for (int rep = 0; rep < opt.reps; ++rep) {
+          comm->barrier("bench");
+          const auto t0 = Clock::now();
+          once();
+          times.push_back(
+              max_of(gather(*comm, std::chrono::duration<double>(Clock::now() - t0).count())));
+        }
+        if (!cfg.gloo) {
+          bytes_per_rank =
+              max_of(gather(*comm, static_cast<double>(engine.bytes_sent() - before) / opt.reps));
+        }
+        const double med = median(times);
+        if (cfg.gloo) gloo_median = med;
+        const double ideal = rate > 0 ? bytes_per_rank * 8 / rate : 0;
+        if (r == 0) {
+          fmt::print("{:<15} {:>7} {:<28} {:>9.4f} {:>9.4f} {:>10.2f} {:>9} {:>8} {:>8}\n", op,
+                     size, cfg.label, med, *std::min_element(times.begin(), times.end()),
+                     bytes_per_rank / 1e6, ideal > 0 ? fmt::format("{:.4f}", ideal) : "-",
+                     ideal > 0 ? fmt::format("{:.2f}", med / ideal) : "-",
+                     gloo_median > 0 ? fmt::format("{:.2f}x", gloo_median / med) : "-");
+          std::fflush(stdout);
+        }
+        report["results"].push_back({{"op", op},
+                                     {"size", size},
+                                     {"elements", total},
+                                     {"label", cfg.label},
+                                     {"gloo", cfg.gloo},
+                                     {"codec", cfg.options.codec},
+                                     {"strategy", std::string(to_string(cfg.options.strategy))},
+                                     {"times_s", times},
+                                     {"median_s", med},
+                                     {"bytes_per_rank", bytes_per_rank},
+                                     {"ideal_s", ideal}});
+      }
+    }
+  }
+  if (r == 0 && !opt.json.empty()) {
+    std::ofstream(opt.json) << report.dump(2) << "\n";
+    fmt::print("wrote {}\n", opt.json);
+  }
+  engine.synchronize();
+  comm->barrier("end");
+}
+
+}  // namespace
+
+void add_bench_collectives_command(CLI::App& bench) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* cmd =
+      bench.add_subcommand("collectives",
+                           "Reduce-scatter, all-gather and all-to-all time: Gloo's, terse raw and "
+                           "compressed, same processes");
+  cmd->add_option("--ranks", opt->ranks, "Local ranks to start when not under a launcher")
+      ->capture_default_str();
+  cmd->add_option("--op", opt->ops,
+                  "Operations: reduce_scatter, all_gather, all_to_all (default: all three)");
+  cmd->add_option("--size", opt->sizes, "Whole tensor sizes (default: 4MiB 32MiB)");
+  cmd->add_option("--codec", opt->codecs, "Codec specs (default: a standard suite)");
+  cmd->add_option("--reps", opt->reps, "Timed runs per configuration (median)")
+      ->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "Engine worker threads (0: default)");
+  cmd->add_option("--link", opt->link,
+                  "Link rate of the emulated cluster, e.g. 1gbit (for "
+                  "the ideal time)");
+  cmd->add_option("--json", opt->json, "Write results as JSON to this file (rank 0)");
+  cmd->callback([opt] {
+    if (!relaunch_unless_launched(opt->ranks, "bench collectives")) run_rank(*opt);
+  });
+}
+
+}  // namespace terse::tools
