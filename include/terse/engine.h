@@ -27,8 +27,9 @@
 // Collective calls: every rank makes them, at the same point of its sequence of submissions.
 // - The constructor: the ranks agree on each one's share of its machine's cores (below), and,
 //   with TERSE_TRACE set, measure their clock offsets to rank 0.
-// - allreduce and allreduce_group on a tensor's first use (or a change of its options): the call
-//   returns once every rank has submitted it and the descriptions agree. With codec "auto",
+// - allreduce, allreduce_group, reduce_scatter, all_gather and all_to_all on a tensor's first
+//   use (or a change of its options): the call returns once every rank has submitted it and
+//   the descriptions agree. With codec "auto",
 //   the first plan (calibration, or agreement on a cached one; it first waits for the
 //   submissions in flight) and the submissions at which the planner exchanges measured times
 //   (EngineOptions::planner).

@@ -238,9 +238,14 @@ bool Plans::needs_check(const std::string& name, const std::string& config) cons
   auto rec = records_.find(name);
   if (rec == records_.end()) return true;
   if (rec->second.in_flight) {
-    throw InvalidArgument(fmt::format("allreduce: tensor '{}' is already in flight; wait for "
-                                      "its handle before submitting it again",
-                                      name));
+    // Records of other operations are keyed "op:name" (record_key).
+    const auto colon = name.find(':');
+    const bool other_op = colon != std::string::npos && rec->second.config.rfind(
+                                                            name.substr(0, colon) + " of ", 0) == 0;
+    throw InvalidArgument(fmt::format(
+        "{}: tensor '{}' is already in flight; wait for its handle before submitting it again",
+        other_op ? name.substr(0, colon) : std::string("allreduce"),
+        other_op ? name.substr(colon + 1) : name));
   }
   return !rec->second.verified_for(config);
 }
