@@ -244,7 +244,8 @@ class TERSE_API Engine {
   // zeros allowed, and the counts may change from call to call. Rank q's send_counts[r] must
   // equal rank r's recv_counts[q]: a disagreement fails every rank (MismatchError naming the
   // ranks and sizes). Compressed, each block is encoded once by its sender and decoded by its
-  // receiver; a rank's block to itself is copied exactly. Raw: any DType; compressed: float32.
+  // receiver; a rank's block to itself is copied exactly. Any DType: a half tensor's blocks are
+  // encoded from its values (widened a partition at a time) and decoded values rounded once.
   // Codec state is kept per peer and restarts when a block's size changes.
   Handle all_to_all(std::string name, TensorView input, std::span<const std::size_t> send_counts,
                     TensorView output, std::span<const std::size_t> recv_counts,

@@ -162,10 +162,6 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
         throw refuse(fmt::format("strategy {} does not apply; use raw (codec none) or {}",
                                  to_string(p.strategy), to_string(compressed)));
       }
-      if (op == Op::kAllToAll && dtype != DType::kFloat32 && p.strategy != Strategy::kRaw) {
-        throw refuse(fmt::format("{} tensors travel raw only (codec none); codecs take float32",
-                                 to_string(dtype)));
-      }
       break;
     }
     case Op::kAllreduce: throw refuse("not a collective of its own");
