@@ -27,8 +27,9 @@
 // Collective calls: every rank makes them, at the same point of its sequence of submissions.
 // - The constructor: the ranks agree on each one's share of its machine's cores (below), and,
 //   with TERSE_TRACE set, measure their clock offsets to rank 0.
-// - allreduce and allreduce_group on a tensor's first use (or a change of its options): the call
-//   returns once every rank has submitted it and the descriptions agree. With codec "auto",
+// - allreduce, allreduce_group, reduce_scatter, all_gather and all_to_all on a tensor's first
+//   use (or a change of its options): the call returns once every rank has submitted it and
+//   the descriptions agree. With codec "auto",
 //   the first plan (calibration, or agreement on a cached one; it first waits for the
 //   submissions in flight) and the submissions at which the planner exchanges measured times
 //   (EngineOptions::planner).
@@ -243,7 +244,8 @@ class TERSE_API Engine {
   // zeros allowed, and the counts may change from call to call. Rank q's send_counts[r] must
   // equal rank r's recv_counts[q]: a disagreement fails every rank (MismatchError naming the
   // ranks and sizes). Compressed, each block is encoded once by its sender and decoded by its
-  // receiver; a rank's block to itself is copied exactly. Raw: any DType; compressed: float32.
+  // receiver; a rank's block to itself is copied exactly. Any DType: a half tensor's blocks are
+  // encoded from its values (widened a partition at a time) and decoded values rounded once.
   // Codec state is kept per peer and restarts when a block's size changes.
   Handle all_to_all(std::string name, TensorView input, std::span<const std::size_t> send_counts,
                     TensorView output, std::span<const std::size_t> recv_counts,

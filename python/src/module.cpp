@@ -757,7 +757,7 @@ void bind(py::module_& m) {
           "for rank p (in rank order); output receives recv_counts[p] elements from rank p. "
           "Uneven splits and zeros allowed; counts may change between calls, but rank q's "
           "send_counts[r] must equal rank r's recv_counts[q] (else MismatchError on every "
-          "rank). With a lossy codec (float32 only) each block is encoded once by its sender.")
+          "rank). With a lossy codec each block is encoded once by its sender.")
       .def("allreduce_group", &PyEngine::allreduce_group, py::arg("items"),
            "Starts one submission of (name, tensor[, AllreduceOptions]) items, e.g. a DDP "
            "bucket: small raw tensors travel fused, the others per their codec.")

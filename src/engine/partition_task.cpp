@@ -263,9 +263,46 @@ void PartitionTasks::run_collective(Task& task, PartitionContext& ctx) {
           }
         }
         collectives::all_to_all_bytes(ctx, b, in, bytes_of(it.output), eb);
-      } else {
+      } else if (dtype == DType::kFloat32) {
         ctx.input = std::span<const float>(it.ref.data);
         collectives::all_to_all(ctx, b, it.output.floats());
+      } else {
+        // Half blocks: this partition's widened into fp32 scratch, the received ones decoded into
+        // fp32 scratch and rounded once. Non-finite input is found in the tensor's own values
+        // first, so that the error names the tensor's element (the encoder then sends failures).
+        collectives::AllToAllBlocks local = b;
+        std::size_t sends = 0, recvs = 0;
+        for (int q = 0; q < n; ++q) {
+          local.send_begin[q] = sends;
+          local.recv_begin[q] = recvs;
+          sends += b.send_size[q];
+          recvs += b.recv_size[q];
+        }
+        Buffer wide = buffers_.acquire(std::max<std::size_t>((sends + recvs) * sizeof(float), 1));
+        std::span<float> in = wide.as<float>(sends + recvs).first(sends);
+        std::span<float> out = wide.as<float>(sends + recvs).subspan(sends, recvs);
+        const std::uint16_t* from = it.ref.typed.half().data();
+        for (int q = 0; q < n; ++q) {
+          const auto block = in.subspan(local.send_begin[q], b.send_size[q]);
+          if (!kit::widen(dtype, from + b.send_begin[q], block, false)) {
+            const std::size_t bad = kit::find_non_finite(
+                std::span<const std::uint16_t>(from + b.send_begin[q], b.send_size[q]), dtype);
+            ctx.failure.merge({Failure::kInputNotFinite, r, b.send_begin[q] + bad, {}});
+          }
+        }
+        ctx.input = in;
+        collectives::all_to_all(ctx, local, out);
+        if (!ctx.failure.any()) {
+          std::uint16_t* to = it.output.half().data();
+          for (int q = 0; q < n; ++q) {
+            if (!kit::narrow(dtype, out.subspan(local.recv_begin[q], b.recv_size[q]),
+                             to + b.recv_begin[q])) {
+              throw InvalidArgument(fmt::format("engine: {}: a decoded block from rank {} is not "
+                                                "finite in {}",
+                                                ctx.label(), q, to_string(dtype)));
+            }
+          }
+        }
       }
       break;
     }

@@ -162,10 +162,6 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
         throw refuse(fmt::format("strategy {} does not apply; use raw (codec none) or {}",
                                  to_string(p.strategy), to_string(compressed)));
       }
-      if (op == Op::kAllToAll && dtype != DType::kFloat32 && p.strategy != Strategy::kRaw) {
-        throw refuse(fmt::format("{} tensors travel raw only (codec none); codecs take float32",
-                                 to_string(dtype)));
-      }
       break;
     }
     case Op::kAllreduce: throw refuse("not a collective of its own");
@@ -238,9 +234,14 @@ bool Plans::needs_check(const std::string& name, const std::string& config) cons
   auto rec = records_.find(name);
   if (rec == records_.end()) return true;
   if (rec->second.in_flight) {
-    throw InvalidArgument(fmt::format("allreduce: tensor '{}' is already in flight; wait for "
-                                      "its handle before submitting it again",
-                                      name));
+    // Records of other operations are keyed "op:name" (record_key).
+    const auto colon = name.find(':');
+    const bool other_op = colon != std::string::npos && rec->second.config.rfind(
+                                                            name.substr(0, colon) + " of ", 0) == 0;
+    throw InvalidArgument(fmt::format(
+        "{}: tensor '{}' is already in flight; wait for its handle before submitting it again",
+        other_op ? name.substr(0, colon) : std::string("allreduce"),
+        other_op ? name.substr(colon + 1) : name));
   }
   return !rec->second.verified_for(config);
 }

@@ -1078,6 +1078,53 @@ int all_to_all_matrix(Communicator& comm, Engine& engine) {
       }
     }
   }
+  // Half blocks with a codec: read from the tensor's values, decoded and rounded once; a rank's
+  // block to itself is exact.
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const std::string spec : {"minmax8", "fp16"}) {
+      const std::string name = fmt::format("a2a/{}/{}", to_string(dtype), spec);
+      const auto counts = a2a_counts(n_ranks, 1, false);
+      std::vector<std::vector<std::uint16_t>> x;
+      for (int i = 0; i < n_ranks; ++i) {
+        std::size_t total = 0;
+        for (int j = 0; j < n_ranks; ++j) total += counts[i][j];
+        x.emplace_back(total);
+        kit::narrow(dtype, make_input(i, name, 0, total), x.back().data());
+      }
+      std::vector<std::size_t> send(n_ranks), recv(n_ranks);
+      std::size_t out_total = 0;
+      for (int j = 0; j < n_ranks; ++j) {
+        send[j] = counts[r][j];
+        recv[j] = counts[j][r];
+        out_total += recv[j];
+      }
+      std::vector<std::uint16_t> y(out_total);
+      CollectiveOptions o;
+      o.codec = spec;
+      o.partitions = 2;
+      engine.all_to_all(name, TensorView(x[r].data(), x[r].size(), dtype), send,
+                        TensorView(y.data(), y.size(), dtype), recv, o)
+          .wait();
+      std::size_t at = 0;
+      for (int j = 0; j < n_ranks; ++j) {
+        std::size_t from = 0;
+        for (int q = 0; q < r; ++q) from += counts[j][q];
+        std::vector<float> got(recv[j]), want(recv[j]);
+        kit::widen(dtype, y.data() + at, got, false);
+        kit::widen(dtype, x[j].data() + from, want, false);
+        if (j == r) {
+          check(std::memcmp(y.data() + at, x[j].data() + from, recv[j] * 2) == 0,
+                name + ": own block not exact");
+        } else if (recv[j] > 0) {
+          check(relative_error(got, want) < 0.05,
+                fmt::format("{}: block from rank {}: error {}", name, j,
+                            relative_error(got, want)));
+        }
+        at += recv[j];
+      }
+      ++cases;
+    }
+  }
   // bf16 blocks travel raw, bit for bit.
   {
     const DType dtype = DType::kBFloat16;
@@ -1172,6 +1219,20 @@ int collective_errors(Communicator& comm, Engine& engine) {
     expect(a2a, [&] { engine.all_to_all(a2a, TensorView(in), counts, TensorView(std::span(out)), counts, o).wait(); },
            {"all_to_all", a2a, fmt::format("rank {}'s input holds NaN or Inf at element {}", bad,
                                            at)});
+  }
+  {
+    const std::string name = "a2a-nan/bf16/minmax8";
+    CollectiveOptions o;
+    o.codec = "minmax8";
+    const DType bf16 = DType::kBFloat16;
+    std::vector<std::uint16_t> in(shard * n_ranks, 0x3f80), out(shard * n_ranks);
+    std::vector<std::size_t> counts(n_ranks, shard);
+    if (r == bad) in[at] = 0x7f80;  // +Inf, in the block for rank 0
+    expect(name, [&] {
+      engine.all_to_all(name, TensorView(in.data(), in.size(), bf16), counts,
+                        TensorView(out.data(), out.size(), bf16), counts, o).wait();
+    }, {"all_to_all", name, fmt::format("rank {}'s input holds NaN or Inf at element {}", bad,
+                                        at)});
   }
   // all_to_all counts that disagree across ranks: rank 0 expects one element more from the bad
   // rank than it sends (the others' blocks are fine).
