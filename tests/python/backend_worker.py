@@ -171,7 +171,29 @@ def scenario_ddp(args) -> dict:
     return result
 
 
-SCENARIOS = {"collectives": scenario_collectives, "ddp": scenario_ddp}
+def scenario_fsdp(args) -> dict:
+    """FSDP2 with the terse group for its all-gathers and reduce-scatters."""
+    from torch.distributed.fsdp import fully_shard
+    model = mlp()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(32, 32, generator=torch.Generator().manual_seed(1000 + dist.get_rank()))
+    y = torch.randn(32, 10, generator=torch.Generator().manual_seed(7))
+    losses = []
+    for _ in range(args.steps):
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    params = torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()])
+    return {"losses": losses, "digest": digest(params)}
+
+
+SCENARIOS = {"collectives": scenario_collectives, "ddp": scenario_ddp, "fsdp": scenario_fsdp}
 
 
 def main() -> None:

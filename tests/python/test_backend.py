@@ -93,3 +93,10 @@ def test_ddp_without_a_hook_trains_and_keeps_replicas_identical(tmp_path):
         assert abs(losses[-1] - r["gloo"]["losses"][-1]) < 0.01 * losses[-1]
         # fp16-compressed gradients: close to DDP on Gloo, not identical to it.
         assert r["difference"] < 1e-2
+
+
+def test_fsdp_runs_its_collectives_on_the_terse_backend(tmp_path):
+    results = launch(2, ["fsdp"], tmp_path, worker=WORKER)
+    assert len({r["digest"] for r in results}) == 1
+    for r in results:
+        assert r["losses"][-1] < 0.95 * r["losses"][0], r["losses"]

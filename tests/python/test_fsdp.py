@@ -11,7 +11,7 @@ from conftest import launch
 try:
     from torch.distributed.fsdp import FSDPModule
     HAS_FSDP2_HOOKS = hasattr(FSDPModule, "set_custom_reduce_scatter")
-except ImportError:
+except Exception:  # noqa: BLE001 - torch 1.13's fsdp package fails to import on Python 3.11
     HAS_FSDP2_HOOKS = False
 pytestmark = pytest.mark.skipif(
     not HAS_FSDP2_HOOKS,
