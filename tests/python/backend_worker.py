@@ -198,12 +198,23 @@ SCENARIOS = {"collectives": scenario_collectives, "ddp": scenario_ddp, "fsdp": s
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=sorted(SCENARIOS))
+    p.add_argument("scenario", choices=sorted(SCENARIOS) + ["bad_codec"])
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--backend", default="cpu:terse")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.scenario == "bad_codec":
+        os.environ["TERSE_BACKEND_CODEC"] = "nosuchcodec"
+        try:
+            dist.init_process_group(args.backend)
+            result = {"error": None}
+        except Exception as e:  # noqa: BLE001 - the test checks the type and text
+            result = {"error": type(e).__name__, "message": str(e)}
+        path = os.path.join(args.out, f"rank-{os.environ['RANK']}.json")
+        with open(path, "w") as f:
+            json.dump(result, f)
+        return
     dist.init_process_group(args.backend)
     result = SCENARIOS[args.scenario](args)
     result["rank"] = dist.get_rank()

@@ -85,7 +85,8 @@ def test_unsupported_operations_raise_naming_the_operation(collectives):
 
 
 def test_ddp_without_a_hook_trains_and_keeps_replicas_identical(tmp_path):
-    results = launch(2, ["ddp"], tmp_path, worker=WORKER)
+    # "terse" alone: the backend for CPU tensors.
+    results = launch(2, ["ddp", "--backend", "terse"], tmp_path, worker=WORKER)
     assert len({r["terse"]["digest"] for r in results}) == 1
     for r in results:
         losses = r["terse"]["losses"]
@@ -100,3 +101,9 @@ def test_fsdp_runs_its_collectives_on_the_terse_backend(tmp_path):
     assert len({r["digest"] for r in results}) == 1
     for r in results:
         assert r["losses"][-1] < 0.95 * r["losses"][0], r["losses"]
+
+
+def test_bad_codec_name_fails_init_on_every_rank(tmp_path):
+    results = launch(2, ["bad_codec"], tmp_path, worker=WORKER)
+    for r in results:
+        assert r["error"] == "SpecError" and "nosuchcodec" in r["message"], r
