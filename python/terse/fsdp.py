@@ -160,8 +160,8 @@ class ReduceScatter:
 class AllGather:
     """FSDP2's custom all-gather (``FSDPModule.set_custom_all_gather``) for one FSDP module: the
     module's parameter shards, concatenated, gathered with ``codec`` (raw below ``min_bytes``).
-    Buffers of other dtypes (FSDP gathers groups of mixed dtypes as uint8) go through the process
-    group unchanged."""
+    Buffers below ``min_bytes`` and of other dtypes (FSDP gathers groups of mixed dtypes as
+    uint8) go through the process group unchanged."""
 
     def __init__(self, state: "TerseFSDPState", module_name: str, codec: str):
         self._state = state
@@ -178,10 +178,12 @@ class AllGather:
         if input_tensor.dtype not in _ENGINE_DTYPES:
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
                                                async_op=async_op)
-        small = input_tensor.numel() * input_tensor.element_size() < state.min_bytes
+        if input_tensor.numel() * input_tensor.element_size() < state.min_bytes:
+            # Small buffers gain nothing from a codec: FSDP's own exact gather.
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
+                                               async_op=async_op)
         try:
-            _all_gather(state.engine, self._name, input_tensor, output_tensor,
-                        "none" if small else self._codec)
+            _all_gather(state.engine, self._name, input_tensor, output_tensor, self._codec)
         except BaseException as e:
             state._record(e)
             raise
@@ -208,8 +210,8 @@ class TerseFSDPState:
         ``"fp16"`` and ``"bf16"`` 16; ``"none"`` reduces raw (FSDP's result up to summation
         order). ``terse.codec_names()`` lists them.
     all_gather_codec
-        Codec of the parameter all-gather (FSDP2 only), or None to leave FSDP's own all-gather
-        in place. ``"minmax8"`` (8-bit block quantization, ZeRO++'s qwZ) or ``"bf16"``. Stateless
+        Codec of the parameter all-gather (FSDP2 only), or None (or ``"none"``) to leave FSDP's
+        own all-gather in place. ``"minmax8"`` (8-bit block quantization, ZeRO++'s qwZ) or ``"bf16"``. Stateless
         codecs only: the gathered weights are recomputed from the full-precision shards every
         time, so nothing accumulates.
     min_bytes
@@ -325,7 +327,7 @@ def compress(model: torch.nn.Module, codec: str = "minmax8:ef=1",
                            **knobs)
     for name, module in modules:
         module.set_custom_reduce_scatter(ReduceScatter(state, name, module))
-        if all_gather_codec is not None:
+        if all_gather_codec not in (None, "none"):
             module.set_custom_all_gather(AllGather(state, name, all_gather_codec))
     return state
 
