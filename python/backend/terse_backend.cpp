@@ -1,31 +1,26 @@
-// terse._backend: terse as a torch.distributed backend (a c10d::Backend), so
-// that init_process_group(backend="cpu:terse") hands DDP without a hook, FSDP
-// and all_to_all to terse's engine. python/terse/backend.py registers it with
-// Backend.register_backend.
+// terse._backend: terse as a torch.distributed backend (a c10d::Backend), so that
+// init_process_group(backend="cpu:terse") hands DDP without a hook, FSDP and all_to_all to terse's
+// engine. python/terse/backend.py registers it with Backend.register_backend.
 //
-// Unlike terse._C, this module links libtorch and is built against one torch
-// (the venv's): its C++ ABI is that torch's. It uses torch's bundled pybind11,
-// so that the Backend class it binds derives from the one torch._C registered.
+// Unlike terse._C, this module links libtorch and is built against one torch (the venv's): its C++
+// ABI is that torch's. It uses torch's bundled pybind11, so that the Backend class it binds derives
+// from the one torch._C registered.
 //
-// Execution: every operation is checked when it is called (unsupported
-// operations, reduce ops, devices and dtypes throw there, naming the
-// operation), then queued to one worker thread per backend that runs the
-// operations in call order, each to completion, and completes the Work's future
-// with the output tensors (what DDP's reducer reads). Every rank calls the same
-// operations in the same order (c10d's contract), so every rank's worker runs
-// the same sequence.
+// Execution: every operation is checked when it is called (unsupported operations, reduce ops,
+// devices and dtypes throw there, naming the operation), then queued to one worker thread per
+// backend that runs the operations in call order, each to completion, and completes the Work's
+// future with the output tensors (what DDP's reducer reads). Every rank calls the same operations
+// in the same order (c10d's contract), so every rank's worker runs the same sequence.
 //
-// Two terse communicators over the group's store: one for the engine (float
-// reductions), one for byte-moving collectives (broadcast, gathers of other
-// dtypes, all-to-all, barrier), so that the engine's messages and these never
-// share a Gloo slot.
+// Two terse communicators over the group's store: one for the engine (float reductions), one for
+// byte-moving collectives (broadcast, gathers of other dtypes, all-to-all, barrier), so that the
+// engine's messages and these never share a Gloo slot.
 //
-// Policy (BackendOptions): a float32/float16/bfloat16 reduction (allreduce,
-// reduce_scatter) of at least min_bytes that the caller did not mark exact is
-// compressed with `codec`; every other reduction travels raw (engine codec
-// "none"; other dtypes gathered and summed in rank order, the same on every
-// rank). all-gathers use `all_gather_codec` under the same rule ("none" by
-// default); broadcast, all-to-all and barrier move bytes unchanged.
+// Policy (BackendOptions): a float32/float16/bfloat16 reduction (allreduce, reduce_scatter) of at
+// least min_bytes that the caller did not mark exact is compressed with `codec`; every other
+// reduction travels raw (engine codec "none"; other dtypes gathered and summed in rank order, the
+// same on every rank). all-gathers use `all_gather_codec` under the same rule ("none" by default);
+// broadcast, all-to-all and barrier move bytes unchanged.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/utils/pybind.h>
@@ -58,8 +53,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// ---- the group's store as a terse store
-// -------------------------------------------------------
+// ---- the group's store as a terse store ---------------------------------------------------------
 
 class C10dStore : public terse::Store {
  public:
@@ -92,8 +86,7 @@ class C10dStore : public terse::Store {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-// ---- options
-// ----------------------------------------------------------------------------------
+// ---- options ------------------------------------------------------------------------------------
 
 struct BackendOptions {
   std::string codec = "fp16";
@@ -103,12 +96,10 @@ struct BackendOptions {
   double timeout_seconds = 0;  // 0: the process group's timeout
 };
 
-// Set by terse.backend.exact() on the calling thread: the operations it calls
-// travel raw.
+// Set by terse.backend.exact() on the calling thread: the operations it calls travel raw.
 thread_local bool exact_calls = false;
 
-// ---- work
-// -------------------------------------------------------------------------------------
+// ---- work ---------------------------------------------------------------------------------------
 
 class TerseWork : public c10d::Work {
  public:
@@ -125,8 +116,7 @@ class TerseWork : public c10d::Work {
   }
   std::vector<at::Tensor> result() override { return outputs_; }
   bool wait(milliseconds /*timeout*/) override {
-    // Bounded already: every terse wait is bounded by the communicator's
-    // timeout.
+    // Bounded already: every terse wait is bounded by the communicator's timeout.
     future_->wait();
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
     return true;
@@ -141,8 +131,7 @@ class TerseWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-// ---- checks
-// -----------------------------------------------------------------------------------
+// ---- checks -------------------------------------------------------------------------------------
 
 bool engine_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
@@ -212,8 +201,7 @@ std::span<std::byte> bytes_of(const at::Tensor& t) {
   return {static_cast<std::byte*>(t.data_ptr()), static_cast<std::size_t>(t.nbytes())};
 }
 
-// ---- the backend
-// ------------------------------------------------------------------------------
+// ---- the backend --------------------------------------------------------------------------------
 
 class TerseBackend : public c10d::Backend {
  public:
@@ -246,8 +234,7 @@ class TerseBackend : public c10d::Backend {
 
   const std::string getBackendName() const override { return "terse"; }
 
-  // ---- what terse runs
-  // --------------------------------------------------------------------
+  // ---- what terse runs --------------------------------------------------------------------------
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
@@ -452,8 +439,7 @@ class TerseBackend : public c10d::Backend {
     return enqueue(c10d::OpType::BARRIER, {}, [this] { bytes_->barrier("barrier"); });
   }
 
-  // ---- what terse refuses
-  // -----------------------------------------------------------------
+  // ---- what terse refuses -----------------------------------------------------------------------
 
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>&,
                                                   const c10d::AllreduceOptions&) override {
@@ -514,8 +500,8 @@ class TerseBackend : public c10d::Backend {
     return [this, in = input, out = output, codec, op] { gather(in, out.view(-1), codec, op); };
   }
 
-  // Checks a reduce-scatter of input (size times output's elements) and returns it; the input
-  // is copied now, so the caller may reuse it at once.
+  // Checks a reduce-scatter of input (size times output's elements) and returns it; the input is
+  // copied now, so the caller may reuse it at once.
   std::function<void()> reduce_scatter_task(const at::Tensor& output, const at::Tensor& input,
                                             bool average, const char* op) {
     check_tensor(op, input);
@@ -554,8 +540,7 @@ class TerseBackend : public c10d::Backend {
     TORCH_CHECK_NOT_IMPLEMENTED(!average || at::isFloatingType(t.scalar_type()),
                                 "terse backend: ", op, " with AVG of ", t.scalar_type(),
                                 " tensors is not supported (integers average to fractions)");
-    // Other dtypes: gathered raw and summed in rank order, the same on every
-    // rank.
+    // Other dtypes: gathered raw and summed in rank order, the same on every rank.
     at::Tensor all = at::empty({size_, t.numel()}, t.options());
     gather(t, all.view(-1), "none", op);
     at::Tensor sum = all.sum(0);
@@ -563,20 +548,18 @@ class TerseBackend : public c10d::Backend {
     t.view(-1).copy_(sum);
   }
 
-  // out (n elements) = this rank's shard of the reduction of in (size * n
-  // elements, a scratch copy). TODO(engine.reduce_scatter):
-  // engine_->reduce_scatter(name, in, out, options) for the engine's dtypes;
-  // meanwhile the allreduce of the whole input and this rank's slice.
+  // out (n elements) = this rank's shard of the reduction of in (size * n elements, a scratch
+  // copy). TODO(engine.reduce_scatter): engine_->reduce_scatter(name, in, out, options) for the
+  // engine's dtypes; meanwhile the allreduce of the whole input and this rank's slice.
   void scatter_reduced(const at::Tensor& in, const at::Tensor& out, bool average,
                        const std::string& codec, const char* op) {
     reduce(in, average, codec, op);
     out.view(-1).copy_(in.view(-1).narrow(0, rank_ * out.numel(), out.numel()));
   }
 
-  // out (size * n elements) = every rank's in, in rank order.
-  // TODO(engine.all_gather): with a codec, engine_->all_gather(name, in, out,
-  // options); meanwhile the sum of zero-padded buffers (identical on every
-  // rank; raw gathers move bytes through the byte communicator).
+  // out (size * n elements) = every rank's in, in rank order. TODO(engine.all_gather): with a
+  // codec, engine_->all_gather(name, in, out, options); meanwhile the sum of zero-padded buffers
+  // (identical on every rank; raw gathers move bytes through the byte communicator).
   void gather(const at::Tensor& in, const at::Tensor& out, const std::string& codec,
               const char* op) {
     if (codec != "none" && engine_dtype(in.scalar_type())) {
@@ -595,8 +578,7 @@ class TerseBackend : public c10d::Backend {
     bytes_->allgatherv(bytes_of(in), bytes_of(out), sizes, op);
   }
 
-  // outs[r] = rank r's ins[this rank]. TODO(engine.all_to_all):
-  // engine_->all_to_all with a codec.
+  // outs[r] = rank r's ins[this rank]. TODO(engine.all_to_all): engine_->all_to_all with a codec.
   void exchange(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
                 const char* op) {
     const std::uint64_t tag = ++exchanges_;
