@@ -11,7 +11,9 @@ The C++ core (codecs, Gloo transport, the asynchronous allreduce engine) as a Py
 PyTorch integration lives in :mod:`terse.torch` (imported separately, since importing torch
 takes a second): ``terse.torch.ddp_hook`` is a DistributedDataParallel communication hook, and
 ``terse.torch.pipeline`` splits a model into pipeline stages, one process each, that exchange
-compressed activations and gradients through :class:`terse.Channel`.
+compressed activations and gradients through :class:`terse.Channel`. :mod:`terse.fsdp`
+compresses FSDP's reduce-scatter and all-gather, and importing :mod:`terse.backend` registers
+terse as the torch.distributed backend ``"cpu:terse"`` (docs/fsdp.md).
 
 Errors are :class:`terse.Error` subclasses carrying the C++ message (rank, tensor, peer):
 SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError.

@@ -1,0 +1,118 @@
+"""terse as a torch.distributed backend: ``init_process_group(backend="cpu:terse")``.
+
+Importing this module registers the backend "terse" for CPU tensors::
+
+    import terse.backend
+    torch.distributed.init_process_group(backend="cpu:terse")   # or backend="terse"
+    model = DistributedDataParallel(model)                       # no hook needed
+
+Every collective of that process group then runs through terse (python/backend/
+terse_backend.cpp, a ``c10d::Backend`` built against this torch): allreduce (SUM, AVG),
+broadcast, all_gather and all_gather_into_tensor, reduce_scatter and reduce_scatter_tensor,
+all_to_all and all_to_all_single, barrier. Everything else (send/recv, gather, scatter, reduce,
+MIN/MAX/PRODUCT/PREMUL_SUM, coalesced and sparse variants, non-CPU tensors) raises
+NotImplementedError naming the operation; never a wrong result. Use ``"cpu:terse,cuda:nccl"``
+for GPU tensors.
+
+What is compressed (the policy), read from the environment when a group is created, or from
+:func:`configure` called before it:
+
+``TERSE_BACKEND_CODEC`` (default ``fp16``)
+    Codec of float32/float16/bfloat16 reductions (allreduce, reduce_scatter) of at least
+    ``TERSE_BACKEND_MIN_BYTES``; ``none`` sends every reduction raw.
+``TERSE_BACKEND_ALL_GATHER_CODEC`` (default ``none``)
+    Codec of all-gathers of float tensors of at least that size (lossy codecs give every rank
+    the same decoded values).
+``TERSE_BACKEND_MIN_BYTES`` (default 65536)
+    Smaller tensors travel raw: biases, norms, DDP's small buckets, and every metadata exchange.
+``TERSE_BACKEND_THREADS`` (default 0: terse's default)
+    Engine worker threads.
+
+Integer, bool and float64 tensors always travel raw (reductions gather them and sum in rank
+order, identically on every rank). Calls made inside ``with terse.backend.exact():`` travel raw
+whatever their size. Broadcast, all-to-all and barrier always move bytes unchanged.
+
+The extension needs torch >= 2.6 (the pinned 2.15); with an older torch (Debian's 1.13) importing
+this module raises ImportError saying so.
+"""
+
+import contextlib
+import datetime
+import os
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+import terse
+
+_MIN_TORCH = (2, 6)
+_version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+if _version < _MIN_TORCH:
+    raise ImportError(
+        f"terse.backend needs torch >= {'.'.join(map(str, _MIN_TORCH))} (the extension is built "
+        f"against the venv's torch); this is torch {torch.__version__}")
+try:
+    from terse import _backend
+except ImportError as e:
+    raise ImportError(
+        "terse.backend: the extension terse._backend was not built (it is built when the "
+        "interpreter terse is built for has torch >= 2.6 with its C++ headers; pip builds it "
+        f"with --no-build-isolation): {e}") from e
+
+__all__ = ["configure", "exact", "NAME"]
+
+NAME = "terse"
+
+_settings: dict = {}
+
+
+def configure(codec: Optional[str] = None, all_gather_codec: Optional[str] = None,
+              min_bytes: Optional[int] = None, threads: Optional[int] = None) -> None:
+    """Sets the policy of groups created afterwards (overrides the environment). Every rank must
+    use the same values."""
+    for key, value in (("codec", codec), ("all_gather_codec", all_gather_codec),
+                       ("min_bytes", min_bytes), ("threads", threads)):
+        if value is not None:
+            _settings[key] = value
+
+
+def _setting(key: str, env: str, default: str) -> str:
+    return str(_settings.get(key, os.environ.get(env, default)))
+
+
+@contextlib.contextmanager
+def exact() -> Iterator[None]:
+    """Collectives this thread calls inside the block travel raw (uncompressed)."""
+    previous = _backend.exact()
+    _backend.set_exact(True)
+    try:
+        yield
+    finally:
+        _backend.set_exact(previous)
+
+
+def _create(store: dist.Store, rank: int, size: int,
+            timeout: datetime.timedelta) -> "_backend.TerseBackend":
+    codec = _setting("codec", "TERSE_BACKEND_CODEC", "fp16")
+    all_gather_codec = _setting("all_gather_codec", "TERSE_BACKEND_ALL_GATHER_CODEC", "none")
+    # A bad setting fails here, on every rank alike, before any rank connects.
+    for spec in (codec, all_gather_codec):
+        if spec == "auto":
+            raise terse.InvalidArgument("terse backend: codec 'auto' is not supported; name one")
+        terse.canonical_spec(spec)
+    try:
+        min_bytes = int(_setting("min_bytes", "TERSE_BACKEND_MIN_BYTES", str(64 << 10)))
+        threads = int(_setting("threads", "TERSE_BACKEND_THREADS", "0"))
+    except ValueError as e:
+        raise terse.InvalidArgument(f"terse backend: TERSE_BACKEND_MIN_BYTES or "
+                                    f"TERSE_BACKEND_THREADS is not a number: {e}") from e
+    seconds = timeout.total_seconds() if timeout is not None else 0.0
+    if os.environ.get("TERSE_TIMEOUT"):
+        seconds = 0.0  # terse's own default: TERSE_TIMEOUT
+    return _backend.TerseBackend(store, rank, size, codec, all_gather_codec, min_bytes, threads,
+                                 seconds)
+
+
+if NAME not in dist.Backend.backend_list:
+    dist.Backend.register_backend(NAME, _create, devices=["cpu"])
