@@ -549,36 +549,44 @@ class TerseBackend : public c10d::Backend {
   }
 
   // out (n elements) = this rank's shard of the reduction of in (size * n elements, a scratch
-  // copy). TODO(engine.reduce_scatter): engine_->reduce_scatter(name, in, out, options) for the
-  // engine's dtypes; meanwhile the allreduce of the whole input and this rank's slice.
+  // copy): the engine's reduce-scatter for its dtypes (raw: the exact rank-order sum; with a
+  // codec, its default strategy, each contribution quantized once); other dtypes are reduced
+  // whole and sliced.
   void scatter_reduced(const at::Tensor& in, const at::Tensor& out, bool average,
                        const std::string& codec, const char* op) {
+    if (engine_dtype(in.scalar_type())) {
+      CollectiveOptions o;
+      o.codec = codec;
+      o.average = average;
+      engine_
+          ->reduce_scatter(name(op, in), view_of(in), view_of(out), o)
+          .wait();
+      return;
+    }
     reduce(in, average, codec, op);
     out.view(-1).copy_(in.view(-1).narrow(0, rank_ * out.numel(), out.numel()));
   }
 
-  // out (size * n elements) = every rank's in, in rank order. TODO(engine.all_gather): with a
-  // codec, engine_->all_gather(name, in, out, options); meanwhile the sum of zero-padded buffers
-  // (identical on every rank; raw gathers move bytes through the byte communicator).
+  // out (size * n elements) = every rank's in, in rank order: with a codec, the engine's
+  // all-gather (each shard encoded once by its owner, the same bytes decoded by every rank, so
+  // out is identical everywhere); raw, the bytes through the byte communicator.
   void gather(const at::Tensor& in, const at::Tensor& out, const std::string& codec,
               const char* op) {
     if (codec != "none" && engine_dtype(in.scalar_type())) {
-      out.zero_();
-      out.narrow(0, rank_ * in.numel(), in.numel()).copy_(in.view(-1));
-      AllreduceOptions o;
+      CollectiveOptions o;
       o.codec = codec;
-      o.average = false;
-      engine_
-          ->allreduce(name(op, in),
-                      TensorView(out.data_ptr(), out.numel(), to_dtype(out.scalar_type())), o)
-          .wait();
+      engine_->all_gather(name(op, in), view_of(in), view_of(out), o).wait();
       return;
     }
     const std::vector<std::size_t> sizes(size_, static_cast<std::size_t>(in.nbytes()));
     bytes_->allgatherv(bytes_of(in), bytes_of(out), sizes, op);
   }
 
-  // outs[r] = rank r's ins[this rank]. TODO(engine.all_to_all): engine_->all_to_all with a codec.
+  static TensorView view_of(const at::Tensor& t) {
+    return TensorView(t.data_ptr(), t.numel(), to_dtype(t.scalar_type()));
+  }
+
+  // outs[r] = rank r's ins[this rank], raw (the backend's all-to-all carries no codec).
   void exchange(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
                 const char* op) {
     const std::uint64_t tag = ++exchanges_;

@@ -53,35 +53,22 @@ def _reduce_scatter(engine: terse.Engine,
                                           terse.AllreduceOptions]]) -> None:
     """Reduce-scatters each (name, input, output, options): ``input`` holds ``size`` shards of
     ``output``'s length, shard r belongs to rank r; ``output`` gets this rank's shard of the sum
-    (the average with ``options.average``). Blocks until done. ``input`` may be overwritten.
-
-    TODO(engine.reduce_scatter): submit ``engine.reduce_scatter(name, input, output,
-    codec=options.codec, strategy=options.strategy, average=options.average)`` per item and wait
-    for the handles. Until then: the allreduce of the whole input (one grouped submission, so
-    small raw tensors travel fused) and this rank's slice of it."""
-    if not items:
-        return
-    engine.allreduce_group([(name, inp, options) for name, inp, _, options in items]).wait()
-    rank = engine.rank
-    for _, inp, out, _ in items:
-        n = out.numel()
-        out.view(-1).copy_(inp.view(-1)[rank * n:(rank + 1) * n])
+    (the average with ``options.average``), through the engine's reduce-scatter with
+    ``options.codec`` (raw: the exact rank-order sum; a codec: its default strategy, every
+    contribution quantized once and summed in fp32). All are submitted, then waited for."""
+    handles = [engine.reduce_scatter(name, inp, out, codec=options.codec,
+                                     average=options.average)
+               for name, inp, out, options in items]
+    for handle in handles:
+        handle.wait()
 
 
 def _all_gather(engine: terse.Engine, name: str, inp: torch.Tensor, out: torch.Tensor,
                 codec: str) -> None:
     """Gathers every rank's ``inp`` into ``out`` (rank r's at ``out[r * n:(r + 1) * n]``), each
     shard encoded once with ``codec`` and decoded by every rank, so ``out`` is bit-identical on
-    all ranks. Blocks until done. ``inp`` may be a view of ``out``.
-
-    TODO(engine.all_gather): ``engine.all_gather(name, inp, out, codec=codec).wait()``. Until
-    then: the sum of zero-padded buffers, each rank's input in its own slot (exact for codec
-    "none"; a lossy codec quantizes the sum, still identical on every rank)."""
-    n = inp.numel()
-    padded = torch.zeros(out.numel(), dtype=out.dtype)
-    padded[engine.rank * n:(engine.rank + 1) * n].copy_(inp.view(-1))
-    engine.allreduce(name, padded, codec=codec, average=False).wait()
-    out.view(-1).copy_(padded)
+    all ranks. Blocks until done. ``inp`` may be a view of ``out``."""
+    engine.all_gather(name, inp, out, codec=codec).wait()
 
 
 # ---- FSDP2 ---------------------------------------------------------------------------------
