@@ -9,8 +9,9 @@ through terse with lossy codecs, 4 emulated hosts, same seeds and batches.
 Reported per exchange: final test accuracy, the median time of a step's four all-to-alls
 (dispatch and combine, forward and backward) and of the whole step, the bytes each rank sent
 on its interface per step, and whether the replicated parameters stayed identical. Model: a
-784-256 linear layer, a residual MoE layer (width 256, 8 experts of hidden size 1024, two per
-rank, top-1, capacity factor 1.25), a 256-10 head; SGD lr 0.05, momentum 0.9, 64 images a rank.
+784-W linear layer, a residual MoE layer (width W, 8 experts of hidden size 4W, two per rank,
+top-1, capacity factor 1.25), a W-10 head; SGD lr 0.05, momentum 0.9, B images a rank a step
+(--width W, default 256; --batch B, default 64).
 """
 
 import argparse
@@ -46,10 +47,10 @@ def worker(args: argparse.Namespace) -> None:
         def __init__(self) -> None:
             super().__init__()
             torch.manual_seed(0)  # the replicated layers: the same on every rank
-            self.inp = nn.Linear(784, 256)
-            self.moe = terse.moe.MoE(256, 1024, 2, exchange)
-            self.norm = nn.LayerNorm(256)
-            self.head = nn.Linear(256, 10)
+            self.inp = nn.Linear(784, args.width)
+            self.moe = terse.moe.MoE(args.width, 4 * args.width, 2, exchange)
+            self.norm = nn.LayerNorm(args.width)
+            self.head = nn.Linear(args.width, 10)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             h = F.relu(self.inp(x))
@@ -62,7 +63,7 @@ def worker(args: argparse.Namespace) -> None:
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     xt, yt = load_fashion_mnist("test")
     xt, yt = torch.from_numpy(xt), torch.from_numpy(yt)
-    batch = 64
+    batch = args.batch
     steps_per_epoch = len(x) // (batch * world)
     ifname = os.environ.get("TERSE_IFNAME")
     step_times: List[float] = []
@@ -133,13 +134,15 @@ def run(args: argparse.Namespace) -> None:
                                               os.environ.get("PYTHONPATH", "")) if p)
     results = []
     for exchange in args.exchanges.split(","):
-        out = os.path.abspath(os.path.join(args.results, f"{args.link}-{exchange}.json"))
+        out = os.path.abspath(os.path.join(
+            args.results, f"{args.link}-w{args.width}-b{args.batch}-{exchange}.json"))
         cmd = ["bash", os.path.join(ROOT, "scripts", "cluster.sh"), "-n", str(args.ranks),
                "-r", args.link, "--", "env", f"PYTHONPATH={python_path}", "OMP_NUM_THREADS=1",
                "PYTHONUNBUFFERED=1", "GLOO_SOCKET_IFNAME=eth0", f"TERSE_LINK={args.link}",
                "TORCH_CPP_LOG_LEVEL=ERROR", sys.executable, os.path.abspath(__file__), "worker",
                "--exchange", exchange, "--epochs", str(args.epochs), "--samples",
-               str(args.samples), "--out", out]
+               str(args.samples), "--width", str(args.width), "--batch", str(args.batch),
+               "--out", out]
         print(f"== {exchange} over {args.link}", flush=True)
         subprocess.run(cmd, check=True)
         with open(out) as f:
@@ -168,6 +171,9 @@ def main() -> None:
     r.add_argument("--samples", type=int, default=60000)
     r.add_argument("--results", default=os.path.join(ROOT, "results", "moe"))
     w = sub.add_parser("worker", help="one rank")
+    for q in (r, w):
+        q.add_argument("--width", type=int, default=256, help="model width (experts: 4x)")
+        q.add_argument("--batch", type=int, default=64, help="images (tokens) a rank a step")
     w.add_argument("--exchange", required=True, help="torch, or a terse codec spec")
     w.add_argument("--epochs", type=int, default=1)
     w.add_argument("--samples", type=int, default=60000)
