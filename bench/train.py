@@ -77,6 +77,16 @@ METHODS: List[Tuple[str, Dict]] = [
     # in fp32 and with gradients reduce-scattered in bf16.
     ("fsdp", dict(method="fsdp")),
     ("fsdp-bf16", dict(method="fsdp-bf16")),
+    # terse's gradient reduce-scatter (8 bits, error feedback, each contribution quantized
+    # once), then also the parameters' all-gather in 8 bits, then gradients in 4 bits (ZeRO++'s
+    # qwZ and qgZ).
+    ("fsdp-terse", dict(method="fsdp-terse", codec="minmax8:ef=1")),
+    ("fsdp-terse-qw", dict(method="fsdp-terse", codec="minmax8:ef=1",
+                           all_gather_codec="minmax8")),
+    ("fsdp-terse-qw-g4", dict(method="fsdp-terse", codec="minmax8:bits=4,ef=1",
+                              all_gather_codec="minmax8")),
+    # DDP without a hook on the process group backend "cpu:terse" (fp16 above 64 KiB).
+    ("ddp-terse-backend", dict(method="ddp-terse-backend", codec="fp16")),
     ("compute-only", dict(method="local")),
     # Ranks in step bucket by bucket, next to no bytes: what any allreduce costs beyond its
     # bytes on this machine (waiting for the slowest rank, scheduling 4 ranks on the cores).

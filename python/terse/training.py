@@ -140,7 +140,7 @@ def build_model(name: str):
 # ---- how gradients travel -------------------------------------------------------------------
 
 METHODS = ("ddp", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "ddp-powersgd-batched", "terse",
-           "local", "sync", "fsdp", "fsdp-bf16", "fsdp-terse")
+           "local", "sync", "fsdp", "fsdp-bf16", "fsdp-terse", "ddp-terse-backend")
 FSDP_METHODS = ("fsdp", "fsdp-bf16", "fsdp-terse")
 
 
@@ -161,7 +161,9 @@ class RunConfig:
     collectives over Gloo), ``fsdp-bf16`` (the same, gradients reduce-scattered in bfloat16:
     ``MixedPrecisionPolicy(reduce_dtype=bfloat16)``), ``fsdp-terse`` (the same sharding with
     terse's reduce-scatter of ``codec`` and, with ``all_gather_codec``, its quantized
-    parameter all-gather; ``min_bytes`` as for the hook), ``local`` (a hook that returns
+    parameter all-gather; ``min_bytes`` as for the hook), ``ddp-terse-backend`` (DDP without a
+    hook on the process group backend ``cpu:terse``, which compresses float tensors of at least
+    ``min_bytes`` with ``codec``), ``local`` (a hook that returns
     each rank's own gradient without communicating: the compute-only floor of a step; replicas
     diverge by design), or ``sync`` (as ``local``, after an allreduce of one float per bucket
     through the default process group: the floor of a step whose ranks keep in step bucket by
@@ -345,6 +347,8 @@ def _method_label(config: RunConfig) -> str:
         return "compute only (no communication)"
     if config.method == "sync":
         return "sync only (1 float per bucket)"
+    if config.method == "ddp-terse-backend":
+        return f"DDP on backend terse ({config.codec})"
     if config.method == "fsdp":
         return "FSDP fp32"
     if config.method == "fsdp-bf16":
@@ -518,7 +522,13 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
 
     started = time.perf_counter()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if config.method == "ddp-terse-backend":
+        import terse.backend
+
+        terse.backend.configure(codec=config.codec, min_bytes=config.min_bytes)
+        dist.init_process_group("cpu:terse")
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = MODELS[config.model]
     data = _Data(spec, config, rank, world)
