@@ -145,9 +145,10 @@ class TerseHookState:
         :class:`terse.Accordion` (two levels of one codec family, chosen per tensor at each
         window's end) or :class:`terse.SparseWarmup` (a sparsifier's density ramped down over
         the first windows); see :mod:`terse.accordion`. A schedule counts windows in epochs
-        (call :meth:`epoch_end` at the end of each, on every rank) or in steps. The spec The default, ``"powersgd"``
-        (rank 4, with its built-in error feedback), sends about 1% of the fp32 bytes of an MLP
-        and reached DDP's test accuracy within a point in the demo. Others: ``"fp16"``,
+        (call :meth:`epoch_end` at the end of each, on every rank) or in steps; see also
+        :meth:`watch` and :meth:`lr_changed`. The default, ``"powersgd"`` (rank 4, with its
+        built-in error feedback), sends about 1% of the fp32 bytes of an MLP and reached DDP's
+        test accuracy within a point in the demo. Others: ``"fp16"``,
         ``"bf16"``, ``"onebit:ef=1"`` (1 bit per element with error feedback),
         ``"qsgd:levels=16"``; ``terse.codec_names()`` lists them and
         ``terse.canonical_spec(spec)`` shows every parameter. ``"none"`` reduces raw fp32
