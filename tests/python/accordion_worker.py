@@ -12,6 +12,8 @@ Scenarios:
                         restores the checkpoint in fresh processes and trains the same AFTER
                         steps, with the hook state and without it (the control)
   disagree              rank 1's Accordion has another eta than the others'
+  clip                  one step with codec none and clip_norm CLIP: records the norms of the
+                        averaged gradients, with and without clipping
 """
 
 import argparse
@@ -122,6 +124,22 @@ def scenario_resume(args) -> Dict:
         for i in range(BEFORE, BEFORE + AFTER):
             step(model, optimizer, i)
         out["resumed" if with_state else "resumed_without_hook_state"] = digest(model)
+        state.close()
+    return out
+
+
+CLIP = 1e-3
+
+
+def scenario_clip(args) -> Dict:
+    out = {}
+    for clip in (CLIP, None):
+        model, optimizer, state = setup("none", clip_norm=clip)
+        x, y = batch(0)
+        F.cross_entropy(model(x), y).backward()
+        out[str(clip)] = {name: float(p.grad.norm()) for name, p in
+                          model.module.named_parameters()}
+        out["raw"] = sorted(name for name, raw in state._raw.items() if raw)
         state.close()
     return out
 

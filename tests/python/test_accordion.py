@@ -133,6 +133,8 @@ def test_a_hook_refuses_what_is_neither_a_spec_nor_a_schedule_before_connecting(
 
     with pytest.raises(terse.InvalidArgument, match="terse.Accordion or terse.SparseWarmup"):
         terse.torch.TerseHookState(codec=("powersgd:rank=1", "powersgd:rank=4"))
+    with pytest.raises(terse.InvalidArgument, match="clip_norm must be > 0"):
+        terse.torch.TerseHookState(codec="dgc", clip_norm=0.0)
     with pytest.raises(terse.InvalidArgument, match="auto_codecs is for codec='auto'"):
         terse.torch.TerseHookState(codec=terse.Accordion("powersgd:rank=1", "powersgd:rank=4"),
                                    auto_codecs=["fp16"])
@@ -258,6 +260,19 @@ def test_resume_under_accordion_is_bit_identical(tmp_path):
         assert l["resumed"] == s["continued"]
         # Control: without the hook state (levels, window sums, residuals) the run differs.
         assert l["resumed_without_hook_state"] != s["continued"]
+
+
+def test_local_clipping_bounds_each_compressed_gradient_before_it_is_averaged(tmp_path):
+    results = launch(2, ["clip"], tmp_path, worker=WORKER)
+    limit = accordion_worker.CLIP / 2 ** 0.5
+    clipped, plain, raw = results[0][str(accordion_worker.CLIP)], results[0]["None"], \
+        results[0]["raw"]
+    for name, norm in clipped.items():
+        if name in raw:  # small parameters travel raw and are not clipped
+            assert norm == plain[name], name
+        else:
+            assert plain[name] > 10 * limit, name  # the control: clipping had work to do
+            assert 0 < norm <= limit * (1 + 1e-5), (name, norm, limit)
 
 
 def test_ranks_whose_accordion_settings_differ_fail_on_every_rank(tmp_path):
