@@ -545,8 +545,9 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     train_seconds, accuracy), ``test_accuracy`` (at the end), ``time_to_accuracy`` (the
     training time of the first evaluation at the model's target, or None),
     ``wire_bytes_per_step`` (per rank, mean over ranks, measured on the interface),
-    ``payload_bytes_per_step`` (terse's count), ``gradient_bytes``, ``digests`` and
-    ``replicas_identical``.
+    ``payload_bytes_per_step`` (terse's count), ``gradient_bytes``, ``digests``,
+    ``replicas_identical`` and, under a codec schedule, ``schedule`` (its final decisions:
+    terse.Accordion's or terse.SparseWarmup's ``state_dict()``).
     """
     import torch
     import torch.distributed as dist
@@ -655,10 +656,13 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     everyone: List[Optional[Dict[str, Any]]] = [None] * world
     dist.all_gather_object(everyone, mine)
     plan = []
+    schedule = None
     if state is not None:
         if hasattr(state, "plan"):
             plan = [(name, n, p.codec, p.strategy, p.partitions)
                     for name, n, p in state.plan()]
+        if getattr(state, "schedule", None) is not None:
+            schedule = state.schedule.state_dict()  # the final decisions (no tensors in it)
         state.close()
 
     result = None
@@ -696,6 +700,7 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
             "payload_bytes_per_step": mean_over_ranks("payload_bytes_per_step"),
             "interface": os.environ.get("TERSE_IFNAME"),
             "digests": digests, "replicas_identical": len(set(digests)) == 1, "plan": plan,
+            "schedule": schedule,
         }
     # DDP's reducer holds the process group: if it outlived destroy_process_group(), its
     # destructor would join Gloo's threads while holding the GIL, which a thread still freeing a
