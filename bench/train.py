@@ -75,15 +75,12 @@ METHODS: List[Tuple[str, Dict]] = [
     ("terse-dgc", dict(method="terse", codec="dgc", momentum=0.0)),
     # The sparsifiers with DGC's warm-up (density 25%, 6.25%, 1.6%, 0.4%, then the target)
     # over the first four quarter epochs (terse.SparseWarmup), and DGC also with its local
-    # gradient clipping. DGC gathers the ranks' sparse velocities, as the paper does: under
-    # "sharded" each shard's owner would encode the average again, and DGC's state would apply
-    # its momentum to it a second time.
+    # gradient clipping.
     ("terse-topk-warmup", dict(method="terse", codec="topk:ratio=0.01,ef=1", **_WARMUP)),
     ("terse-randomk-warmup", dict(method="terse", codec="randomk:ratio=0.01,ef=1", **_WARMUP)),
-    ("terse-dgc-warmup", dict(method="terse", codec="dgc", momentum=0.0, strategy="allgather",
-                              **_WARMUP)),
-    ("terse-dgc-warmup-clip", dict(method="terse", codec="dgc", momentum=0.0,
-                                   strategy="allgather", clip_norm=5.0, **_WARMUP)),
+    ("terse-dgc-warmup", dict(method="terse", codec="dgc", momentum=0.0, **_WARMUP)),
+    ("terse-dgc-warmup-clip", dict(method="terse", codec="dgc", momentum=0.0, clip_norm=5.0,
+                                   **_WARMUP)),
     # Accordion (terse.Accordion): each tensor at its light level in critical regimes and its
     # heavy one elsewhere, decided every quarter epoch (the benchmark trains two epochs).
     ("terse-accordion-powersgd", dict(method="terse",

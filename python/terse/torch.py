@@ -161,8 +161,9 @@ class TerseHookState:
         ``["fp16", "powersgd"]``. None: ``TERSE_PLAN_CODECS``, else fp16 and onebit:ef=1.
     strategy
         How compressed tensors are reduced: ``"auto"`` (the engine's choice for the codec:
-        summable codecs such as fp16 and PowerSGD ride a ring on compressed data, others
-        use ``"sharded"``), ``"allgather"``, ``"sharded"``, ``"ring"`` or ``"summable"``.
+        summable codecs such as fp16 and PowerSGD ride a ring on compressed data, DGC's
+        payloads are gathered, others use ``"sharded"``), ``"allgather"``, ``"sharded"``,
+        ``"ring"`` or ``"summable"``.
         PowerSGD takes ``"summable"`` (its rounds' sums on rings) or ``"allgather"`` (gathered:
         one message step a round, for latency-bound links).
     partitions

@@ -63,8 +63,12 @@ TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** c
   const bool identity = c.name() == "none";
   p.strategy = o.strategy;
   if (p.strategy == Strategy::kAuto) {
+    // A codec with feedback state of its own (DGC's momentum and velocity) encodes each rank's
+    // gradient once and the ranks gather the payloads, as its paper does: under sharded, a
+    // shard's owner would feed the average through that state again (DGC's momentum twice).
     p.strategy = identity                      ? Strategy::kRaw
                  : t.summable || t.multi_round ? Strategy::kSummable
+                 : t.builtin_feedback          ? Strategy::kAllgather
                                                : Strategy::kSharded;
   }
   if (p.strategy == Strategy::kAllToAll) {
