@@ -41,6 +41,9 @@ from terse.training import MODELS, RunConfig, launch, method_label
 
 # ---- the matrix -----------------------------------------------------------------------------
 
+# DGC's warm-up as a codec schedule: four windows of a quarter epoch each.
+_WARMUP = dict(sparse_warmup=4, windows_per_epoch=4)
+
 # (name, RunConfig fields). The name is the JSON's file name and what --methods selects.
 METHODS: List[Tuple[str, Dict]] = [
     ("ddp", dict(method="ddp")),
@@ -65,10 +68,27 @@ METHODS: List[Tuple[str, Dict]] = [
     ("terse-fp16", dict(method="terse", codec="fp16")),
     ("terse-onebit", dict(method="terse", codec="onebit:ef=1")),
     ("terse-topk", dict(method="terse", codec="topk:ratio=0.01,ef=1")),
+    ("terse-topk-10", dict(method="terse", codec="topk:ratio=0.1,ef=1")),
     ("terse-randomk", dict(method="terse", codec="randomk:ratio=0.01,ef=1")),
     # DGC's momentum correction sends the momentum inside v: the optimizer runs without its
     # own (docs/codecs/dgc.md), or every step applies it twice.
     ("terse-dgc", dict(method="terse", codec="dgc", momentum=0.0)),
+    # The sparsifiers with DGC's warm-up (density 25%, 6.25%, 1.6%, 0.4%, then the target)
+    # over the first four quarter epochs (terse.SparseWarmup), and DGC also with its local
+    # gradient clipping.
+    ("terse-topk-warmup", dict(method="terse", codec="topk:ratio=0.01,ef=1", **_WARMUP)),
+    ("terse-randomk-warmup", dict(method="terse", codec="randomk:ratio=0.01,ef=1", **_WARMUP)),
+    ("terse-dgc-warmup", dict(method="terse", codec="dgc", momentum=0.0, **_WARMUP)),
+    ("terse-dgc-warmup-clip", dict(method="terse", codec="dgc", momentum=0.0, clip_norm=5.0,
+                                   **_WARMUP)),
+    # Accordion (terse.Accordion): each tensor at its light level in critical regimes and its
+    # heavy one elsewhere, decided every quarter epoch (the benchmark trains two epochs).
+    ("terse-accordion-powersgd", dict(method="terse",
+                                      accordion=("powersgd:rank=1", "powersgd:rank=4"),
+                                      windows_per_epoch=4)),
+    ("terse-accordion-topk", dict(method="terse",
+                                  accordion=("topk:ratio=0.01,ef=1", "topk:ratio=0.1,ef=1"),
+                                  windows_per_epoch=4)),
     # codec=auto may choose what the fastest fixed codecs are: fp16, onebit with error feedback
     # and PowerSGD (rank 4).
     ("terse-auto", dict(method="terse", codec="auto",

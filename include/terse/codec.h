@@ -60,6 +60,14 @@ class TERSE_API CodecState {
   virtual void save(std::vector<std::byte>& out) const = 0;
   // Throws DecodeError if the bytes were not produced by save() of the same kind and size.
   virtual void load(std::span<const std::byte> in) = 0;
+  // Takes over from `previous`, this tensor's state under another spec (another ratio, rank or
+  // bit width), what still applies here: error-feedback residuals and accumulators, which hold
+  // gradient not yet sent whatever the spec. Returns false, this state untouched, when nothing
+  // applies (another kind of state, another size). `previous` is left valid but unspecified.
+  virtual bool adopt(CodecState& previous) {
+    (void)previous;
+    return false;
+  }
 };
 
 // Reusable scratch memory. A codec asks for slot k of n elements of T; the memory stays

@@ -13,7 +13,9 @@ takes a second): ``terse.torch.ddp_hook`` is a DistributedDataParallel communica
 ``terse.torch.pipeline`` splits a model into pipeline stages, one process each, that exchange
 compressed activations and gradients through :class:`terse.Channel`. :mod:`terse.fsdp`
 compresses FSDP's reduce-scatter and all-gather, and importing :mod:`terse.backend` registers
-terse as the torch.distributed backend ``"cpu:terse"`` (docs/fsdp.md).
+terse as the torch.distributed backend ``"cpu:terse"`` (docs/fsdp.md). The hook's codec may also
+be a schedule (:mod:`terse.accordion`): :class:`Accordion`'s adaptive levels or a sparsifier's
+:class:`SparseWarmup`.
 
 Errors are :class:`terse.Error` subclasses carrying the C++ message (rank, tensor, peer):
 SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError.
@@ -47,8 +49,10 @@ from terse._C import (
     strategies,
     tcp_store,
 )
+from terse.accordion import Accordion, SparseWarmup
 
 __all__ = [
+    "Accordion",
     "AllreduceOptions",
     "Channel",
     "Codec",
@@ -60,6 +64,7 @@ __all__ = [
     "Handle",
     "InvalidArgument",
     "MismatchError",
+    "SparseWarmup",
     "SpecError",
     "Store",
     "TensorPlan",

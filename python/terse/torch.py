@@ -31,13 +31,15 @@ CPU autocast with fp32 master weights keeps fp32 gradients and the fp32 path.
 """
 
 import itertools
+import math
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
 import terse
+from terse.accordion import Accordion, SparseWarmup
 from terse.pipeline import Autoencoder, Delta, Pipeline, pipeline
 
 __all__ = ["TerseHookState", "ddp_hook", "hook", "check_parameter", "communicator_for",
@@ -139,9 +141,14 @@ class TerseHookState:
     across ranks on first use and raises :class:`terse.MismatchError` otherwise):
 
     codec
-        Codec spec for parameters of at least ``min_bytes``. The default, ``"powersgd"``
-        (rank 4, with its built-in error feedback), sends about 1% of the fp32 bytes of an MLP
-        and reached DDP's test accuracy within a point in the demo. Others: ``"fp16"``,
+        Codec spec for parameters of at least ``min_bytes``, or a schedule of specs:
+        :class:`terse.Accordion` (two levels of one codec family, chosen per tensor at each
+        window's end) or :class:`terse.SparseWarmup` (a sparsifier's density ramped down over
+        the first windows); see :mod:`terse.accordion`. A schedule counts windows in epochs
+        (call :meth:`epoch_end` at the end of each, on every rank) or in steps; see also
+        :meth:`watch` and :meth:`lr_changed`. The default, ``"powersgd"`` (rank 4, with its
+        built-in error feedback), sends about 1% of the fp32 bytes of an MLP and reached DDP's
+        test accuracy within a point in the demo. Others: ``"fp16"``,
         ``"bf16"``, ``"onebit:ef=1"`` (1 bit per element with error feedback),
         ``"qsgd:levels=16"``; ``terse.codec_names()`` lists them and
         ``terse.canonical_spec(spec)`` shows every parameter. ``"none"`` reduces raw fp32
@@ -154,8 +161,9 @@ class TerseHookState:
         ``["fp16", "powersgd"]``. None: ``TERSE_PLAN_CODECS``, else fp16 and onebit:ef=1.
     strategy
         How compressed tensors are reduced: ``"auto"`` (the engine's choice for the codec:
-        summable codecs such as fp16 and PowerSGD ride a ring on compressed data, others
-        use ``"sharded"``), ``"allgather"``, ``"sharded"``, ``"ring"`` or ``"summable"``.
+        summable codecs such as fp16 and PowerSGD ride a ring on compressed data, DGC's
+        payloads are gathered, others use ``"sharded"``), ``"allgather"``, ``"sharded"``,
+        ``"ring"`` or ``"summable"``.
         PowerSGD takes ``"summable"`` (its rounds' sums on rings) or ``"allgather"`` (gathered:
         one message step a round, for latency-bound links).
     partitions
@@ -166,6 +174,11 @@ class TerseHookState:
         uncompressed. Biases and norms
         gain nothing from compression and are fused into one raw message per bucket; the
         default, 64 KiB, keeps every weight matrix of a typical MLP or CNN compressed.
+    clip_norm
+        Local gradient clipping (DGC's): before it is compressed, each compressed parameter's
+        local gradient is scaled down to norm ``clip_norm / sqrt(ranks)`` if it is longer, so
+        that error-feedback accumulators and DGC's velocity cannot grow from one outlier. Per
+        parameter, not over the whole model (the hook sees one bucket at a time). None: off.
     warmup_steps
         The first ``warmup_steps`` communicated steps reduce raw fp32 through terse (codec
         ``"none"`` for every parameter, whatever ``codec`` says: plain allreduce, as PowerSGD's
@@ -219,12 +232,13 @@ class TerseHookState:
         self,
         model: Optional[torch.nn.Module] = None,
         *,
-        codec: str = "powersgd",
+        codec: Union[str, Accordion, SparseWarmup] = "powersgd",
         auto_codecs: Optional[Sequence[str]] = None,
         strategy: str = "auto",
         partitions: int = 0,
         min_bytes: int = 64 << 10,
         warmup_steps: int = 0,
+        clip_norm: Optional[float] = None,
         matrix_view: bool = True,
         seed: int = 0,
         threads: int = 0,
@@ -240,19 +254,30 @@ class TerseHookState:
             raise terse.InvalidArgument(f"min_bytes must be >= 0, not {min_bytes}")
         if warmup_steps < 0:
             raise terse.InvalidArgument(f"warmup_steps must be >= 0, not {warmup_steps}")
+        if clip_norm is not None and not clip_norm > 0:
+            raise terse.InvalidArgument(f"clip_norm must be > 0 (or None), not {clip_norm}")
         self.codec = codec
+        # A schedule decides each compressed parameter's spec step by step.
+        self.schedule: Optional[Any] = None if isinstance(codec, str) else codec
+        if self.schedule is not None and not isinstance(codec, (Accordion, SparseWarmup)):
+            raise terse.InvalidArgument(
+                f"codec must be a spec, terse.Accordion or terse.SparseWarmup, not {codec!r}")
+        self.clip_norm = clip_norm
         self.strategy = strategy
         self.partitions = partitions
         self.min_bytes = min_bytes
         self.warmup_steps = warmup_steps
         self.matrix_view = matrix_view
         # Validate the options before any rank connects: a typo fails fast, on this rank alone.
+        specs = [codec] if self.schedule is None else self.schedule.specs()
         if codec != "auto":
-            terse.canonical_spec(codec)
+            for spec in specs:
+                terse.canonical_spec(spec)
             if auto_codecs is not None:
                 raise terse.InvalidArgument("auto_codecs is for codec='auto'")
         self.auto_codecs = [terse.canonical_spec(c) for c in auto_codecs or ()]
-        terse.AllreduceOptions(codec=codec, strategy=strategy, partitions=partitions)
+        for spec in specs:
+            terse.AllreduceOptions(codec=spec, strategy=strategy, partitions=partitions)
 
         self._names: Dict[int, str] = {}
         if model is not None:
@@ -270,12 +295,24 @@ class TerseHookState:
             for name, p in module.named_parameters():
                 if p.requires_grad:
                     check_parameter(name, p)
-        self._options: Dict[str, terse.AllreduceOptions] = {}
+        self._options: Dict[str, terse.AllreduceOptions] = {}  # each parameter's, this step
+        self._level_options: Dict[Tuple[str, str], terse.AllreduceOptions] = {}
+        self._raw: Dict[str, bool] = {}  # parameters below min_bytes
         self._elements: Dict[str, int] = {}
         self._dtypes: Dict[str, torch.dtype] = {}
         self.error: Optional[BaseException] = None
         self.steps = 0
         self.buckets = 0
+        # The schedule's windows: each compressed parameter's gradient summed over the window
+        # (Accordion), steps into the window, whether it ended (decided at the next step's start).
+        self._accumulated: Dict[str, torch.Tensor] = {}
+        self._window_steps_done = 0
+        self._window_ended = False
+        self._lr_dropped = False
+        self._in_step = False
+        self._schedule_checked = False
+        self._optimizer: Optional[Any] = None
+        self._lrs: List[float] = []
 
         comm = communicator if communicator is not None else communicator_for(
             process_group, timeout=timeout)
@@ -304,25 +341,38 @@ class TerseHookState:
         return name
 
     def _options_for(self, name: str, param: torch.Tensor) -> terse.AllreduceOptions:
-        options = self._options.get(name)
-        if options is None:
+        raw = self._raw.get(name)
+        if raw is None:
             self._elements[name] = param.numel()
             self._dtypes[name] = param.dtype
-            if param.numel() * param.element_size() < self.min_bytes:
-                options = terse.AllreduceOptions(codec="none")
-            else:
-                codec = self.codec
-                if (self.matrix_view and param.dim() >= 2 and codec.split(":")[0] == "powersgd"
-                        and "rows=" not in codec):
-                    codec += ("," if ":" in codec else ":") + f"rows={param.shape[0]}"
-                options = terse.AllreduceOptions(codec=codec, strategy=self.strategy,
-                                                 partitions=self.partitions)
-            self._options[name] = options
+            raw = self._raw[name] = param.numel() * param.element_size() < self.min_bytes
+        if raw:
+            options = self._options.get(name)
+            if options is None:
+                options = self._options[name] = terse.AllreduceOptions(codec="none")
+            return options
+        codec = self.codec if self.schedule is None else self.schedule.spec(name)
+        options = self._level_options.get((name, codec))
+        if options is None:
+            spec = codec
+            if spec.split(":")[0] == "powersgd":
+                # An explicit rows= stays. A schedule's specs are canonical, where rows=0 (most
+                # nearly square) is the default rather than a choice.
+                explicit = "rows=" in spec if self.schedule is None else [
+                    kv for kv in spec.partition(":")[2].split(",")
+                    if kv.startswith("rows=") and kv != "rows=0"]
+                if self.matrix_view and param.dim() >= 2 and not explicit:
+                    spec = ",".join(kv for kv in spec.split(",") if kv != "rows=0")
+                    spec += ("," if ":" in spec else ":") + f"rows={param.shape[0]}"
+            options = terse.AllreduceOptions(codec=spec, strategy=self.strategy,
+                                             partitions=self.partitions)
+            self._level_options[(name, codec)] = options
+        self._options[name] = options
         return options
 
     def plan(self) -> List[Tuple[str, int, terse.TensorPlan]]:
         """(name, elements, plan) of every parameter the hook has seen: what travels how (after
-        warm-up; during it, everything travels raw)."""
+        warm-up; during it, everything travels raw; under a schedule, at the latest step)."""
         return [(name, self._elements[name],
                  self.engine.plan(self._elements[name], codec=options.codec,
                                   strategy=options.strategy, partitions=options.partitions,
@@ -351,17 +401,113 @@ class TerseHookState:
                 f"terse.torch: parameter '{name}' has a {bucket.buffer().layout} gradient; the "
                 "hook reduces dense gradients only (e.g. nn.Embedding(sparse=False))")
         warming_up = self.steps < self.warmup_steps
+        accumulate = self.schedule is not None and self.schedule.needs_norms
         items = []
         for param, grad in zip(params, bucket.gradients()):
             name = self._name(param)
             check_parameter(name, grad)
             options = self._options_for(name, param)
+            if not self._raw[name]:
+                if self.clip_norm is not None:
+                    norm = float(grad.norm())
+                    limit = self.clip_norm / math.sqrt(self.engine.size)
+                    if norm > limit:
+                        grad.mul_(limit / norm)
+                if accumulate:
+                    total = self._accumulated.get(name)
+                    if total is None:
+                        self._accumulated[name] = grad.detach().to(torch.float32, copy=True)
+                    else:
+                        total.add_(grad)
             items.append((name, grad, _RAW if warming_up else options))
         return items
+
+    # ---- schedules (terse.Accordion, terse.SparseWarmup) -------------------------------------
+
+    def epoch_end(self) -> None:
+        """Ends the schedule's window when its windows are epochs (``window_steps=None``); call
+        it after each epoch's last step, on every rank. The next communicated step decides the
+        new levels (Accordion: one raw allreduce of a float per compressed parameter). Without
+        a schedule, or with windows of ``window_steps``, it does nothing."""
+        if (self.schedule is not None and self.schedule.window_steps is None
+                and self._window_steps_done > 0):
+            self._window_ended = True
+
+    def lr_changed(self) -> None:
+        """Tells the schedule that the learning rate dropped: under :class:`terse.Accordion`
+        every parameter uses the light level from the next step until the window ends. Call it
+        on every rank at the same point (or let :meth:`watch` read the optimizer)."""
+        self._lr_dropped = True
+
+    def watch(self, optimizer: Any) -> None:
+        """Reads ``optimizer``'s learning rates at the start of every communicated step: a drop
+        in any parameter group counts as :meth:`lr_changed`."""
+        self._optimizer = optimizer
+        self._lrs = self._read_lrs()
+
+    def _read_lrs(self) -> List[float]:
+        return [float(group["lr"]) for group in self._optimizer.param_groups]
+
+    def _begin_step(self) -> None:
+        """At the first bucket of a communicated step: the schedule's checks and decisions, at
+        the same point on every rank."""
+        if self.schedule is None:
+            return
+        if not self._schedule_checked:
+            self._check_schedule()
+            self._schedule_checked = True
+        if self._optimizer is not None:
+            lrs = self._read_lrs()
+            if len(lrs) == len(self._lrs) and any(a < b for a, b in zip(lrs, self._lrs)):
+                self._lr_dropped = True
+            self._lrs = lrs
+        if self._window_ended:
+            self._end_window()
+        if self._lr_dropped:
+            self.schedule.lr_dropped()
+            self._lr_dropped = False
+
+    def _check_schedule(self) -> None:
+        """Fails on every rank, naming both sides, if the ranks' schedules differ: the engine's
+        first-use check compares the names of a one-float allreduce across ranks."""
+        try:
+            self.engine.allreduce(f"terse schedule {self.schedule.describe()}",
+                                  torch.zeros(1), codec="none").wait()
+        except terse.MismatchError as e:
+            raise terse.MismatchError(
+                f"rank {self.engine.rank}: the hook's codec schedules differ across ranks; every "
+                f"rank must give the same one. {e}") from e
+
+    def _end_window(self) -> None:
+        norms: Dict[str, float] = {}
+        if self.schedule.needs_norms and self._accumulated:
+            names = sorted(self._accumulated)
+            local = torch.tensor([float(self._accumulated[n].norm()) for n in names],
+                                 dtype=torch.float32)
+            # The ranks' mean, bit-identical everywhere: every rank decides alike.
+            self.engine.allreduce("terse schedule norms", local, codec="none").wait()
+            norms = dict(zip(names, local.tolist()))
+            for total in self._accumulated.values():
+                total.zero_()
+        self.schedule.end_window(norms)
+        self._window_ended = False
+        self._window_steps_done = 0
+
+    def _end_step(self) -> None:
+        self._in_step = False
+        if self.schedule is None:
+            return
+        self._window_steps_done += 1
+        window = self.schedule.window_steps
+        if window is not None and self._window_steps_done >= window:
+            self._window_ended = True
 
     def submit(self, bucket: dist.GradBucket) -> "torch.futures.Future[torch.Tensor]":
         """Starts the allreduce of one bucket; the future completes with the averaged buffer."""
         try:
+            if not self._in_step:
+                self._begin_step()
+                self._in_step = True
             items = self._items(bucket)
         except BaseException as e:
             self._record(e)
@@ -380,6 +526,7 @@ class TerseHookState:
         self.buckets += 1
         if bucket.is_last():  # DDP runs bucket hooks in index order
             self.steps += 1
+            self._end_step()
 
         # DDP reads the returned future from C++, which sees an error only when a then()
         # callback raised; Future.set_exception() alone would reach it as a value of the wrong
@@ -402,11 +549,16 @@ class TerseHookState:
         state (PowerSGD's Q), step counters (which key stochastic codecs' random streams) and the
         hook's count of communicated steps (where warm-up ends). Save it with the model and
         optimizer after ``optimizer.step()``; every rank saves its own (residuals differ per
-        rank)."""
+        rank). Under a schedule, also its decisions, its window's progress and (Accordion) this
+        rank's gradient sums over the current window."""
         self.engine.synchronize()
         return {
             "version": _STATE_VERSION,
-            "codec": self.codec,
+            "codec": self._codec_text(),
+            "schedule": None if self.schedule is None else self.schedule.state_dict(),
+            "window": {"steps": self._window_steps_done, "ended": self._window_ended,
+                       "lr_dropped": self._lr_dropped, "lrs": list(self._lrs),
+                       "accumulated": {k: v.clone() for k, v in self._accumulated.items()}},
             "auto_codecs": self.auto_codecs,
             "strategy": self.strategy,
             "min_bytes": self.min_bytes,
@@ -423,7 +575,7 @@ class TerseHookState:
         if state.get("version") != _STATE_VERSION:
             raise terse.DecodeError(
                 f"terse hook state: version {state.get('version')!r}, expected {_STATE_VERSION}")
-        expected = {"codec": self.codec, "auto_codecs": self.auto_codecs,
+        expected = {"codec": self._codec_text(), "auto_codecs": self.auto_codecs,
                     "strategy": self.strategy, "min_bytes": self.min_bytes,
                     "warmup_steps": self.warmup_steps,
                     "rank": self.engine.rank, "size": self.engine.size}
@@ -437,6 +589,18 @@ class TerseHookState:
         self.engine.synchronize()
         self.engine.load_state(state["engine"])
         self.steps = int(state.get("steps", 0))
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
+            window = state["window"]
+            self._window_steps_done = int(window["steps"])
+            self._window_ended = bool(window["ended"])
+            self._lr_dropped = bool(window["lr_dropped"])
+            if self._optimizer is not None and window["lrs"]:
+                self._lrs = [float(v) for v in window["lrs"]]
+            self._accumulated = {k: v.clone() for k, v in window["accumulated"].items()}
+
+    def _codec_text(self) -> str:
+        return self.codec if self.schedule is None else self.schedule.describe()
 
     @property
     def bytes_sent(self) -> int:

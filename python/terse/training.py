@@ -157,13 +157,16 @@ class RunConfig:
     warm start), ``ddp-powersgd-batched`` (its batched_powerSGD_hook: one matrix per bucket;
     it fails on its first compressed step in torch 1.13 and 2.15.0), ``terse`` (terse's hook with
     ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto``,
-    ``auto_codecs``), ``fsdp`` (FSDP2's ``fully_shard`` per layer with its default fp32
-    collectives over Gloo), ``fsdp-bf16`` (the same, gradients reduce-scattered in bfloat16:
-    ``MixedPrecisionPolicy(reduce_dtype=bfloat16)``), ``fsdp-terse`` (the same sharding with
-    terse's reduce-scatter of ``codec`` and, with ``all_gather_codec``, its quantized
-    parameter all-gather; ``min_bytes`` as for the hook), ``ddp-terse-backend`` (DDP without a
-    hook on the process group backend ``cpu:terse``, which compresses float tensors of at least
-    ``min_bytes`` with ``codec``), ``local`` (a hook that returns
+    ``auto_codecs``; with ``accordion`` (heavy, light), terse.Accordion's two levels instead of
+    ``codec``; with ``sparse_warmup`` stages, terse.SparseWarmup of ``codec``; both count
+    windows of 1/``windows_per_epoch`` epoch, or epochs when it is 0; ``clip_norm``: the
+    hook's local gradient clipping), ``fsdp`` (FSDP2's ``fully_shard`` per layer with its
+    default fp32 collectives over Gloo), ``fsdp-bf16`` (the same, gradients reduce-scattered in
+    bfloat16: ``MixedPrecisionPolicy(reduce_dtype=bfloat16)``), ``fsdp-terse`` (the same
+    sharding with terse's reduce-scatter of ``codec`` and, with ``all_gather_codec``, its
+    quantized parameter all-gather; ``min_bytes`` as for the hook), ``ddp-terse-backend`` (DDP
+    without a hook on the process group backend ``cpu:terse``, which compresses float tensors
+    of at least ``min_bytes`` with ``codec``), ``local`` (a hook that returns
     each rank's own gradient without communicating: the compute-only floor of a step; replicas
     diverge by design), or ``sync`` (as ``local``, after an allreduce of one float per bucket
     through the default process group: the floor of a step whose ranks keep in step bucket by
@@ -184,6 +187,14 @@ class RunConfig:
     # The optimizer's momentum; < 0: the model's (0.9). A codec that carries the momentum in
     # what it sends (DGC's momentum correction) needs 0 here, or the step applies it twice.
     momentum: float = -1.0
+    # Schedules of the terse hook's codec (terse.accordion): Accordion's (heavy, light) levels,
+    # or a sparsifier's warm-up over this many windows; their window is 1/windows_per_epoch of
+    # an epoch (0: an epoch, ended by the hook's epoch_end()).
+    accordion: Tuple[str, ...] = ()
+    accordion_eta: float = 0.5
+    sparse_warmup: int = 0
+    windows_per_epoch: int = 0
+    clip_norm: float = 0.0  # the hook's local gradient clipping (0: off)
     epochs: int = 1
     samples: int = 60000  # training images used (Fashion-MNIST)
     steps: int = 0  # > 0: stop after this many steps (the only limit for synthetic data)
@@ -236,9 +247,10 @@ def _sync_hook():
     return sync
 
 
-def _communication(model: Any, config: RunConfig) -> Optional[Any]:
+def _communication(model: Any, config: RunConfig, steps_per_epoch: int = 0) -> Optional[Any]:
     """Registers the communication hook of ``config.method`` on the DDP ``model``; returns the
-    terse hook state for method ``terse`` (else None)."""
+    terse hook state for method ``terse`` (else None). ``steps_per_epoch`` sizes a codec
+    schedule's windows (0: synthetic data, whose epoch is the whole run)."""
     if config.method == "ddp":
         return None
     if config.method == "ddp-fp16":
@@ -267,10 +279,22 @@ def _communication(model: Any, config: RunConfig) -> Optional[Any]:
     elif config.method == "terse":
         import terse.torch
 
+        codec: Any = config.codec
+        window = None
+        if config.windows_per_epoch > 0:
+            epoch = steps_per_epoch or config.steps
+            window = max(1, epoch // config.windows_per_epoch)
+        if config.accordion:
+            codec = terse.Accordion(*config.accordion, eta=config.accordion_eta,
+                                    window_steps=window)
+        elif config.sparse_warmup > 0:
+            codec = terse.SparseWarmup(config.codec, stages=config.sparse_warmup,
+                                       window_steps=window)
         state, hook = terse.torch.ddp_hook(
-            model, codec=config.codec, strategy=config.strategy, partitions=config.partitions,
+            model, codec=codec, strategy=config.strategy, partitions=config.partitions,
             min_bytes=config.min_bytes, gather_bytes=config.gather_bytes,
             threads=config.threads, timeout=config.timeout,
+            clip_norm=config.clip_norm if config.clip_norm > 0 else None,
             auto_codecs=list(config.auto_codecs) if config.codec == "auto" else None)
         model.register_comm_hook(state, hook)
         return state
@@ -355,17 +379,30 @@ def _method_label(config: RunConfig) -> str:
         return "FSDP bf16 reduce"
     extra = [] if config.strategy == "auto" else [config.strategy]
     extra += [] if config.partitions == 0 else [f"K={config.partitions}"]
-    codec = config.codec
-    name, _, params = codec.partition(":")
-    if name == "powersgd":  # named as PyTorch's hook is: "PowerSGD r4"
-        keys = dict(kv.split("=", 1) for kv in params.split(",") if "=" in kv)
-        rest = [f"{k}={v}" for k, v in keys.items() if k != "rank"]
-        codec = f"PowerSGD r{keys.get('rank', 4)}" + (f" {','.join(rest)}" if rest else "")
+    codec = _codec_label(config.codec)
+    if config.accordion:
+        codec = "Accordion " + " / ".join(_codec_label(c) for c in config.accordion)
+        extra += [] if config.accordion_eta == 0.5 else [f"eta {config.accordion_eta:g}"]
+    elif config.sparse_warmup > 0:
+        codec += f" warm-up {config.sparse_warmup}"
+    if config.accordion or config.sparse_warmup > 0:
+        extra += [f"{config.windows_per_epoch} windows/epoch" if config.windows_per_epoch
+                  else "epoch windows"]
+    extra += [] if config.clip_norm <= 0 else [f"clip {config.clip_norm:g}"]
     extra += [] if config.momentum < 0 else [f"SGD momentum {config.momentum:g}"]
     if config.method == "fsdp-terse":
         extra += [] if not config.all_gather_codec else [f"all-gather {config.all_gather_codec}"]
         return f"FSDP terse {codec}" + (f" ({', '.join(extra)})" if extra else "")
     return f"terse {codec}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _codec_label(codec: str) -> str:
+    name, _, params = codec.partition(":")
+    if name == "powersgd":  # named as PyTorch's hook is: "PowerSGD r4"
+        keys = dict(kv.split("=", 1) for kv in params.split(",") if "=" in kv)
+        rest = [f"{k}={v}" for k, v in keys.items() if k != "rank"]
+        return f"PowerSGD r{keys.get('rank', 4)}" + (f" {','.join(rest)}" if rest else "")
+    return codec
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -512,8 +549,9 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     train_seconds, accuracy), ``test_accuracy`` (at the end), ``time_to_accuracy`` (the
     training time of the first evaluation at the model's target, or None),
     ``wire_bytes_per_step`` (per rank, mean over ranks, measured on the interface),
-    ``payload_bytes_per_step`` (terse's count), ``gradient_bytes``, ``digests`` and
-    ``replicas_identical``.
+    ``payload_bytes_per_step`` (terse's count), ``gradient_bytes``, ``digests``,
+    ``replicas_identical`` and, under a codec schedule, ``schedule`` (its final decisions:
+    terse.Accordion's or terse.SparseWarmup's ``state_dict()``).
     """
     import torch
     import torch.distributed as dist
@@ -545,7 +583,7 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     else:
         model = DDP(build_model(config.model).to(dtype))
     state = (_fsdp_communication(model, config) if config.method in FSDP_METHODS
-             else _communication(model, config))
+             else _communication(model, config, data.steps_per_epoch))
     momentum = config.momentum if config.momentum >= 0 else spec.momentum
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=momentum)
     parameters = sum(p.numel() for p in model.parameters())
@@ -576,6 +614,8 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     step = 0
     while step < total:
         if steps_per_epoch:
+            if step > 0 and state is not None:
+                state.epoch_end()  # a codec schedule's window, when its windows are epochs
             data.start_epoch(step // steps_per_epoch)
         for i in range(steps_per_epoch or total):
             if step == total:
@@ -626,10 +666,13 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     everyone: List[Optional[Dict[str, Any]]] = [None] * world
     dist.all_gather_object(everyone, mine)
     plan = []
+    schedule = None
     if state is not None:
         if hasattr(state, "plan"):
             plan = [(name, n, p.codec, p.strategy, p.partitions)
                     for name, n, p in state.plan()]
+        if getattr(state, "schedule", None) is not None:
+            schedule = state.schedule.state_dict()  # the final decisions (no tensors in it)
         state.close()
 
     result = None
@@ -667,6 +710,7 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
             "payload_bytes_per_step": mean_over_ranks("payload_bytes_per_step"),
             "interface": os.environ.get("TERSE_IFNAME"),
             "digests": digests, "replicas_identical": len(set(digests)) == 1, "plan": plan,
+            "schedule": schedule,
         }
     # DDP's reducer holds the process group: if it outlived destroy_process_group(), its
     # destructor would join Gloo's threads while holding the GIL, which a thread still freeing a

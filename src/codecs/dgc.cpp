@@ -61,6 +61,15 @@ class DgcState final : public CodecState {
     v = std::move(nv);
   }
 
+  // Another ratio or sample: the momentum and the unsent velocity carry over as they are.
+  bool adopt(CodecState& previous) override {
+    auto* p = dynamic_cast<DgcState*>(&previous);
+    if (p == nullptr || p->u.size() != u.size()) return false;
+    std::swap(u, p->u);
+    std::swap(v, p->v);
+    return true;
+  }
+
   std::vector<float> u, v;
 };
 

@@ -58,6 +58,14 @@ class ErrorFeedbackState final : public CodecState {
     std::memcpy(residual.data(), res.data(), n * 4);
   }
 
+  bool adopt(CodecState& previous) override {
+    auto* p = dynamic_cast<ErrorFeedbackState*>(&previous);
+    if (p == nullptr || p->residual.size() != residual.size()) return false;
+    std::swap(residual, p->residual);
+    if (inner && p->inner) inner->adopt(*p->inner);
+    return true;
+  }
+
   kit::PageArray<float> residual;  // zeroed; huge pages when large (first touch, kit/memory.h)
   std::unique_ptr<CodecState> inner;
 };

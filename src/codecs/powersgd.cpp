@@ -137,6 +137,22 @@ class PowerSgdState final : public CodecState {
     phase = 0;
   }
 
+  // Another rank (or wire): the residual carries over; the warm start only if Q keeps its
+  // shape (same matrix, same rank), else the next step draws a fresh Q.
+  bool adopt(CodecState& previous) override {
+    auto* p = dynamic_cast<PowerSgdState*>(&previous);
+    if (p == nullptr || p->layout.n != layout.n || p->residual.size() != residual.size()) {
+      return false;
+    }
+    std::swap(residual, p->residual);
+    if (p->layout.rows == layout.rows && p->layout.cols == layout.cols && p->q.size() == q.size()) {
+      std::swap(q, p->q);
+      has_q = p->has_q;
+    }
+    steps = p->steps;
+    return true;
+  }
+
   Layout layout;
   // The two tensor-sized arrays are kit memory (huge pages, freed blocks kept for reuse): in
   // 4 KiB pages a 256 MiB state cost 65,536 page faults on first use, about 0.65 s on the

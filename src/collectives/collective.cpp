@@ -107,6 +107,18 @@ void StateSlots::load(const Codec& codec, const std::vector<Saved>& saved) {
   slots_ = std::move(fresh);
 }
 
+void StateSlots::adopt(const Codec& codec, StateSlots& previous) {
+  slots_.clear();
+  if (!codec.traits().stateful) return;
+  slots_.resize(previous.slots_.size());
+  for (std::size_t i = 0; i < previous.slots_.size(); ++i) {
+    Slot& old = previous.slots_[i];
+    if (!old.state) continue;
+    auto state = codec.make_state(old.n);
+    if (state && state->adopt(*old.state)) slots_[i] = Slot{old.n, std::move(state)};
+  }
+}
+
 // ---- tracing and transfers ------------------------------------------------------------------
 
 Stage::Stage(PartitionContext& ctx, const char* stage, int peer, std::uint64_t bytes)

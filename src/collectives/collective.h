@@ -121,6 +121,9 @@ class StateSlots {
   std::vector<Saved> save() const;
   // Creates and loads the listed slots (throws DecodeError; then nothing changes).
   void load(const Codec& codec, const std::vector<Saved>& saved);
+  // Replaces these slots with states of `codec` that take over from `previous`'s (a change of
+  // the tensor's spec, CodecState::adopt); a slot whose state hands nothing over starts fresh.
+  void adopt(const Codec& codec, StateSlots& previous);
   void clear() { slots_.clear(); }
 
  private:

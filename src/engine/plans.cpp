@@ -63,8 +63,12 @@ TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** c
   const bool identity = c.name() == "none";
   p.strategy = o.strategy;
   if (p.strategy == Strategy::kAuto) {
+    // A codec with feedback state of its own (DGC's momentum and velocity) encodes each rank's
+    // gradient once and the ranks gather the payloads, as its paper does: under sharded, a
+    // shard's owner would feed the average through that state again (DGC's momentum twice).
     p.strategy = identity                      ? Strategy::kRaw
                  : t.summable || t.multi_round ? Strategy::kSummable
+                 : t.builtin_feedback          ? Strategy::kAllgather
                                                : Strategy::kSharded;
   }
   if (p.strategy == Strategy::kAllToAll) {
@@ -246,6 +250,24 @@ bool Plans::needs_check(const std::string& name, const std::string& config) cons
   return !rec->second.verified_for(config);
 }
 
+namespace {
+
+// Whether two configurations ("N floats, codec SPEC, strategy S, K partitions, average") differ
+// in the codec's spec alone: the same slots hold the same pieces of the tensor under both.
+bool only_codec_differs(const std::string& a, const std::string& b) {
+  if (a.empty() || a == b) return false;
+  auto split = [](const std::string& c) {
+    const auto at = c.find(", codec "), end = c.find(", strategy ");
+    if (at == std::string::npos || end == std::string::npos || end < at) {
+      return std::pair<std::string, std::string>{c, ""};
+    }
+    return std::pair{c.substr(0, at), c.substr(end)};
+  };
+  return split(a) == split(b) && !split(a).second.empty();
+}
+
+}  // namespace
+
 void Plans::commit(Job& job) {
   // Which planned sizes are being explored, asked before records_mu_ is taken (a leaf).
   std::vector<char> exploring(job.items.size(), 0);
@@ -259,8 +281,23 @@ void Plans::commit(Job& job) {
     Item& it = job.items[i];
     const std::string config = config_of(it);
     TensorRecord& rec = records_[record_key(it)];
-    // Another size or codec: its old state does not apply, unless exploration comes back to it.
-    rec.use(config, (rec.config != config || !rec.parked.empty()) && exploring[i]);
+    // Another size or codec: its old state does not apply, unless exploration comes back to it,
+    // or only the codec's spec changed (a ratio, a rank: Accordion's levels, a warm-up's
+    // schedule): then what the new codec's state can take over (error-feedback residuals,
+    // accumulators) carries over, and so does the step count.
+    const bool keep = (rec.config != config || !rec.parked.empty()) && exploring[i];
+    const bool carry = !keep && it.codec != nullptr && only_codec_differs(rec.config, config);
+    std::vector<collectives::StateSlots> previous;
+    const std::uint64_t previous_step = rec.step;
+    if (carry) previous = std::move(rec.partitions);
+    rec.use(config, keep);
+    if (carry) {
+      rec.partitions.resize(previous.size());
+      for (std::size_t p = 0; p < previous.size(); ++p) {
+        rec.partitions[p].adopt(*it.codec, previous[p]);
+      }
+      rec.step = previous_step;
+    }
     rec.verified = true;
     rec.partitions.resize(it.plan.partitions);
     rec.in_flight = true;

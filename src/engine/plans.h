@@ -40,7 +40,9 @@ struct ConfigState {
 // What the engine remembers of a tensor between submissions: the state of its current
 // configuration, and more.
 struct TensorRecord : ConfigState {
-  std::string config;  // elements, codec, strategy, partitions, average: a change resets state
+  // elements, codec, strategy, partitions, average: a change resets state, except that a change
+  // of the codec's spec alone hands over what the new state adopts (Plans::commit)
+  std::string config;
   bool in_flight = false;
   // While the planner explores a planned tensor's size, its contenders take turns: each one's
   // state waits here, by config, for its next turn (its residuals, its step, its first-use

@@ -188,6 +188,22 @@ TEST(Dgc, SavedStateReproducesTheNextEncodingOnTheSampledPath) {
   EXPECT_THROW(b->load(saved), DecodeError);
 }
 
+TEST(Dgc, AStateAtAnotherRatioAdoptsMomentumAndVelocity) {
+  auto before = make_codec("dgc:ratio=0.25");
+  auto after = make_codec("dgc:ratio=0.5,momentum=0.5");
+  std::vector<float> g = {0.5f, -3.0f, 0.0f, 2.0f, -2.0f, 1.0f, 4.0f, -0.25f};
+  auto old_state = before->make_state(g.size());
+  EncodeContext ctx;
+  ctx.state = old_state.get();
+  testing::encode(*before, g, ctx);
+  const auto kept = state_of(*old_state, g.size());
+  EXPECT_NE(kept.second, std::vector<float>(g.size(), 0.0f));
+  auto new_state = after->make_state(g.size());
+  ASSERT_TRUE(new_state->adopt(*old_state));
+  EXPECT_EQ(state_of(*new_state, g.size()), kept);
+  EXPECT_FALSE(after->make_state(4)->adopt(*before->make_state(8)));
+}
+
 TEST(Dgc, CompressionRatio) {
   const std::size_t n = 1 << 20;
   auto c = make_codec("dgc");

@@ -241,6 +241,38 @@ TEST(PowerSgd, ErrorFeedbackAccountingSingleRank) {
   EXPECT_LT(rel_error(expect, sum_x), 1e-4);
 }
 
+TEST(PowerSgd, AnotherRankAdoptsTheResidualAndRestartsTheWarmStart) {
+  const std::size_t n = 1200;
+  auto r1 = make_codec("powersgd:rank=1,rows=30");
+  auto old_state = r1->make_state(n);
+  EncodeContext ctx;
+  ctx.state = old_state.get();
+  testing::encode(*r1, gradient(n, 7), ctx);
+  const auto residual = residual_of(*old_state, n);
+  // The warm-start flag follows magic, n, rows, cols (u64 each) and the rank (u32).
+  auto warm = [](const CodecState& s) {
+    std::vector<std::byte> b;
+    s.save(b);
+    std::uint32_t flag;
+    std::memcpy(&flag, b.data() + 4 + 3 * 8 + 4, 4);
+    return flag;
+  };
+  ASSERT_EQ(warm(*old_state), 1u);
+
+  // The same rank on another wire keeps Q; another rank keeps the residual and draws a new Q.
+  auto fp16 = make_codec("powersgd:rank=1,rows=30,wire=fp16");
+  auto same_shape = fp16->make_state(n);
+  ASSERT_TRUE(same_shape->adopt(*old_state));
+  EXPECT_EQ(residual_of(*same_shape, n), residual);
+  EXPECT_EQ(warm(*same_shape), 1u);
+  auto r4 = make_codec("powersgd:rank=4,rows=30");
+  auto other_rank = r4->make_state(n);
+  ASSERT_TRUE(other_rank->adopt(*same_shape));
+  EXPECT_EQ(residual_of(*other_rank, n), residual);
+  EXPECT_EQ(warm(*other_rank), 0u);
+  EXPECT_FALSE(r4->make_state(n)->adopt(*r4->make_state(n - 30)));
+}
+
 TEST(PowerSgd, StateRestoreIsBitExactOnTheRoundPath) {
   auto codec = make_codec("powersgd:rank=3");
   const std::size_t n = 30 * 50;

@@ -121,6 +121,34 @@ TEST(TopK, ErrorFeedbackSendsEverythingEventually) {
   }
 }
 
+TEST(TopK, ErrorFeedbackAtAnotherRatioAdoptsTheResidual) {
+  // One step at 10% leaves x - y0 in the residual; a state at 50% that adopts it sends the
+  // top half of that residual for a zero gradient, exactly what plain top-k 50% makes of it.
+  auto before = make_codec("topk:ratio=0.1,ef=1");
+  auto after = make_codec("topk:ratio=0.5,ef=1");
+  auto x = testing::gradient(200, 5);
+  auto old_state = before->make_state(x.size());
+  EncodeContext ctx;
+  ctx.state = old_state.get();
+  auto y0 = testing::decode(*before, testing::encode(*before, x, ctx).span(), x.size());
+  std::vector<float> residual(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) residual[i] = x[i] - y0[i];
+
+  auto new_state = after->make_state(x.size());
+  ASSERT_TRUE(new_state->adopt(*old_state));
+  ctx.state = new_state.get();
+  const std::vector<float> zeros(x.size(), 0.0f);
+  auto y1 = testing::decode(*after, testing::encode(*after, zeros, ctx).span(), x.size());
+  auto plain = make_codec("topk:ratio=0.5");
+  EncodeContext none;
+  EXPECT_EQ(y1, testing::decode(*plain, testing::encode(*plain, residual, none).span(),
+                                x.size()));
+  // Nothing to take from another kind of state or another size.
+  auto dgc = make_codec("dgc");
+  EXPECT_FALSE(after->make_state(x.size())->adopt(*dgc->make_state(x.size())));
+  EXPECT_FALSE(after->make_state(x.size())->adopt(*before->make_state(x.size() + 1)));
+}
+
 TEST(TopK, RejectsInvalidParameters) {
   for (const char* bad : {"topk:ratio=0", "topk:ratio=-0.1", "topk:ratio=1.5", "topk:ratio=x",
                           "topk:k=5"}) {

@@ -50,6 +50,8 @@ TEST_F(SingleRank, PlansFollowTheCodecsTraits) {
   o.codec = "onebit";
   EXPECT_EQ(engine.plan(1000, o).strategy, Strategy::kSharded);
   EXPECT_EQ(engine.plan(1000, o).codec, make_codec("onebit")->spec());
+  o.codec = "dgc";  // its own momentum state: encoded once per rank, gathered
+  EXPECT_EQ(engine.plan(1000, o).strategy, Strategy::kAllgather);
   o.codec = "powersgd";
   EXPECT_EQ(engine.plan(1 << 20, o).strategy, Strategy::kSummable);
   EXPECT_EQ(engine.plan(1 << 20, o).partitions, 1);

@@ -28,8 +28,8 @@ def test_driver_runs_a_tiny_configuration_and_reports(tmp_path):
     # The synchronization floor: ranks in step, gradients their own (replicas differ); and DGC,
     # whose momentum correction needs the optimizer without momentum of its own.
     floor = ["run", "--link", "loopback", "--ranks", "2", "--models", "mlp", "--methods",
-             "sync-only,terse-dgc", "--steps", "6", "--warmup", "2", "--samples", "2048",
-             "--results", str(results)]
+             "sync-only,terse-dgc,terse-accordion-powersgd,terse-topk-warmup", "--steps", "6",
+             "--warmup", "2", "--samples", "2048", "--results", str(results)]
     driver(*floor)
     r = json.loads((results / "loopback" / "mlp" / "sync-only.json").read_text())
     assert r["steps"] == 6 and r["samples_per_second"] > 0
@@ -37,6 +37,14 @@ def test_driver_runs_a_tiny_configuration_and_reports(tmp_path):
     r = json.loads((results / "loopback" / "mlp" / "terse-dgc.json").read_text())
     assert r["momentum"] == 0.0 and r["label"] == "terse dgc (SGD momentum 0)", r["label"]
     assert r["replicas_identical"], r["digests"]
+    # Codec schedules: 16 steps an epoch make windows of 4 steps, so 6 steps end one window.
+    for name, what in (("terse-accordion-powersgd", "Accordion"),
+                       ("terse-topk-warmup", "SparseWarmup")):
+        r = json.loads((results / "loopback" / "mlp" / f"{name}.json").read_text())
+        assert r["replicas_identical"], r["digests"]
+        assert r["schedule"]["describe"].startswith(what) and "window=4 steps" in \
+            r["schedule"]["describe"], r["schedule"]
+        assert r["schedule"]["windows"] == 1, r["schedule"]
     for name in METHODS:
         r = json.loads((results / "loopback" / "mlp" / f"{name}.json").read_text())
         assert r["name"] == name and r["ranks"] == 2 and r["steps"] == 6
