@@ -350,4 +350,19 @@ bool decode_or_record(PartitionContext& ctx, std::span<const std::byte> message,
   }
 }
 
+void hand_to_owners(PartitionContext& ctx, std::span<const std::byte> payload, Request& final_rx,
+                    std::span<const std::byte> area, std::size_t capacity, std::uint32_t index,
+                    std::span<float> shard) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1) {
+    decode_or_record(ctx, payload, shard, DecodeMode::kOverwrite, r);
+    return;
+  }
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  Request tx = post_send(ctx, next, index, payload);
+  wait(ctx, final_rx, false, prev, capacity);
+  decode_or_record(ctx, received_message(ctx, area, prev), shard, DecodeMode::kOverwrite, prev);
+  wait(ctx, tx, true, next, payload.size());
+}
+
 }  // namespace terse::collectives

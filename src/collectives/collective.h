@@ -231,6 +231,15 @@ bool accept_message(PartitionContext& ctx, std::span<const std::byte> message, i
 bool decode_or_record(PartitionContext& ctx, std::span<const std::byte> message,
                       std::span<float> y, DecodeMode mode, int peer);
 
+// The end of a ring's reduce-scatter (ring and summable): this rank's final payload, the
+// complete sum of the next rank's chunk, goes to that rank, its owner, and the final payload of
+// this rank's own chunk, received from the previous rank into `area` (the receive `final_rx`,
+// message `index`, at most `capacity` bytes), is decoded into `shard`. A single rank decodes its
+// own payload.
+void hand_to_owners(PartitionContext& ctx, std::span<const std::byte> payload, Request& final_rx,
+                    std::span<const std::byte> area, std::size_t capacity, std::uint32_t index,
+                    std::span<float> shard);
+
 // The last phase of sharded, ring and summable: every rank owns one piece of the partition
 // and sends that piece's final payload to every other rank; every rank, the owner included,
 // decodes every final payload, so all end with the same bytes decoded the same way.

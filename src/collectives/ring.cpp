@@ -75,15 +75,7 @@ void ring(PartitionContext& ctx, const Chunks& chunks, std::span<float> shard, b
     finals->finish(final_payload, [&](int j) { return chunks.piece(ctx.output, mod(j + 1)); });
     return;
   }
-  if (n == 1) {
-    decode_or_record(ctx, final_payload, shard, DecodeMode::kOverwrite, r);
-    return;
-  }
-  Request tx = post_send(ctx, next, final_index, final_payload);
-  wait(ctx, final_rx, false, prev, cap);
-  decode_or_record(ctx, received_message(ctx, area(4), prev), shard, DecodeMode::kOverwrite,
-                   prev);
-  wait(ctx, tx, true, next, final_payload.size());
+  hand_to_owners(ctx, final_payload, final_rx, area(4), cap, final_index, shard);
 }
 
 }  // namespace

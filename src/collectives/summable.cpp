@@ -77,15 +77,7 @@ void summable(PartitionContext& ctx, const Chunks& split, std::span<const float>
     finals->finish(outgoing, [&](int j) { return split.piece(output, mod(j + 1)); });
     return;
   }
-  if (n == 1) {
-    decode_or_record(ctx, outgoing, shard, DecodeMode::kOverwrite, r);
-    return;
-  }
-  Request tx = post_send(ctx, next, final_index, outgoing);
-  wait(ctx, final_rx, false, prev, cap);
-  decode_or_record(ctx, received_message(ctx, area(3), prev), shard, DecodeMode::kOverwrite,
-                   prev);
-  wait(ctx, tx, true, next, outgoing.size());
+  hand_to_owners(ctx, outgoing, final_rx, area(3), cap, final_index, shard);
 }
 
 }  // namespace

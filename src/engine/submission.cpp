@@ -149,18 +149,7 @@ Handle Submissions::submit(std::vector<TensorRef> tensors) {
 
   plans_.commit(*job);
   lay_out(*job);
-  std::vector<Task> tasks = split(job);
-  job->remaining = static_cast<int>(tasks.size());
-  std::vector<WorkerPool::Task> work;
-  work.reserve(tasks.size());
-  for (auto& t : tasks) {
-    work.push_back([this, t = std::move(t)](std::uint32_t worker, Workspace& w) mutable {
-      tasks_.run(t, worker, w);
-    });
-  }
-  completion_.begin();
-  workers_.submit(std::move(work));
-  return HandleAccess::of(job->handle);
+  return dispatch(job);
 }
 
 Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
@@ -254,6 +243,11 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
   if (need_verify) verify(job->items);  // throws MismatchError: nothing submitted
 
   plans_.commit(*job);
+  return dispatch(job);
+}
+
+// Splits a planned job into partition tasks and queues them on the worker pool.
+Handle Submissions::dispatch(const std::shared_ptr<Job>& job) {
   std::vector<Task> tasks = split(job);
   job->remaining = static_cast<int>(tasks.size());
   std::vector<WorkerPool::Task> work;

@@ -51,6 +51,7 @@ class Submissions {
   void verify(const std::vector<Item>& items);
   void lay_out(Job& job) const;
   std::vector<Task> split(const std::shared_ptr<Job>& job);
+  Handle dispatch(const std::shared_ptr<Job>& job);
 
   Communicator& comm_;
   const EngineOptions& options_;
