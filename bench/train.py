@@ -66,6 +66,7 @@ METHODS: List[Tuple[str, Dict]] = [
     ("terse-powersgd-r8-fp16-ag", dict(method="terse", codec="powersgd:rank=8,wire=fp16",
                                        strategy="allgather")),
     ("terse-fp16", dict(method="terse", codec="fp16")),
+    ("terse-minmax8", dict(method="terse", codec="minmax8:ef=1")),
     ("terse-onebit", dict(method="terse", codec="onebit:ef=1")),
     ("terse-topk", dict(method="terse", codec="topk:ratio=0.01,ef=1")),
     ("terse-topk-10", dict(method="terse", codec="topk:ratio=0.1,ef=1")),
@@ -165,7 +166,8 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit("bench/train.py: emulated links need root (network namespaces, tc)")
     overrides = {k: v for k, v in (("steps", args.steps), ("epochs", args.epochs),
                                    ("samples", args.samples), ("warmup_steps", args.warmup),
-                                   ("evals_per_epoch", args.evals_per_epoch))
+                                   ("evals_per_epoch", args.evals_per_epoch),
+                                   ("seed", args.seed))
                  if v is not None}
     if args.dtype != "float32":
         overrides["dtype"] = args.dtype
@@ -663,6 +665,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     r.add_argument("--samples", type=int, help="override: training images used")
     r.add_argument("--warmup", type=int, help="override: steps left out of the median")
     r.add_argument("--evals-per-epoch", type=int, help="override: accuracy checks per epoch")
+    r.add_argument("--seed", type=int,
+                   help="initial weights and batch order (default 0); a run per seed, e.g. "
+                        "--results results/train-seed1")
     r.set_defaults(func=run)
     q = sub.add_parser("report", help="tables, targets and plots from the JSON files")
     q.add_argument("--results", default="results/train")

@@ -129,11 +129,11 @@ MODELS: Dict[str, ModelSpec] = {
 }
 
 
-def build_model(name: str):
-    """The model ``name`` with the same initial weights on every rank and in every run."""
+def build_model(name: str, seed: int = 0):
+    """The model ``name`` with the same initial weights on every rank (for a given seed)."""
     import torch
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     return MODELS[name].build()
 
 
@@ -202,6 +202,8 @@ class RunConfig:
     evals_per_epoch: int = 0  # test accuracy this often per epoch; always once at the end
     timeout: float = 120.0  # seconds every terse wait is bounded by
     label: str = ""
+    # Initial weights and the order of the batches (0: the benchmark's published runs).
+    seed: int = 0
     progress_every: int = 0  # rank 0 prints a progress line every this many steps (0: 10x)
     # The model's parameters, and with them its gradients and DDP's buckets: float32, or
     # bfloat16 / float16 (the model cast with model.to(dtype), inputs cast to match).
@@ -293,7 +295,7 @@ def _communication(model: Any, config: RunConfig, steps_per_epoch: int = 0) -> O
         state, hook = terse.torch.ddp_hook(
             model, codec=codec, strategy=config.strategy, partitions=config.partitions,
             min_bytes=config.min_bytes, gather_bytes=config.gather_bytes,
-            threads=config.threads, timeout=config.timeout,
+            threads=config.threads, timeout=config.timeout, seed=config.seed,
             clip_norm=config.clip_norm if config.clip_norm > 0 else None,
             auto_codecs=list(config.auto_codecs) if config.codec == "auto" else None)
         model.register_comm_hook(state, hook)
@@ -323,7 +325,7 @@ def _fsdp_model(config: RunConfig) -> Any:
     except ImportError:
         raise RuntimeError(f"method {config.method} needs FSDP2's fully_shard (torch 2.6 or "
                            f"later); this is torch {torch.__version__}") from None
-    model = build_model(config.model).to(getattr(torch, config.dtype))
+    model = build_model(config.model, config.seed).to(getattr(torch, config.dtype))
     policy = (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) if config.method == "fsdp-bf16"
               else MixedPrecisionPolicy())
     for unit in _shard_units(model):
@@ -415,6 +417,7 @@ class _Data:
         import torch
 
         self.rank, self.world, self.batch = rank, world, spec.batch
+        self.seed = config.seed
         self.synthetic = spec.dataset == "synthetic"
         if self.synthetic:
             # A pool of 8 batches per rank, drawn once: generating images is no part of a step.
@@ -443,7 +446,8 @@ class _Data:
         if not self.synthetic:
             # The same permutation on every rank; each takes its slice of every global batch.
             self.order = torch.randperm(self.train_size,
-                                        generator=torch.Generator().manual_seed(epoch))
+                                        generator=torch.Generator().manual_seed(
+                                            epoch + 1000003 * self.seed))
 
     def batch_of_step(self, i: int) -> Tuple[Any, Any]:
         """This rank's batch of the epoch's step i."""
@@ -577,11 +581,11 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
         # enqueue Gloo collectives in different orders and Gloo aborts ("op.preamble.length <=
         # op.nbytes"). One bucket holding every parameter keeps the order the same everywhere.
         dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 62
-        model = DDP(build_model(config.model).to(dtype), bucket_cap_mb=1 << 20)
+        model = DDP(build_model(config.model, config.seed).to(dtype), bucket_cap_mb=1 << 20)
     elif config.method in FSDP_METHODS:
         model = _fsdp_model(config)
     else:
-        model = DDP(build_model(config.model).to(dtype))
+        model = DDP(build_model(config.model, config.seed).to(dtype))
     state = (_fsdp_communication(model, config) if config.method in FSDP_METHODS
              else _communication(model, config, data.steps_per_epoch))
     momentum = config.momentum if config.momentum >= 0 else spec.momentum
