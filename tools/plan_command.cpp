@@ -217,7 +217,7 @@ void run(const Options& opt) {
   if (opt.sizes_only) return;
 
   const std::optional<Tier> tier = auto_tier(opt.codec);
-  if (!tier) throw InvalidArgument(fmt::format("--codec {}: auto or auto:heavy", opt.codec));
+  if (!tier) throw InvalidArgument(fmt::format("--codec {}: give auto or auto:heavy", opt.codec));
   PlannerOptions po;
   po.allowed = opt.codecs;
   po.heavy = opt.heavy;
@@ -260,8 +260,12 @@ void run(const Options& opt) {
   const std::unique_ptr<Planner> made = PlannerAccess::with_calibration(po, std::move(cal));
   Planner& planner = *made;
   if (!opt.partitions.empty()) PlannerAccess::set_partitions(planner, opt.partitions);
-  const StepModel model{planner, opt.ranks, opt.threads, parse_size(opt.fuse, "--fuse-bytes"),
-                        parse_size(opt.partition, "--partition-bytes"), *tier};
+  const StepModel model{planner,
+                        opt.ranks,
+                        opt.threads,
+                        parse_size(opt.fuse, "--fuse-bytes"),
+                        parse_size(opt.partition, "--partition-bytes"),
+                        *tier};
   const Calibration& c = PlannerAccess::model(planner).calibration();
 
   std::size_t total = 0;

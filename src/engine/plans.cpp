@@ -121,9 +121,10 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
                                        why));
   };
   if (auto_tier(o.codec)) {
-    throw refuse(fmt::format("codec {} is not supported here (the planner prices allreduces); "
-                             "name a codec",
-                             o.codec));
+    throw refuse(
+        fmt::format("codec {} is not supported here (the planner prices allreduces); "
+                    "name a codec",
+                    o.codec));
   }
   const Codec& c = codec(o.codec);
   const CodecTraits t = c.traits();

@@ -104,8 +104,8 @@ class Plans {
   TensorRecords& records() { return records_; }
 
  private:
-  TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
-                       const Codec** codec_out, DType dtype) const;
+  TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier, const Codec** codec_out,
+                       DType dtype) const;
   Planner& planner() const;
 
   Communicator& comm_;
