@@ -94,6 +94,12 @@ METHODS: List[Tuple[str, Dict]] = [
     # and PowerSGD (rank 4).
     ("terse-auto", dict(method="terse", codec="auto",
                         auto_codecs=("fp16", "onebit:ef=1", "powersgd"))),
+    # codec "auto"'s accuracy tiers at their defaults (docs/planner.md): the light tier alone
+    # (fp16, minmax8 with error feedback), and Accordion between it and both tiers (adding
+    # onebit with error feedback and PowerSGD) every quarter epoch.
+    ("terse-auto-light", dict(method="terse", codec="auto")),
+    ("terse-accordion-auto", dict(method="terse", accordion=("auto:heavy", "auto"),
+                                  windows_per_epoch=4)),
     # Sharded data parallelism: FSDP2's fully_shard per layer, its own collectives over Gloo
     # in fp32 and with gradients reduce-scattered in bf16.
     ("fsdp", dict(method="fsdp")),

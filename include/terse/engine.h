@@ -78,9 +78,10 @@ class Tracer;
 struct HandleAccess;
 
 struct AllreduceOptions {
-  // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...) or "auto": the planner's
-  // choice of raw or an allowed codec, strategy and K (include/terse/planner.h); a strategy or
-  // partitions given with "auto" restrict its search.
+  // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...), "auto" or "auto:heavy": the
+  // planner's choice of raw or a codec of the light tier (auto) or of either tier (auto:heavy),
+  // strategy and K (include/terse/planner.h); a strategy or partitions given with "auto"
+  // restrict its search.
   std::string codec = "none";
   Strategy strategy = Strategy::kAuto;
   // Partitions K (1 .. 256); 0 lets the engine choose from the tensor's size.
@@ -91,8 +92,8 @@ struct AllreduceOptions {
 
 // Options of reduce_scatter, all_gather and all_to_all (see Engine::reduce_scatter).
 struct CollectiveOptions {
-  // A codec spec ("none", "minmax8", "onebit:ef=1", ...). "auto" is refused (InvalidArgument):
-  // the planner prices allreduces only.
+  // A codec spec ("none", "minmax8", "onebit:ef=1", ...). "auto" and "auto:heavy" are refused
+  // (InvalidArgument): the planner prices allreduces only.
   std::string codec = "none";
   // reduce_scatter: raw (codec none), alltoall (the default for codecs), sharded, ring,
   // summable. all_gather: raw (codec none) or allgather. all_to_all: raw (codec none) or

@@ -3,10 +3,12 @@
 // candidate; then, while a tensor size's first allreduces run, a budgeted explorer times the
 // model's few best plans against the best raw plan and keeps the fastest measured (a
 // compressed plan must beat raw by min_gain). docs/planner.md describes the model and its
-// measured accuracy.
+// measured accuracy. Codec "auto" chooses among the light tier's codecs (PlannerOptions::allowed:
+// those that keep accuracy), "auto:heavy" among both tiers' (PlannerOptions::heavy adds those
+// that compress more); docs/planner.md, "What auto may choose: accuracy tiers".
 //
 //   terse::PlannerOptions po;
-//   po.allowed = {"fp16", "onebit:ef=1"};
+//   po.allowed = {"fp16", "minmax8:ef=1"};
 //   terse::EngineOptions eo;
 //   eo.planner = std::make_shared<terse::Planner>(po);
 //   terse::Engine engine(comm, eo);
@@ -20,8 +22,8 @@
 // - Collectives: the first plan() on a communicator (calibration, or agreement on a cached
 //   one) and before_submission() at the points where it exchanges measured times. Every rank
 //   must call them at the same points with the same arguments, which an engine does when its
-//   ranks submit the same sequence. decide(), observe(), exploring(), calibrated() and
-//   allowed() are local.
+//   ranks submit the same sequence. decide(), observe(), exploring(), calibrated(),
+//   allowed() and heavy() are local.
 // - Agreement: decisions are a deterministic function of numbers every rank agrees on
 //   (exchanged through the communicator), so every rank settles on the same plan at the same
 //   submission.
@@ -37,6 +39,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "terse/plan.h"
@@ -46,11 +49,28 @@ namespace terse {
 
 class Communicator;
 
+// Which codecs codec "auto" may choose from: the light tier (codec "auto") holds the codecs that
+// keep training's accuracy; the heavy tier (codec "auto:heavy") adds those that compress more
+// and may cost accuracy, for where the caller allows it (Accordion's regular regimes).
+enum class Tier { kLight, kHeavy };
+
+// The tier of an AllreduceOptions codec: "auto" light, "auto:heavy" heavy; nothing for a codec
+// spec the planner does not decide.
+TERSE_API std::optional<Tier> auto_tier(std::string_view codec);
+// "auto" or "auto:heavy".
+TERSE_API std::string_view auto_codec(Tier tier);
+
 struct PlannerOptions {
-  // Codecs the planner may choose besides raw (specs; "ef=1" variants allowed). Lossy codecs
-  // change what training computes, so this is the user's decision. Default: TERSE_PLAN_CODECS
-  // (separated by ';' or spaces), else fp16 and onebit with error feedback.
+  // The light tier: codecs the planner may choose besides raw for codec "auto" (specs; "ef=1"
+  // variants allowed). Lossy codecs change what training computes, so this is the user's
+  // decision. Default: TERSE_PLAN_CODECS (separated by ';' or spaces), else fp16 and minmax8
+  // with error feedback, which kept DDP's fp32 accuracy on the training benchmark. {"none"}:
+  // raw only.
   std::vector<std::string> allowed;
+  // The heavy tier: codecs the planner may also choose for codec "auto:heavy" (a codec in both
+  // lists is light). Default: TERSE_PLAN_HEAVY_CODECS, else onebit with error feedback and
+  // PowerSGD (rank 4). {"none"}: no heavy codec ("auto:heavy" then plans as "auto").
+  std::vector<std::string> heavy;
   // A compressed plan must be this much faster than the best raw plan (relative) to be chosen,
   // predicted and measured alike: predictions err, and raw is exact.
   double min_gain = 0.05;
@@ -120,13 +140,16 @@ class TERSE_API Planner {
 
   // The decision for n floats on `ranks` ranks, run by an engine with `threads` worker threads,
   // without communication (`terse plan` asks it what-if questions). strategy/partitions other
-  // than kAuto/0 restrict the search to them. Needs a calibration (after the first plan(), or
-  // a planner made with one).
+  // than kAuto/0 restrict the search to them; `tier` says which codecs it may choose (the
+  // light tier's, or both tiers'). Needs a calibration (after the first plan(), or a planner
+  // made with one).
   PlanDecision decide(std::size_t n, int ranks, int threads, Strategy strategy = Strategy::kAuto,
-                      int partitions = 0) const;
+                      int partitions = 0, Tier tier = Tier::kLight) const;
 
-  // Canonical specs of the allowed codecs.
+  // Canonical specs of the light tier's codecs.
   std::vector<std::string> allowed() const;
+  // Canonical specs of the heavy tier's codecs (none of them light).
+  std::vector<std::string> heavy() const;
   const PlannerOptions& options() const;
   // Whether a calibration is held (local).
   bool calibrated() const;
@@ -134,9 +157,11 @@ class TERSE_API Planner {
   // ---- called by the engine -------------------------------------------------------------
 
   // What the engine does with n floats now (while a size is explored, its current contender).
-  // Collective on the first call (calibration, or agreement on a cached one).
+  // Collective on the first call (calibration, or agreement on a cached one). Each tier decides
+  // and explores a size apart from the other.
   TensorPlan plan(Communicator& comm, std::size_t n, int threads,
-                  Strategy strategy = Strategy::kAuto, int partitions = 0);
+                  Strategy strategy = Strategy::kAuto, int partitions = 0,
+                  Tier tier = Tier::kLight);
 
   // The engine reports the wall time of a planned allreduce of n floats (first task start to
   // last task end on this rank). Local and cheap.
@@ -154,13 +179,14 @@ class TERSE_API Planner {
     int threads = 0;
     Strategy strategy = Strategy::kAuto;
     int partitions = 0;
+    Tier tier = Tier::kLight;
   };
   int before_submission(Communicator& comm, std::span<const Use> uses = {});
 
   // Whether a size's plan is still being explored (local, the same on every rank). While it
   // is, the engine keeps each contender's codec state; once settled, it drops the losers'.
   bool exploring(std::size_t n, int threads, Strategy strategy = Strategy::kAuto,
-                 int partitions = 0) const;
+                 int partitions = 0, Tier tier = Tier::kLight) const;
 
  private:
   // The internals (src/planner/planner_impl.h): calibration, cost model, explorations.

@@ -241,8 +241,9 @@ class TerseFSDPState:
         if min_bytes < 0:
             raise terse.InvalidArgument(f"min_bytes must be >= 0, not {min_bytes}")
         # Validate before connecting: a typo fails on every rank alike, none waits for another.
-        if codec == "auto":
-            raise terse.InvalidArgument("terse.fsdp: codec 'auto' is not supported; name a codec")
+        if codec in ("auto", "auto:heavy"):
+            raise terse.InvalidArgument(
+                f"terse.fsdp: codec '{codec}' is not supported; name a codec")
         terse.canonical_spec(codec)
         terse.AllreduceOptions(codec=codec, strategy=strategy, partitions=partitions)
         if all_gather_codec is not None:

@@ -156,8 +156,8 @@ class RunConfig:
     ``ddp-powersgd`` (PyTorch's powerSGD_hook of rank ``powersgd_rank`` with error feedback and
     warm start), ``ddp-powersgd-batched`` (its batched_powerSGD_hook: one matrix per bucket;
     it fails on its first compressed step in torch 1.13 and 2.15.0), ``terse`` (terse's hook with
-    ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto``,
-    ``auto_codecs``; with ``accordion`` (heavy, light), terse.Accordion's two levels instead of
+    ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto`` or
+    ``auto:heavy`` (or Accordion over them), ``auto_codecs`` and ``heavy_codecs``; with ``accordion`` (heavy, light), terse.Accordion's two levels instead of
     ``codec``; with ``sparse_warmup`` stages, terse.SparseWarmup of ``codec``; both count
     windows of 1/``windows_per_epoch`` epoch, or epochs when it is 0; ``clip_norm``: the
     hook's local gradient clipping), ``fsdp`` (FSDP2's ``fully_shard`` per layer with its
@@ -182,6 +182,7 @@ class RunConfig:
     gather_bytes: int = 16 << 10  # the hook's gather_bytes: raw messages gathered up to this
     powersgd_rank: int = 4
     auto_codecs: Tuple[str, ...] = ()  # codec "auto": what the planner may choose (): default
+    heavy_codecs: Tuple[str, ...] = ()  # codec "auto:heavy": what it adds (): default
     all_gather_codec: str = ""  # fsdp-terse: the parameters' all-gather codec ("": raw)
     threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
     # The optimizer's momentum; < 0: the model's (0.9). A codec that carries the momentum in
@@ -292,12 +293,16 @@ def _communication(model: Any, config: RunConfig, steps_per_epoch: int = 0) -> O
         elif config.sparse_warmup > 0:
             codec = terse.SparseWarmup(config.codec, stages=config.sparse_warmup,
                                        window_steps=window)
+        # Codec "auto"'s tiers, alone or as Accordion's levels: the planner decides.
+        planned = any(c in ("auto", "auto:heavy")
+                      for c in (config.accordion or (config.codec,)))
         state, hook = terse.torch.ddp_hook(
             model, codec=codec, strategy=config.strategy, partitions=config.partitions,
             min_bytes=config.min_bytes, gather_bytes=config.gather_bytes,
             threads=config.threads, timeout=config.timeout, seed=config.seed,
             clip_norm=config.clip_norm if config.clip_norm > 0 else None,
-            auto_codecs=list(config.auto_codecs) if config.codec == "auto" else None)
+            auto_codecs=list(config.auto_codecs) if planned else None,
+            heavy_codecs=list(config.heavy_codecs) if planned else None)
         model.register_comm_hook(state, hook)
         return state
     return None
@@ -390,6 +395,9 @@ def _method_label(config: RunConfig) -> str:
     if config.accordion or config.sparse_warmup > 0:
         extra += [f"{config.windows_per_epoch} windows/epoch" if config.windows_per_epoch
                   else "epoch windows"]
+    if (any(c in ("auto", "auto:heavy") for c in (config.accordion or (config.codec,)))
+            and not config.auto_codecs and not config.heavy_codecs):
+        extra += ["default tiers"]
     extra += [] if config.clip_norm <= 0 else [f"clip {config.clip_norm:g}"]
     extra += [] if config.momentum < 0 else [f"SGD momentum {config.momentum:g}"]
     if config.method == "fsdp-terse":

@@ -47,7 +47,7 @@ const Codec& Plans::codec(const std::string& spec) const {
 
 TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** codec_out,
                        DType dtype) const {
-  if (o.codec == "auto") return plan_auto(n, o, codec_out, dtype);
+  if (const auto tier = auto_tier(o.codec)) return plan_auto(n, o, *tier, codec_out, dtype);
   if (dtype != DType::kFloat32 && codec(o.codec).name() == "none" &&
       (o.strategy == Strategy::kAuto || o.strategy == Strategy::kRaw)) {
     // Raw on a half tensor sends the tensor's own precision (see Engine::allreduce).
@@ -120,8 +120,11 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
     return InvalidArgument(fmt::format("rank {}: {} of tensor '{}': {}", comm_.rank(), what, name,
                                        why));
   };
-  if (o.codec == "auto") {
-    throw refuse("codec auto is not supported here (the planner prices allreduces); name a codec");
+  if (auto_tier(o.codec)) {
+    throw refuse(
+        fmt::format("codec {} is not supported here (the planner prices allreduces); "
+                    "name a codec",
+                    o.codec));
   }
   const Codec& c = codec(o.codec);
   const CodecTraits t = c.traits();
@@ -208,13 +211,13 @@ Planner& Plans::planner() const {
   return *planner_;
 }
 
-TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, const Codec** codec_out,
-                            DType dtype) const {
+TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
+                            const Codec** codec_out, DType dtype) const {
   Planner& p = planner();
   // Calibration measures the links: let submitted work finish first (every rank does).
   if (!p.calibrated()) drain_();
   AllreduceOptions chosen = o;
-  const TensorPlan decided = p.plan(comm_, n, threads_, o.strategy, o.partitions);
+  const TensorPlan decided = p.plan(comm_, n, threads_, o.strategy, o.partitions, tier);
   chosen.codec = decided.codec;
   chosen.strategy = decided.strategy;
   chosen.partitions = decided.partitions;
@@ -224,8 +227,8 @@ TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, const Code
 void Plans::before_submission(const std::vector<TensorRef>& tensors) {
   std::vector<Planner::Use> uses;
   for (const auto& t : tensors) {
-    if (t.options.codec == "auto") {
-      uses.push_back({elements(t), threads_, t.options.strategy, t.options.partitions});
+    if (const auto tier = auto_tier(t.options.codec)) {
+      uses.push_back({elements(t), threads_, t.options.strategy, t.options.partitions, *tier});
     }
   }
   if (!uses.empty()) planner().before_submission(comm_, uses);
@@ -273,8 +276,9 @@ void Plans::commit(Job& job) {
   std::vector<char> exploring(job.items.size(), 0);
   for (std::size_t i = 0; i < job.items.size(); ++i) {
     const AllreduceOptions& o = job.items[i].ref.options;
-    exploring[i] = o.codec == "auto" && planner().exploring(job.items[i].ref.typed.elements,
-                                                            threads_, o.strategy, o.partitions);
+    const auto tier = auto_tier(o.codec);
+    exploring[i] = tier && planner().exploring(job.items[i].ref.typed.elements, threads_,
+                                               o.strategy, o.partitions, *tier);
   }
   std::lock_guard lock(records_mu_);
   for (std::size_t i = 0; i < job.items.size(); ++i) {
@@ -314,7 +318,7 @@ void Plans::release(const Job& job, bool succeeded) {
     for (std::size_t i = 0; i < job.spans.size(); ++i) {
       const Item& it = job.items[i];
       // The planner's model prices fp32 tensors; half ones are not what it measured.
-      if (it.ref.options.codec != "auto" || it.plan.fused || it.step == 0 ||
+      if (!auto_tier(it.ref.options.codec) || it.plan.fused || it.step == 0 ||
           it.ref.typed.dtype != DType::kFloat32 || job.spans[i].second < job.spans[i].first) {
         continue;
       }

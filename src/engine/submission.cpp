@@ -295,7 +295,7 @@ void Submissions::lay_out(Job& job) const {
   }
   if (staging > 0) job.staging = buffers_.acquire(staging * sizeof(float));
   if (std::any_of(job.items.begin(), job.items.end(),
-                  [](const Item& it) { return it.ref.options.codec == "auto"; })) {
+                  [](const Item& it) { return auto_tier(it.ref.options.codec).has_value(); })) {
     job.spans.assign(job.items.size(), {INT64_MAX, INT64_MIN});
   }
 }

@@ -8,6 +8,10 @@
 //   powersgd  codec "auto" with PowerSGD allowed and a 100 Mbit/s calibration: the large
 //           matrix goes PowerSGD (its rounds on the raw ring, one partition), the small tensor
 //           does not, and results are identical on every rank
+//   tiers   one tensor switching between codec "auto" and "auto:heavy" (Accordion's levels over
+//           auto), with a calibration where each tier plans another codec: results identical on
+//           every rank and equal to the same codecs given as specs, whose error-feedback
+//           residual carries over each switch
 //   trace   a few compressed allreduces under TERSE_TRACE (set by the caller): every rank writes
 //           its trace with its clock offset, for `terse trace merge`
 //   links   planner::check_link_probes where the links paced the engine's raw allreduce: a
@@ -155,6 +159,7 @@ int scenario_loses(Communicator& comm) {
   for (auto& k : c.codecs) k.encode = testing::line(2e-6, 20e-9);
   PlannerOptions po;
   po.allowed = {"fp16", "onebit:ef=1"};
+  po.heavy = {"none"};
   // A budget the first round alone overruns (its least runs, 4 each): this calibration predicts
   // a raw allreduce far faster than loopback runs it, and the runs' count comes from the
   // predictions.
@@ -194,6 +199,86 @@ int scenario_powersgd(Communicator& comm) {
         "a small tensor went PowerSGD:\n" + plans);
   std::printf("OK rank %d powersgd\n%s", comm.rank(), comm.rank() == 0 ? plans.c_str() : "");
   engine.synchronize();
+  return 0;
+}
+
+// The results of one tensor over a schedule of codecs: each step's input from value(), reduced
+// under the step's codec (sharded, two partitions), one digest per step, checked the same on
+// every rank. `restart`: a tensor of its own (fresh codec state) wherever the codec changes.
+std::vector<std::uint64_t> run_schedule(Communicator& comm, Engine& engine,
+                                        const std::vector<std::string>& codecs, std::size_t n,
+                                        bool restart = false) {
+  std::vector<std::uint64_t> out;
+  int segment = 0;
+  for (std::size_t step = 0; step < codecs.size(); ++step) {
+    AllreduceOptions o;
+    o.codec = codecs[step];
+    o.strategy = Strategy::kSharded;
+    o.partitions = 2;
+    segment += step > 0 && codecs[step] != codecs[step - 1];
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = value(comm.rank(), step, i);
+    engine.allreduce(restart ? fmt::format("t{}", segment) : "t", x, o).wait();
+    out.push_back(digest(x));
+    check_same_everywhere(comm, std::to_string(out.back()),
+                          fmt::format("step {} ({})", step, codecs[step]));
+  }
+  return out;
+}
+
+int scenario_tiers(Communicator& comm) {
+  // 100 Mbit/s: minmax8 is the light tier's fastest codec, onebit the heavy tier's; no
+  // exploration, so the model's choices stand.
+  const Calibration c =
+      testing::synthetic(12.5e6, 100e-6, comm.size(), {"minmax8:ef=1", "onebit:ef=1"});
+  PlannerOptions po;
+  po.allowed = {"minmax8:ef=1"};
+  po.heavy = {"onebit:ef=1"};
+  po.explore_seconds = 0;
+  po.cache_path = "-";
+  const std::string light = make_codec("minmax8:ef=1")->spec();
+  const std::string heavy = make_codec("onebit:ef=1")->spec();
+  // Accordion's levels over auto: critical and regular windows in turn.
+  const std::vector<std::string> tiers = {"auto",       "auto",       "auto:heavy", "auto:heavy",
+                                          "auto:heavy", "auto",       "auto:heavy", "auto",
+                                          "auto",       "auto:heavy", "auto:heavy", "auto"};
+  std::vector<std::string> fixed;
+  for (const auto& t : tiers) fixed.push_back(t == "auto" ? light : heavy);
+  const std::size_t n = std::size_t{1} << 18;
+  std::vector<std::uint64_t> planned, by_spec, fresh;
+  {
+    std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, c);
+    PlannerAccess::set_recheck_interval(*planner, 0);
+    Engine engine = engine_with(comm, planner);
+    planned = run_schedule(comm, engine, tiers, n);
+    // Each tier kept its own decision for the one size.
+    AllreduceOptions o;
+    o.strategy = Strategy::kSharded;
+    o.partitions = 2;
+    o.codec = "auto";
+    check(engine.plan(n, o).codec == light, "auto did not plan " + light);
+    o.codec = "auto:heavy";
+    check(engine.plan(n, o).codec == heavy, "auto:heavy did not plan " + heavy);
+    engine.synchronize();
+  }
+  {
+    // The same schedule as fixed specs: a change of spec alone hands the error-feedback
+    // residual over (Plans::commit), so the planned run must match it bit for bit.
+    Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+    by_spec = run_schedule(comm, engine, fixed, n);
+    // Every switch starting afresh: no residual carried over.
+    fresh = run_schedule(comm, engine, fixed, n, /*restart=*/true);
+    engine.synchronize();
+  }
+  for (std::size_t step = 0; step < tiers.size(); ++step) {
+    check(planned[step] == by_spec[step],
+          fmt::format("step {} ({}): the planned run differs from the same specs given", step,
+                      tiers[step]));
+  }
+  // The carried residual shows: at the first switch, the results differ from fresh state's.
+  check(planned[1] == fresh[1] && planned[2] != fresh[2],
+        "the residual carried over a switch made no difference");
+  std::printf("OK rank %d tiers\n", comm.rank());
   return 0;
 }
 
@@ -310,7 +395,7 @@ int scenario_links(Communicator& comm) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: planner_worker auto|loses|powersgd|trace|links\n");
+    std::fprintf(stderr, "usage: planner_worker auto|loses|powersgd|tiers|trace|links\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -323,6 +408,8 @@ int main(int argc, char** argv) {
       rc = scenario_loses(*comm);
     } else if (scenario == "powersgd") {
       rc = scenario_powersgd(*comm);
+    } else if (scenario == "tiers") {
+      rc = scenario_tiers(*comm);
     } else if (scenario == "trace") {
       rc = scenario_trace(*comm);
     } else if (scenario == "links") {
