@@ -1130,6 +1130,14 @@ TEST_P(Ranks, AutoStaysRawWhereCompressionLoses) { expect_scenario_passes(GetPar
 
 TEST_P(Ranks, AutoRunsPowerSgdWhereItPays) { expect_scenario_passes(GetParam(), "powersgd"); }
 
+TEST_P(Ranks, AutoReduceScatterAndAllGatherAgreeAndEqualTheChosenPlan) {
+  expect_scenario_passes(GetParam(), "collectives");
+}
+
+TEST_P(Ranks, AutoAgainstANamedCodecFailsEveryRankNamingTheOperation) {
+  expect_scenario_passes(GetParam(), "collective_mismatch");
+}
+
 TEST_P(Ranks, CalibrationMeasuresDisturbedLinksAgain) {
   expect_scenario_passes(GetParam(), "links");
 }
