@@ -249,9 +249,10 @@ void run_rank(const Options& opt) {
                      ideal > 0 ? fmt::format("{:.2f}", med / ideal) : "-",
                      gloo_median > 0 ? fmt::format("{:.2f}x", gloo_median / med) : "-");
           if (automatic) {
-            fmt::print("{:<15} {:>7}   auto chose {}; best fixed: {} ({:.4f} s), auto / best "
-                       "{:.2f}\n",
-                       "", "", chosen, best_label, best_fixed, med / best_fixed);
+            fmt::print(
+                "{:<15} {:>7}   auto chose {}; best fixed: {} ({:.4f} s), auto / best "
+                "{:.2f}\n",
+                "", "", chosen, best_label, best_fixed, med / best_fixed);
           }
           std::fflush(stdout);
         }

@@ -122,13 +122,15 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
   };
   if (o.codec == "auto") {
     if (op == Op::kAllToAll) {
-      throw refuse("codec auto is not supported for all_to_all (the planner prices allreduce, "
-                   "reduce_scatter and all_gather); name a codec");
+      throw refuse(
+          "codec auto is not supported for all_to_all (the planner prices allreduce, "
+          "reduce_scatter and all_gather); name a codec");
     }
     // A restriction the operation has no strategy for is refused as a fixed codec's would be.
     if (op == Op::kReduceScatter && o.strategy == Strategy::kAllgather) {
-      throw refuse("strategy allgather has no reduce-scatter; use raw (codec none), alltoall, "
-                   "sharded, ring or summable");
+      throw refuse(
+          "strategy allgather has no reduce-scatter; use raw (codec none), alltoall, "
+          "sharded, ring or summable");
     }
     if (op == Op::kAllGather && o.strategy != Strategy::kAuto && o.strategy != Strategy::kRaw &&
         o.strategy != Strategy::kAllgather) {
@@ -369,8 +371,7 @@ void Plans::release(const Job& job, bool succeeded) {
       }
       const Planner::Use u = use_of(it);
       planner_->observe(u.n, it.plan,
-                        static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9,
-                        u.op);
+                        static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9, u.op);
     }
   }
   std::lock_guard lock(records_mu_);

@@ -373,8 +373,8 @@ void Submissions::verify(const std::vector<Item>& items) {
   for (const auto& it : items) {
     text += fmt::format("'{}': {}\n", it.ref.name, config_of(it));
   }
-  verify(text, items.size() == 1 ? fmt::format("{} of '{}' (first-use check)",
-                                               op_name(items[0].op), items[0].ref.name)
+  verify(text, items.size() == 1 ? fmt::format("{} of '{}' (first-use check)", op_name(items[0].op),
+                                               items[0].ref.name)
                                  : fmt::format("'{}' and {} more (first-use check)",
                                                items[0].ref.name, items.size() - 1));
 }

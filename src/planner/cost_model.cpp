@@ -267,7 +267,6 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   return pipeline(p, parts, threads);
 }
 
-
 // A reduce-scatter of n floats of input (N shards of n/N) or an all-gather of n floats of
 // output, each shard split into K pieces: partition p holds piece p of every rank's shard, s
 // floats each (src/engine/partition_task.cpp). Per partition (reduce-scatter, then the status
@@ -288,14 +287,13 @@ Prediction CostModel::predict_collective(std::size_t n, const CodecCosts* k, Str
   const bool scatter = op == Operation::kReduceScatter;
   const std::string_view spec = k != nullptr ? std::string_view(k->spec) : "none";
   if (k != nullptr && k->multi_round) {
-    throw InvalidArgument(fmt::format(
-        "cost model: {} compresses a whole matrix over rounds of sums; no {} of it", spec,
-        to_string(op)));
+    throw InvalidArgument(
+        fmt::format("cost model: {} compresses a whole matrix over rounds of sums; no {} of it",
+                    spec, to_string(op)));
   }
-  const bool valid =
-      scatter ? strategy != Strategy::kAllgather && strategy != Strategy::kAuto &&
-                    (strategy != Strategy::kSummable || k->summable)
-              : strategy == Strategy::kRaw || strategy == Strategy::kAllgather;
+  const bool valid = scatter ? strategy != Strategy::kAllgather && strategy != Strategy::kAuto &&
+                                   (strategy != Strategy::kSummable || k->summable)
+                             : strategy == Strategy::kRaw || strategy == Strategy::kAllgather;
   if (!valid) {
     throw InvalidArgument(fmt::format("cost model: {} has no strategy {} for codec {}",
                                       to_string(op), to_string(strategy), spec));

@@ -460,8 +460,7 @@ int Planner::Impl::advance_explorations(
                   : fmt::format(" {} unmeasured", plan_key(e.contenders()[i].plan));
       }
       std::fprintf(stderr, "terse plan: explored %s %zu floats (%s, %.2f s), measured:%s\n",
-                   std::string(to_string(op)).c_str(), n, e.why().c_str(), e.spent(),
-                   list.c_str());
+                   std::string(to_string(op)).c_str(), n, e.why().c_str(), e.spent(), list.c_str());
     }
     log_decision(d, rank, "explored");
     it = exploring.erase(it);
@@ -572,8 +571,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
       std::fprintf(stderr,
                    "terse plan: re-check: %zu floats with %s took %.3f ms, expected %.3f ms: "
                    "re-planning\n",
-                   d.elements, key.c_str(), t * 1e3,
-                   PlanDecision::expected(d.chosen) * 1e3);
+                   d.elements, key.c_str(), t * 1e3, PlanDecision::expected(d.chosen) * 1e3);
     }
   }
   return changed + static_cast<int>(replanned.size());

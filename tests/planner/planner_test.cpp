@@ -486,11 +486,10 @@ TEST(CostModel, ReduceScatterAndAllGatherCostAboutHalfAnAllreduce) {
     EXPECT_NEAR(h.bytes_sent / w.bytes_sent, 0.5, 0.01) << to_string(op) << " " << codec;
     return h.seconds / w.seconds;
   };
-  EXPECT_NEAR(ratio("none", Strategy::kRaw, Operation::kReduceScatter, Strategy::kRaw), 0.5,
-              0.05);
+  EXPECT_NEAR(ratio("none", Strategy::kRaw, Operation::kReduceScatter, Strategy::kRaw), 0.5, 0.05);
   EXPECT_NEAR(ratio("none", Strategy::kRaw, Operation::kAllGather, Strategy::kRaw), 0.5, 0.05);
-  EXPECT_NEAR(ratio(onebit, Strategy::kSharded, Operation::kReduceScatter, Strategy::kSharded),
-              0.5, 0.05);
+  EXPECT_NEAR(ratio(onebit, Strategy::kSharded, Operation::kReduceScatter, Strategy::kSharded), 0.5,
+              0.05);
   EXPECT_NEAR(ratio(onebit, Strategy::kAllToAll, Operation::kReduceScatter, Strategy::kSharded),
               0.5, 0.05);
   // The ring's reduce-scatter sends N payloads of a shard (the last one to its reader), not

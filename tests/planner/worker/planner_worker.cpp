@@ -351,8 +351,9 @@ int scenario_collectives(Communicator& comm) {
       engine.reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(y)), o).wait();
       const TensorPlan p = planner->plan(comm, total, kThreads, Strategy::kAuto, 0, rs);
       comm.barrier("fixed");
-      fixed.reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(z)),
-                           same_as_named(p))
+      fixed
+          .reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(z)),
+                          same_as_named(p))
           .wait();
       check(y == z, fmt::format("reduce_scatter of {} with auto ({}) differs from the plan named",
                                 name, plan_key(p)));
@@ -373,8 +374,9 @@ int scenario_collectives(Communicator& comm) {
       engine.all_gather(name, TensorView(std::span(in)), TensorView(std::span(out)), o).wait();
       const TensorPlan g = planner->plan(comm, total, kThreads, Strategy::kAuto, 0, ag);
       comm.barrier("fixed");
-      fixed.all_gather(name, TensorView(std::span(in)), TensorView(std::span(out2)),
-                       same_as_named(g))
+      fixed
+          .all_gather(name, TensorView(std::span(in)), TensorView(std::span(out2)),
+                      same_as_named(g))
           .wait();
       check(out == out2, fmt::format("all_gather of {} with auto ({}) differs from the plan named",
                                      name, plan_key(g)));
@@ -413,12 +415,13 @@ int scenario_collectives(Communicator& comm) {
         check(step < 400, name + ": still exploring after 400 steps");
         for (std::size_t i = 0; i < total; ++i) x[i] = value(r, step, i);
         if (op == rs) {
-          engine.reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(y).first(shard)),
-                                o)
+          engine
+              .reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(y).first(shard)),
+                              o)
               .wait();
         } else {
-          engine.all_gather(name, TensorView(std::span(x).first(shard)), TensorView(std::span(y)),
-                            o)
+          engine
+              .all_gather(name, TensorView(std::span(x).first(shard)), TensorView(std::span(y)), o)
               .wait();
           check_same_everywhere(comm, std::to_string(digest(y)), name + ": result");
         }
@@ -428,21 +431,21 @@ int scenario_collectives(Communicator& comm) {
         const auto m = std::find_if(d.ranked.begin(), d.ranked.end(), [&](const auto& cand) {
           return plan_key(cand.plan) == plan_key(c.plan);
         });
-        check(m != d.ranked.end() && m->measured.has_value(),
-              fmt::format("{}: contender {} was explored but not measured", name,
-                          plan_key(c.plan)));
+        check(
+            m != d.ranked.end() && m->measured.has_value(),
+            fmt::format("{}: contender {} was explored but not measured", name, plan_key(c.plan)));
       }
       check(contenders.size() > 1, name + ": nothing to explore");
-      settled += fmt::format("{} {} after {} steps\n", name,
-                             plan_key(planner->plan(comm, total, kThreads, Strategy::kAuto, 0, op)),
-                             step);
+      settled +=
+          fmt::format("{} {} after {} steps\n", name,
+                      plan_key(planner->plan(comm, total, kThreads, Strategy::kAuto, 0, op)), step);
     }
     engine.synchronize();
   }
   // No allreduce ran: none of its candidates of that size has a measured time.
   for (const auto& c : planner->decide(large, N, kThreads).ranked) {
-    check(!c.measured, "an allreduce candidate took a collective's measurement: " +
-                           plan_key(c.plan));
+    check(!c.measured,
+          "an allreduce candidate took a collective's measurement: " + plan_key(c.plan));
   }
   check_same_everywhere(comm, settled, "settled plans");
   std::printf("OK rank %d collectives\n%s%s", r, r == 0 ? plans.c_str() : "",
@@ -466,8 +469,8 @@ int scenario_collective_mismatch(Communicator& comm) {
   for (const char* op : {"reduce_scatter", "all_gather"}) {
     try {
       if (std::string(op) == "reduce_scatter") {
-        engine.reduce_scatter("m", TensorView(std::span(x)), TensorView(std::span(y).first(shard)),
-                              o)
+        engine
+            .reduce_scatter("m", TensorView(std::span(x)), TensorView(std::span(y).first(shard)), o)
             .wait();
       } else {
         engine.all_gather("m", TensorView(std::span(x).first(shard)), TensorView(std::span(y)), o)
@@ -493,7 +496,9 @@ int scenario_collective_mismatch(Communicator& comm) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: planner_worker auto|loses|powersgd|trace|links|collectives|collective_mismatch\n");
+    std::fprintf(
+        stderr,
+        "usage: planner_worker auto|loses|powersgd|trace|links|collectives|collective_mismatch\n");
     return 2;
   }
   const std::string scenario = argv[1];
