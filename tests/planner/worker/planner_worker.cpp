@@ -384,6 +384,23 @@ int scenario_collectives(Communicator& comm) {
                             fmt::format("all_gather of {}", name));
       plans += fmt::format("all_gather {} {}\n", total, plan_key(g));
     }
+    // A strategy and partitions given with "auto" restrict the search to them.
+    {
+      const std::size_t shard = std::size_t{1} << 16, total = N * shard;
+      std::vector<float> x(total, 0.5f), y(shard);
+      CollectiveOptions o;
+      o.codec = "auto";
+      o.strategy = Strategy::kRing;
+      o.partitions = 3;
+      engine.reduce_scatter("restricted", TensorView(std::span(x)), TensorView(std::span(y)), o)
+          .wait();
+      const auto& decisions = PlannerAccess::impl(*planner).decisions;
+      const auto d = decisions.find({total, kThreads, Strategy::kRing, 3, rs});
+      check(d != decisions.end(), "the engine did not ask for a ring of 3 partitions");
+      const TensorPlan& p = d->second.chosen.plan;
+      check(p.strategy == Strategy::kRing && p.partitions == 3 && p.codec != "none",
+            "a restricted reduce_scatter went " + plan_key(p));
+    }
     engine.synchronize();
     fixed.synchronize();
   }
