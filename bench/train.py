@@ -66,6 +66,7 @@ METHODS: List[Tuple[str, Dict]] = [
     ("terse-powersgd-r8-fp16-ag", dict(method="terse", codec="powersgd:rank=8,wire=fp16",
                                        strategy="allgather")),
     ("terse-fp16", dict(method="terse", codec="fp16")),
+    ("terse-minmax8", dict(method="terse", codec="minmax8:ef=1")),
     ("terse-onebit", dict(method="terse", codec="onebit:ef=1")),
     ("terse-topk", dict(method="terse", codec="topk:ratio=0.01,ef=1")),
     ("terse-topk-10", dict(method="terse", codec="topk:ratio=0.1,ef=1")),
@@ -93,6 +94,12 @@ METHODS: List[Tuple[str, Dict]] = [
     # and PowerSGD (rank 4).
     ("terse-auto", dict(method="terse", codec="auto",
                         auto_codecs=("fp16", "onebit:ef=1", "powersgd"))),
+    # codec "auto"'s accuracy tiers at their defaults (docs/planner.md): the light tier alone
+    # (fp16, minmax8 with error feedback), and Accordion between it and both tiers (adding
+    # onebit with error feedback and PowerSGD) every quarter epoch.
+    ("terse-auto-light", dict(method="terse", codec="auto")),
+    ("terse-accordion-auto", dict(method="terse", accordion=("auto:heavy", "auto"),
+                                  windows_per_epoch=4)),
     # Sharded data parallelism: FSDP2's fully_shard per layer, its own collectives over Gloo
     # in fp32 and with gradients reduce-scattered in bf16.
     ("fsdp", dict(method="fsdp")),
@@ -165,7 +172,8 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit("bench/train.py: emulated links need root (network namespaces, tc)")
     overrides = {k: v for k, v in (("steps", args.steps), ("epochs", args.epochs),
                                    ("samples", args.samples), ("warmup_steps", args.warmup),
-                                   ("evals_per_epoch", args.evals_per_epoch))
+                                   ("evals_per_epoch", args.evals_per_epoch),
+                                   ("seed", args.seed))
                  if v is not None}
     if args.dtype != "float32":
         overrides["dtype"] = args.dtype
@@ -663,6 +671,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     r.add_argument("--samples", type=int, help="override: training images used")
     r.add_argument("--warmup", type=int, help="override: steps left out of the median")
     r.add_argument("--evals-per-epoch", type=int, help="override: accuracy checks per epoch")
+    r.add_argument("--seed", type=int,
+                   help="initial weights and batch order (default 0); a run per seed, e.g. "
+                        "--results results/train-seed1")
     r.set_defaults(func=run)
     q = sub.add_parser("report", help="tables, targets and plots from the JSON files")
     q.add_argument("--results", default="results/train")

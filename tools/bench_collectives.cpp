@@ -115,6 +115,7 @@ void run_rank(const Options& opt) {
   PlannerOptions po;
   const char* env_codecs = std::getenv("TERSE_PLAN_CODECS");
   if (env_codecs == nullptr || *env_codecs == '\0') po.allowed = table_codecs(opt);
+  po.heavy = {"none"};  // the auto row is codec "auto": the light tier alone
   auto planner = std::make_shared<Planner>(po);
   PlannerAccess::set_recheck_interval(*planner, 0);  // no exchanges among the timed runs
   eo.planner = planner;
@@ -216,11 +217,11 @@ void run_rank(const Options& opt) {
         if (automatic) {
           // Until the planner has settled (calibration was the first call's).
           int runs = 0;
-          while (planner->exploring(total, threads, Strategy::kAuto, 0, operation) &&
+          while (planner->exploring(total, threads, Strategy::kAuto, 0, Tier::kLight, operation) &&
                  ++runs < 1000) {
             once();
           }
-          chosen = plan_key(planner->plan(*comm, total, threads, Strategy::kAuto, 0, operation));
+          chosen = plan_key(planner->plan(*comm, total, threads, Strategy::kAuto, 0, Tier::kLight, operation));
         }
         std::vector<double> times;
         const auto before = engine.bytes_sent();

@@ -79,6 +79,7 @@ void run_rank(const Options& opt) {
   const int r = comm->rank(), n_ranks = comm->size();
   PlannerOptions po;
   po.allowed = opt.codecs;
+  po.heavy = {"none"};  // it measures codec "auto", the light tier: no need to calibrate more
   po.cache_path = opt.cache;
   std::shared_ptr<Planner> planner = std::make_shared<Planner>(po);
   if (!opt.partitions.empty()) PlannerAccess::set_partitions(*planner, opt.partitions);
@@ -512,7 +513,8 @@ void add_bench_planner_command(CLI::App& bench) {
   cmd->add_option("--size,--sizes", opt->sizes, "Tensor sizes (B, KB, MB, KiB, MiB, ...)")
       ->capture_default_str();
   cmd->add_option("--codecs", opt->codecs,
-                  "Allowed codecs (default: TERSE_PLAN_CODECS, else fp16 onebit:ef=1)");
+                  "The light tier's codecs, what codec auto chooses from (default: "
+                  "TERSE_PLAN_CODECS, else fp16 minmax8:ef=1)");
   cmd->add_option("--partitions", opt->partitions, "Partition counts the planner tries");
   cmd->add_option("--reps", opt->reps,
                   "Timed runs per configuration (median); fast ones get up to 5x as many")

@@ -27,6 +27,7 @@ namespace {
 struct Options {
   int ranks = 2;
   std::vector<std::string> codecs;
+  std::vector<std::string> heavy;
   std::string out;
   std::size_t max_elements = std::size_t{1} << 22;
 };
@@ -109,9 +110,11 @@ void run_rank(const Options& opt) {
   std::shared_ptr<Communicator> comm = Communicator::from_env();
   PlannerOptions po;
   po.allowed = opt.codecs;
-  const Planner defaults(po);  // resolves the default codec list and checks the specs
+  po.heavy = opt.heavy;
+  const Planner defaults(po);  // resolves the default codec lists and checks the specs
   CalibrationOptions co;
   co.codecs = defaults.allowed();
+  for (const auto& spec : defaults.heavy()) co.codecs.push_back(spec);
   co.codec_max_elements = opt.max_elements;
   co.quiet = false;
   const Calibration c = calibrate(*comm, co, make_allreduce_probe);
@@ -135,7 +138,11 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_option("--ranks", opt->ranks, "Local ranks to start when not under a launcher")
       ->capture_default_str();
   cmd->add_option("--codecs", opt->codecs,
-                  "Codec specs to measure (default: TERSE_PLAN_CODECS, else fp16 onebit:ef=1)");
+                  "The light tier's codecs to measure (default: TERSE_PLAN_CODECS, else fp16 "
+                  "minmax8:ef=1)");
+  cmd->add_option("--heavy", opt->heavy,
+                  "The heavy tier's codecs to measure (default: TERSE_PLAN_HEAVY_CODECS, else "
+                  "onebit:ef=1 powersgd; none: none)");
   cmd->add_option("--out", opt->out,
                   "Cache file (default: ~/.cache/terse/calibration-HOST-nN.json)");
   cmd->add_option("--max-elements", opt->max_elements, "Largest tensor of the codec fits")

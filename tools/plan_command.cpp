@@ -45,6 +45,8 @@ struct Options {
   std::string bandwidth;
   double latency = -1;
   std::vector<std::string> codecs;
+  std::vector<std::string> heavy;
+  std::string codec = "auto";
   std::vector<int> partitions;
   int threads = 4;
   int ranks_per_host = 1;
@@ -148,6 +150,7 @@ struct StepModel {
   int threads;
   std::size_t fuse_bytes;
   std::size_t partition_bytes;
+  Tier tier;
 
   // The engine's default partitions for a raw tensor of n floats.
   int default_partitions(std::size_t n) const {
@@ -171,7 +174,7 @@ struct StepModel {
       } else {
         step.raw_seconds += raw(t.elements);
       }
-      const PlanDecision d = planner.decide(t.elements, ranks, threads, only);
+      const PlanDecision d = planner.decide(t.elements, ranks, threads, only, 0, tier);
       if (small && d.chosen.plan.strategy == Strategy::kRaw) {
         step.fused.push_back(t);
         fused_elements += t.elements;
@@ -213,9 +216,12 @@ void run(const Options& opt) {
   }
   if (opt.sizes_only) return;
 
+  const std::optional<Tier> tier = auto_tier(opt.codec);
+  if (!tier) throw InvalidArgument(fmt::format("--codec {}: give auto or auto:heavy", opt.codec));
   PlannerOptions po;
   po.allowed = opt.codecs;
-  const Planner defaults(po);  // resolves the codec list
+  po.heavy = opt.heavy;
+  const Planner defaults(po);  // resolves the codec lists
 
   // CPU costs: a calibration file (from `terse calibrate`), else measured here and now.
   Calibration cal;
@@ -230,6 +236,7 @@ void run(const Options& opt) {
   } else {
     CalibrationOptions co;
     co.codecs = defaults.allowed();
+    for (const auto& spec : defaults.heavy()) co.codecs.push_back(spec);
     cal = calibrate_local(co, opt.ranks, opt.ranks_per_host, make_allreduce_probe);
     source =
         fmt::format("measured now, {} rank(s) per host on {} cores", cal.ranks_on_host, cal.cores);
@@ -253,8 +260,12 @@ void run(const Options& opt) {
   const std::unique_ptr<Planner> made = PlannerAccess::with_calibration(po, std::move(cal));
   Planner& planner = *made;
   if (!opt.partitions.empty()) PlannerAccess::set_partitions(planner, opt.partitions);
-  const StepModel model{planner, opt.ranks, opt.threads, parse_size(opt.fuse, "--fuse-bytes"),
-                        parse_size(opt.partition, "--partition-bytes")};
+  const StepModel model{planner,
+                        opt.ranks,
+                        opt.threads,
+                        parse_size(opt.fuse, "--fuse-bytes"),
+                        parse_size(opt.partition, "--partition-bytes"),
+                        *tier};
   const Calibration& c = PlannerAccess::model(planner).calibration();
 
   std::size_t total = 0;
@@ -311,7 +322,7 @@ void run(const Options& opt) {
     fmt::print("\n");
     report["scale"] = nlohmann::json::array();
     for (int n : opt.scale) {
-      const StepModel at{planner, n, opt.threads, model.fuse_bytes, model.partition_bytes};
+      const StepModel at{planner, n, opt.threads, model.fuse_bytes, model.partition_bytes, *tier};
       nlohmann::json row;
       row["ranks"] = n;
       fmt::print("{:>6}", n);
@@ -350,7 +361,13 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--latency", opt->latency,
                   "One-way link latency in seconds (default: the calibration's, else 50e-6)");
   cmd->add_option("--codecs", opt->codecs,
-                  "Allowed codecs (default: TERSE_PLAN_CODECS, else fp16 onebit:ef=1)");
+                  "The light tier's codecs, what codec auto chooses from (default: "
+                  "TERSE_PLAN_CODECS, else fp16 minmax8:ef=1)");
+  cmd->add_option("--heavy", opt->heavy,
+                  "The heavy tier's codecs, which codec auto:heavy adds (default: "
+                  "TERSE_PLAN_HEAVY_CODECS, else onebit:ef=1 powersgd; none: no heavy codec)");
+  cmd->add_option("--codec", opt->codec, "auto (the light tier) or auto:heavy (both tiers)")
+      ->capture_default_str();
   cmd->add_option("--partitions", opt->partitions, "Partition counts the planner tries");
   cmd->add_option("--threads", opt->threads, "Engine worker threads")->capture_default_str();
   cmd->add_option("--ranks-per-host", opt->ranks_per_host,

@@ -79,9 +79,10 @@ class Tracer;
 struct HandleAccess;
 
 struct AllreduceOptions {
-  // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...) or "auto": the planner's
-  // choice of raw or an allowed codec, strategy and K (include/terse/planner.h); a strategy or
-  // partitions given with "auto" restrict its search.
+  // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...), "auto" or "auto:heavy": the
+  // planner's choice of raw or a codec of the light tier (auto) or of either tier (auto:heavy),
+  // strategy and K (include/terse/planner.h); a strategy or partitions given with "auto"
+  // restrict its search.
   std::string codec = "none";
   Strategy strategy = Strategy::kAuto;
   // Partitions K (1 .. 256); 0 lets the engine choose from the tensor's size.
@@ -93,9 +94,9 @@ struct AllreduceOptions {
 // Options of reduce_scatter, all_gather and all_to_all (see Engine::reduce_scatter).
 struct CollectiveOptions {
   // A codec spec ("none", "minmax8", "onebit:ef=1", ...), or for reduce_scatter and all_gather
-  // "auto": the planner's choice of raw or an allowed codec, strategy and K for this operation
-  // and size (include/terse/planner.h; a strategy or partitions given with it restrict the
-  // search), as for an allreduce. all_to_all refuses "auto" (InvalidArgument).
+  // "auto" or "auto:heavy": the planner's choice of raw or a codec of the tier, strategy and K
+  // for this operation and size (include/terse/planner.h; a strategy or partitions given with
+  // it restrict the search), as for an allreduce. all_to_all refuses them (InvalidArgument).
   std::string codec = "none";
   // reduce_scatter: raw (codec none), alltoall (the default for codecs), sharded, ring,
   // summable. all_gather: raw (codec none) or allgather. all_to_all: raw (codec none) or

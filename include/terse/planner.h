@@ -3,10 +3,13 @@
 // calibrated on this machine and its links, predicts every candidate; then, while a tensor
 // size's first collectives run, a budgeted explorer times the model's few best plans against the
 // best raw plan and keeps the fastest measured (a compressed plan must beat raw by min_gain).
-// docs/planner.md describes the model and its measured accuracy.
+// docs/planner.md describes the model and its measured accuracy. Codec "auto" chooses among the
+// light tier's codecs (PlannerOptions::allowed: those that keep accuracy), "auto:heavy" among
+// both tiers' (PlannerOptions::heavy adds those that compress more); docs/planner.md, "What auto
+// may choose: accuracy tiers".
 //
 //   terse::PlannerOptions po;
-//   po.allowed = {"fp16", "onebit:ef=1"};
+//   po.allowed = {"fp16", "minmax8:ef=1"};
 //   terse::EngineOptions eo;
 //   eo.planner = std::make_shared<terse::Planner>(po);
 //   terse::Engine engine(comm, eo);
@@ -20,8 +23,8 @@
 // - Collectives: the first plan() on a communicator (calibration, or agreement on a cached
 //   one) and before_submission() at the points where it exchanges measured times. Every rank
 //   must call them at the same points with the same arguments, which an engine does when its
-//   ranks submit the same sequence. decide(), observe(), exploring(), calibrated() and
-//   allowed() are local.
+//   ranks submit the same sequence. decide(), observe(), exploring(), calibrated(),
+//   allowed() and heavy() are local.
 // - Agreement: decisions are a deterministic function of numbers every rank agrees on
 //   (exchanged through the communicator), so every rank settles on the same plan at the same
 //   submission.
@@ -37,6 +40,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "terse/plan.h"
@@ -46,11 +50,28 @@ namespace terse {
 
 class Communicator;
 
+// Which codecs codec "auto" may choose from: the light tier (codec "auto") holds the codecs that
+// keep training's accuracy; the heavy tier (codec "auto:heavy") adds those that compress more
+// and may cost accuracy, for where the caller allows it (Accordion's regular regimes).
+enum class Tier { kLight, kHeavy };
+
+// The tier of an AllreduceOptions codec: "auto" light, "auto:heavy" heavy; nothing for a codec
+// spec the planner does not decide.
+TERSE_API std::optional<Tier> auto_tier(std::string_view codec);
+// "auto" or "auto:heavy".
+TERSE_API std::string_view auto_codec(Tier tier);
+
 struct PlannerOptions {
-  // Codecs the planner may choose besides raw (specs; "ef=1" variants allowed). Lossy codecs
-  // change what training computes, so this is the user's decision. Default: TERSE_PLAN_CODECS
-  // (separated by ';' or spaces), else fp16 and onebit with error feedback.
+  // The light tier: codecs the planner may choose besides raw for codec "auto" (specs; "ef=1"
+  // variants allowed). Lossy codecs change what training computes, so this is the user's
+  // decision. Default: TERSE_PLAN_CODECS (separated by ';' or spaces), else fp16 and minmax8
+  // with error feedback, which kept DDP's fp32 accuracy on the training benchmark. {"none"}:
+  // raw only.
   std::vector<std::string> allowed;
+  // The heavy tier: codecs the planner may also choose for codec "auto:heavy" (a codec in both
+  // lists is light). Default: TERSE_PLAN_HEAVY_CODECS, else onebit with error feedback and
+  // PowerSGD (rank 4). {"none"}: no heavy codec ("auto:heavy" then plans as "auto").
+  std::vector<std::string> heavy;
   // A compressed plan must be this much faster than the best raw plan (relative) to be chosen,
   // predicted and measured alike: predictions err, and raw is exact.
   double min_gain = 0.05;
@@ -121,15 +142,19 @@ class TERSE_API Planner {
 
   // The decision for n floats on `ranks` ranks, run by an engine with `threads` worker threads,
   // without communication (`terse plan` asks it what-if questions). strategy/partitions other
-  // than kAuto/0 restrict the search to them. op: the collective (n: its input for a
-  // reduce-scatter, its output for an all-gather, a multiple of ranks); only the strategies it
-  // has are candidates, and its decisions and measured times are its own. Needs a calibration
-  // (after the first plan(), or a planner made with one).
+  // than kAuto/0 restrict the search to them; `tier` says which codecs it may choose (the
+  // light tier's, or both tiers'). op: the collective (n: its input for a reduce-scatter, its
+  // output for an all-gather, a multiple of ranks); only the strategies it has are candidates,
+  // and its decisions and measured times are its own. Needs a calibration (after the first
+  // plan(), or a planner made with one).
   PlanDecision decide(std::size_t n, int ranks, int threads, Strategy strategy = Strategy::kAuto,
-                      int partitions = 0, Operation op = Operation::kAllreduce) const;
+                      int partitions = 0, Tier tier = Tier::kLight,
+                      Operation op = Operation::kAllreduce) const;
 
-  // Canonical specs of the allowed codecs.
+  // Canonical specs of the light tier's codecs.
   std::vector<std::string> allowed() const;
+  // Canonical specs of the heavy tier's codecs (none of them light).
+  std::vector<std::string> heavy() const;
   const PlannerOptions& options() const;
   // Whether a calibration is held (local).
   bool calibrated() const;
@@ -137,10 +162,11 @@ class TERSE_API Planner {
   // ---- called by the engine -------------------------------------------------------------
 
   // What the engine does with n floats now (while a size is explored, its current contender).
-  // Collective on the first call (calibration, or agreement on a cached one).
+  // Collective on the first call (calibration, or agreement on a cached one). Each tier decides
+  // and explores a size apart from the other.
   TensorPlan plan(Communicator& comm, std::size_t n, int threads,
                   Strategy strategy = Strategy::kAuto, int partitions = 0,
-                  Operation op = Operation::kAllreduce);
+                  Tier tier = Tier::kLight, Operation op = Operation::kAllreduce);
 
   // The engine reports the wall time of a planned collective of n floats (first task start to
   // last task end on this rank). Local and cheap.
@@ -159,6 +185,7 @@ class TERSE_API Planner {
     int threads = 0;
     Strategy strategy = Strategy::kAuto;
     int partitions = 0;
+    Tier tier = Tier::kLight;
     Operation op = Operation::kAllreduce;
   };
   int before_submission(Communicator& comm, std::span<const Use> uses = {});
@@ -166,7 +193,8 @@ class TERSE_API Planner {
   // Whether a size's plan is still being explored (local, the same on every rank). While it
   // is, the engine keeps each contender's codec state; once settled, it drops the losers'.
   bool exploring(std::size_t n, int threads, Strategy strategy = Strategy::kAuto,
-                 int partitions = 0, Operation op = Operation::kAllreduce) const;
+                 int partitions = 0, Tier tier = Tier::kLight,
+                 Operation op = Operation::kAllreduce) const;
 
  private:
   // The internals (src/planner/planner_impl.h): calibration, cost model, explorations.

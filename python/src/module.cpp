@@ -613,8 +613,9 @@ void bind(py::module_& m) {
 
   // ---- options and plans --------------------------------------------------------------------
   py::class_<AllreduceOptions>(m, "AllreduceOptions",
-                               "How one tensor is reduced: codec spec (or 'auto'), strategy, "
-                               "partitions (0: from the size) and average (divide by ranks).")
+                               "How one tensor is reduced: codec spec (or 'auto', 'auto:heavy': "
+                               "the planner's choice), strategy, partitions (0: from the size) "
+                               "and average (divide by ranks).")
       .def(py::init(&make_options), py::arg("codec") = "none", py::arg("strategy") = "auto",
            py::arg("partitions") = 0, py::arg("average") = true)
       .def_readwrite("codec", &AllreduceOptions::codec)
@@ -640,7 +641,8 @@ void bind(py::module_& m) {
                             "Engine-wide settings (see include/terse/engine.h).")
       .def(py::init([](std::uint64_t seed, int threads, std::size_t fuse_bytes,
                        std::size_t partition_bytes, std::size_t gather_bytes,
-                       bool keep_input_on_error, std::vector<std::string> auto_codecs) {
+                       bool keep_input_on_error, std::vector<std::string> auto_codecs,
+                       std::vector<std::string> heavy_codecs) {
              EngineOptions o;
              o.seed = seed;
              o.threads = threads;
@@ -648,9 +650,10 @@ void bind(py::module_& m) {
              o.partition_bytes = partition_bytes;
              o.gather_bytes = gather_bytes;
              o.keep_input_on_error = keep_input_on_error;
-             if (!auto_codecs.empty()) {  // validates the specs (SpecError)
+             if (!auto_codecs.empty() || !heavy_codecs.empty()) {  // validates the specs
                PlannerOptions po;
                po.allowed = std::move(auto_codecs);
+               po.heavy = std::move(heavy_codecs);
                o.planner = std::make_shared<Planner>(std::move(po));
              }
              return o;
@@ -661,14 +664,23 @@ void bind(py::module_& m) {
            py::arg("gather_bytes") = EngineOptions{}.gather_bytes,
            py::arg("keep_input_on_error") = false,
            py::arg("auto_codecs") = std::vector<std::string>{},
-           "auto_codecs: the codecs codec='auto' may choose from (empty: TERSE_PLAN_CODECS, else "
-           "fp16 and onebit:ef=1).")
+           py::arg("heavy_codecs") = std::vector<std::string>{},
+           "auto_codecs: the light tier, the codecs codec='auto' may choose from (empty: "
+           "TERSE_PLAN_CODECS, else fp16 and minmax8:ef=1; ['none']: raw only). heavy_codecs: "
+           "the heavy tier, which codec='auto:heavy' may choose from as well (empty: "
+           "TERSE_PLAN_HEAVY_CODECS, else onebit:ef=1 and powersgd; ['none']: none).")
       .def_property_readonly(
           "auto_codecs",
           [](const EngineOptions& o) {
             return o.planner ? o.planner->allowed() : std::vector<std::string>{};
           },
           "The canonical specs codec='auto' chooses from ([]: the default set).")
+      .def_property_readonly(
+          "heavy_codecs",
+          [](const EngineOptions& o) {
+            return o.planner ? o.planner->heavy() : std::vector<std::string>{};
+          },
+          "The canonical specs codec='auto:heavy' adds to auto_codecs ([]: the default set).")
       .def_readwrite("seed", &EngineOptions::seed, "Seed of stochastic codecs, equal on all ranks.")
       .def_readwrite("threads", &EngineOptions::threads,
                      "Worker threads (0: TERSE_THREADS, else 4).")

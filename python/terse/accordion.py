@@ -11,11 +11,18 @@ Both are given to the hook as its codec::
     state, hook = terse.torch.ddp_hook(model, codec=terse.Accordion("powersgd:rank=1",
                                                                     "powersgd:rank=4"))
 
-and both count time in *windows*: an epoch (the training loop calls ``state.epoch_end()``) or
+Accordion's levels may also be codec "auto"'s two accuracy tiers,
+``terse.Accordion("auto:heavy", "auto")``: the planner picks each tensor's fastest plan within
+the tier the controller allows (docs/planner.md).
+
+Both count time in *windows*: an epoch (the training loop calls ``state.epoch_end()``) or
 ``window_steps`` communicated steps. Every rank must reach each window's end at the same step
 (call ``epoch_end()`` at the same point on every rank, as any collective). A change of spec
 keeps what the engine's codec state can take over: error-feedback residuals, DGC's momentum
 and accumulated velocity, PowerSGD's residual (its warm start restarts when the rank changes).
+Over codec "auto", where the two tiers' plans of a tensor differ in the codec alone (the same
+strategy and partitions) the residual carries over as well; another strategy or partition
+count starts the tensor's codec state afresh.
 
 This module holds the decisions (pure Python, no torch): the hook (:mod:`terse.torch`)
 accumulates the gradients, agrees on the norms across ranks and asks for the spec.
@@ -33,11 +40,20 @@ __all__ = ["Accordion", "SparseWarmup", "codec_family"]
 _PRECISION = ("onebit", "fp16", "bf16")
 # The n a level's bytes are compared at: a 1024 x 1024 matrix.
 _PROBE_ELEMENTS = 1 << 20
+# Codec "auto"'s tiers, lightest first: the planner's choice among the codecs that keep
+# accuracy, or among those and the ones that compress more.
+_AUTO = ("auto", "auto:heavy")
+
+
+def _canonical(spec: str) -> str:
+    return spec if spec in _AUTO else terse.canonical_spec(spec)
 
 
 def codec_family(spec: str) -> str:
-    """The family a codec spec belongs to: its codec's name, or "precision" for onebit, fp16
-    and bf16."""
+    """The family a codec spec belongs to: its codec's name, "precision" for onebit, fp16 and
+    bf16, or "auto" for codec "auto"'s tiers ("auto" and "auto:heavy")."""
+    if spec in _AUTO:
+        return "auto"
     name = terse.canonical_spec(spec).split(":", 1)[0]
     return "precision" if name in _PRECISION else name
 
@@ -71,11 +87,14 @@ class Accordion:
 
     heavy
         The spec for regular regimes: more compression, e.g. ``"powersgd:rank=1"`` or
-        ``"topk:ratio=0.01,ef=1"``.
+        ``"topk:ratio=0.01,ef=1"``, or ``"auto:heavy"``.
     light
         The spec for critical regimes: less compression, e.g. ``"powersgd:rank=4"`` or
-        ``"topk:ratio=0.1,ef=1"``. Both specs are of one family (the same codec, or onebit /
-        fp16 / bf16), and ``heavy`` must send fewer bytes than ``light``.
+        ``"topk:ratio=0.1,ef=1"``, or ``"auto"``. Both specs are of one family (the same codec,
+        onebit / fp16 / bf16, or codec "auto"'s tiers), and ``heavy`` must send fewer bytes than
+        ``light`` (over auto: ``heavy="auto:heavy"``, ``light="auto"``; the planner chooses each
+        tensor's codec within the tier, the hook's ``auto_codecs`` and ``heavy_codecs`` say
+        which codecs each tier holds).
     eta
         The threshold on the relative change of a tensor's accumulated gradient norm between
         two windows, in (0, 1); the paper's 0.5.
@@ -96,8 +115,8 @@ class Accordion:
 
     def __init__(self, heavy: str, light: str, *, eta: float = 0.5,
                  window_steps: Optional[int] = None) -> None:
-        self.heavy = terse.canonical_spec(heavy)
-        self.light = terse.canonical_spec(light)
+        self.heavy = _canonical(heavy)
+        self.light = _canonical(light)
         if codec_family(self.heavy) != codec_family(self.light):
             raise terse.InvalidArgument(
                 f"Accordion: the levels must be two specs of one codec family (e.g. "
@@ -105,12 +124,18 @@ class Accordion:
                 f"{codec_family(self.heavy)}, light={self.light} is {codec_family(self.light)}")
         if self.heavy == self.light:
             raise terse.InvalidArgument(f"Accordion: both levels are {self.heavy}")
-        heavy_bytes, light_bytes = _encoded_bytes(self.heavy), _encoded_bytes(self.light)
-        if heavy_bytes >= light_bytes:
-            raise terse.InvalidArgument(
-                f"Accordion: heavy={self.heavy} sends {heavy_bytes} bytes for {_PROBE_ELEMENTS} "
-                f"elements, light={self.light} {light_bytes}: the heavy level must compress "
-                "more (swap them)")
+        if codec_family(self.heavy) == "auto":
+            if self.heavy != "auto:heavy":
+                raise terse.InvalidArgument(
+                    f"Accordion: over codec auto the heavy level is auto:heavy and the light one "
+                    f"auto, not heavy={self.heavy}, light={self.light} (swap them)")
+        else:
+            heavy_bytes, light_bytes = _encoded_bytes(self.heavy), _encoded_bytes(self.light)
+            if heavy_bytes >= light_bytes:
+                raise terse.InvalidArgument(
+                    f"Accordion: heavy={self.heavy} sends {heavy_bytes} bytes for "
+                    f"{_PROBE_ELEMENTS} elements, light={self.light} {light_bytes}: the heavy "
+                    "level must compress more (swap them)")
         if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not 0 < eta < 1:
             raise terse.InvalidArgument(f"Accordion: eta must be in (0, 1), not {eta!r}")
         _check_window(window_steps, "Accordion")

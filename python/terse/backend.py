@@ -98,8 +98,9 @@ def _create(store: dist.Store, rank: int, size: int,
     all_gather_codec = _setting("all_gather_codec", "TERSE_BACKEND_ALL_GATHER_CODEC", "none")
     # A bad setting fails here, on every rank alike, before any rank connects.
     for spec in (codec, all_gather_codec):
-        if spec == "auto":
-            raise terse.InvalidArgument("terse backend: codec 'auto' is not supported; name one")
+        if spec in ("auto", "auto:heavy"):
+            raise terse.InvalidArgument(
+                f"terse backend: codec '{spec}' is not supported; name one")
         terse.canonical_spec(spec)
     try:
         min_bytes = int(_setting("min_bytes", "TERSE_BACKEND_MIN_BYTES", str(64 << 10)))

@@ -129,14 +129,37 @@ class ReduceScatter:
                 prefix = f"{self._module_name}." if self._module_name else ""
                 params = [(f"{prefix}<gradients of {n} elements>", n)]
             items = []
+            small = []  # (offset, elements) of the gradients that travel raw
             offset = 0
             for name, s in params:
-                # Parameter-major: the parameter's padded full gradient, shards in rank order.
-                inp = rows[:, offset:offset + s].contiguous().view(-1)
-                out = output_tensor.view(-1)[offset:offset + s]
-                items.append((name, inp, out, state._options_for(name, inp, average)))
+                options = state._options_for(name, rows[:, offset:offset + s], average)
+                if options.codec == "none":
+                    small.append((offset, s))
+                else:
+                    # Parameter-major: the parameter's padded full gradient, shards in rank
+                    # order; its codec state is kept under the parameter's name.
+                    inp = rows[:, offset:offset + s].contiguous().view(-1)
+                    out = output_tensor.view(-1)[offset:offset + s]
+                    items.append((name, inp, out, options))
                 offset += s
+            fused = None
+            if small:
+                # Raw gradients carry no codec state: they travel together, one reduce-scatter
+                # instead of one per bias and norm (each a round of messages between all ranks).
+                # The raw sum is exact and in rank order, element by element, so fusing changes
+                # no value.
+                inp = torch.cat([rows[:, o:o + s] for o, s in small], dim=1).contiguous().view(-1)
+                fused = torch.empty(sum(s for _, s in small), dtype=input_tensor.dtype)
+                prefix = f"{self._module_name}." if self._module_name else ""
+                items.append((f"{prefix}<raw gradients>", inp, fused,
+                              terse.AllreduceOptions(codec="none", average=average)))
             _reduce_scatter(state.engine, items)
+            if fused is not None:
+                out = output_tensor.view(-1)
+                at = 0
+                for o, s in small:
+                    out[o:o + s].copy_(fused[at:at + s])
+                    at += s
         except BaseException as e:
             state._record(e)
             raise
@@ -227,7 +250,10 @@ class TerseFSDPState:
         if min_bytes < 0:
             raise terse.InvalidArgument(f"min_bytes must be >= 0, not {min_bytes}")
         # Validate before connecting: a typo fails on every rank alike, none waits for another.
-        automatic = codec == "auto" or all_gather_codec == "auto"
+        if "auto:heavy" in (codec, all_gather_codec):
+            raise terse.InvalidArgument("terse.fsdp: codec 'auto:heavy' is not supported; use "
+                                        "'auto' with the auto_codecs it may choose from")
+        automatic = "auto" in (codec, all_gather_codec)
         if auto_codecs is not None and not automatic:
             raise terse.InvalidArgument("auto_codecs is for codec='auto' or all_gather_codec='auto'")
         self.auto_codecs = [terse.canonical_spec(c) for c in auto_codecs or ()]

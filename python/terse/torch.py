@@ -55,6 +55,8 @@ _STATE_VERSION = 1
 _HOOK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Every parameter's options during warm-up: terse's raw fp32 allreduce.
 _RAW = terse.AllreduceOptions(codec="none")
+# The codecs the engine's planner decides: its light tier, and both tiers.
+_AUTO = ("auto", "auto:heavy")
 
 
 def check_parameter(name: str, param: torch.Tensor) -> None:
@@ -153,12 +155,21 @@ class TerseHookState:
         ``"qsgd:levels=16"``; ``terse.codec_names()`` lists them and
         ``terse.canonical_spec(spec)`` shows every parameter. ``"none"`` reduces raw fp32
         (terse's ring; equal to DDP's own allreduce up to summation order). ``"auto"`` leaves
-        the choice to the engine's planner, which calibrates when the hook is created (a
+        the choice to the engine's planner among the codecs that keep accuracy (the light tier,
+        ``auto_codecs``), ``"auto:heavy"`` among those and the ones that compress more (the
+        heavy tier, ``heavy_codecs``); ``terse.Accordion("auto:heavy", "auto")`` switches each
+        parameter between the two. The planner calibrates when the hook is created (a
         collective of a few seconds, skipped when every rank holds the same cached calibration).
     auto_codecs
-        With ``codec="auto"``: the codecs the planner may choose from for each parameter (lossy
-        codecs change what training computes, so this is yours to decide), e.g.
-        ``["fp16", "powersgd"]``. None: ``TERSE_PLAN_CODECS``, else fp16 and onebit:ef=1.
+        With codec ``"auto"`` (or ``"auto:heavy"``, or an Accordion over them): the light tier,
+        the codecs the planner may choose from for each parameter (lossy codecs change what
+        training computes, so this is yours to decide), e.g. ``["fp16", "powersgd"]``. None:
+        ``TERSE_PLAN_CODECS``, else fp16 and minmax8:ef=1, which kept DDP's accuracy on the
+        training benchmark. ``["none"]``: raw only.
+    heavy_codecs
+        With codec ``"auto:heavy"`` (or an Accordion over auto): the heavy tier, the codecs the
+        planner may choose from as well, e.g. ``["onebit:ef=1"]``. None:
+        ``TERSE_PLAN_HEAVY_CODECS``, else onebit:ef=1 and powersgd. ``["none"]``: none.
     strategy
         How compressed tensors are reduced: ``"auto"`` (the engine's choice for the codec:
         summable codecs such as fp16 and PowerSGD ride a ring on compressed data, DGC's
@@ -234,6 +245,7 @@ class TerseHookState:
         *,
         codec: Union[str, Accordion, SparseWarmup] = "powersgd",
         auto_codecs: Optional[Sequence[str]] = None,
+        heavy_codecs: Optional[Sequence[str]] = None,
         strategy: str = "auto",
         partitions: int = 0,
         min_bytes: int = 64 << 10,
@@ -270,12 +282,17 @@ class TerseHookState:
         self.matrix_view = matrix_view
         # Validate the options before any rank connects: a typo fails fast, on this rank alone.
         specs = [codec] if self.schedule is None else self.schedule.specs()
-        if codec != "auto":
+        # Codec "auto" and "auto:heavy": the planner's choice (a schedule's levels are of one
+        # family, so all of them or none).
+        planned = any(spec in _AUTO for spec in specs)
+        if not planned:
             for spec in specs:
                 terse.canonical_spec(spec)
-            if auto_codecs is not None:
-                raise terse.InvalidArgument("auto_codecs is for codec='auto'")
+            for knob, value in (("auto_codecs", auto_codecs), ("heavy_codecs", heavy_codecs)):
+                if value is not None:
+                    raise terse.InvalidArgument(f"{knob} is for codec='auto' or 'auto:heavy'")
         self.auto_codecs = [terse.canonical_spec(c) for c in auto_codecs or ()]
+        self.heavy_codecs = [terse.canonical_spec(c) for c in heavy_codecs or ()]
         for spec in specs:
             terse.AllreduceOptions(codec=spec, strategy=strategy, partitions=partitions)
 
@@ -321,8 +338,8 @@ class TerseHookState:
             terse.EngineOptions(seed=seed, threads=threads, fuse_bytes=fuse_bytes,
                                 partition_bytes=partition_bytes, gather_bytes=gather_bytes,
                                 keep_input_on_error=keep_input_on_error,
-                                auto_codecs=self.auto_codecs))
-        if codec == "auto":
+                                auto_codecs=self.auto_codecs, heavy_codecs=self.heavy_codecs))
+        if planned:
             # Calibrate now (a collective, a few seconds, or the agreed cache), at start-up as
             # the planner is meant to: on first use it would run inside the first backward
             # pass, timed with the compute of the other gradients on the same cores.
@@ -560,6 +577,7 @@ class TerseHookState:
                        "lr_dropped": self._lr_dropped, "lrs": list(self._lrs),
                        "accumulated": {k: v.clone() for k, v in self._accumulated.items()}},
             "auto_codecs": self.auto_codecs,
+            "heavy_codecs": self.heavy_codecs,
             "strategy": self.strategy,
             "min_bytes": self.min_bytes,
             "warmup_steps": self.warmup_steps,
@@ -576,11 +594,11 @@ class TerseHookState:
             raise terse.DecodeError(
                 f"terse hook state: version {state.get('version')!r}, expected {_STATE_VERSION}")
         expected = {"codec": self._codec_text(), "auto_codecs": self.auto_codecs,
-                    "strategy": self.strategy, "min_bytes": self.min_bytes,
+                    "heavy_codecs": self.heavy_codecs, "strategy": self.strategy, "min_bytes": self.min_bytes,
                     "warmup_steps": self.warmup_steps,
                     "rank": self.engine.rank, "size": self.engine.size}
         # Keys a hook without them would have saved as these values.
-        absent = {"auto_codecs": [], "warmup_steps": 0}
+        absent = {"auto_codecs": [], "heavy_codecs": [], "warmup_steps": 0}
         for key, value in expected.items():
             if state.get(key, absent.get(key)) != value:
                 raise terse.MismatchError(

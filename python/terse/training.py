@@ -129,11 +129,11 @@ MODELS: Dict[str, ModelSpec] = {
 }
 
 
-def build_model(name: str):
-    """The model ``name`` with the same initial weights on every rank and in every run."""
+def build_model(name: str, seed: int = 0):
+    """The model ``name`` with the same initial weights on every rank (for a given seed)."""
     import torch
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     return MODELS[name].build()
 
 
@@ -156,8 +156,8 @@ class RunConfig:
     ``ddp-powersgd`` (PyTorch's powerSGD_hook of rank ``powersgd_rank`` with error feedback and
     warm start), ``ddp-powersgd-batched`` (its batched_powerSGD_hook: one matrix per bucket;
     it fails on its first compressed step in torch 1.13 and 2.15.0), ``terse`` (terse's hook with
-    ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto``,
-    ``auto_codecs``; with ``accordion`` (heavy, light), terse.Accordion's two levels instead of
+    ``codec``, ``strategy``, ``partitions``, ``min_bytes``; with codec ``auto`` or
+    ``auto:heavy`` (or Accordion over them), ``auto_codecs`` and ``heavy_codecs``; with ``accordion`` (heavy, light), terse.Accordion's two levels instead of
     ``codec``; with ``sparse_warmup`` stages, terse.SparseWarmup of ``codec``; both count
     windows of 1/``windows_per_epoch`` epoch, or epochs when it is 0; ``clip_norm``: the
     hook's local gradient clipping), ``fsdp`` (FSDP2's ``fully_shard`` per layer with its
@@ -182,6 +182,7 @@ class RunConfig:
     gather_bytes: int = 16 << 10  # the hook's gather_bytes: raw messages gathered up to this
     powersgd_rank: int = 4
     auto_codecs: Tuple[str, ...] = ()  # codec "auto": what the planner may choose (): default
+    heavy_codecs: Tuple[str, ...] = ()  # codec "auto:heavy": what it adds (): default
     all_gather_codec: str = ""  # fsdp-terse: the parameters' all-gather codec ("": raw)
     threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
     # The optimizer's momentum; < 0: the model's (0.9). A codec that carries the momentum in
@@ -202,6 +203,8 @@ class RunConfig:
     evals_per_epoch: int = 0  # test accuracy this often per epoch; always once at the end
     timeout: float = 120.0  # seconds every terse wait is bounded by
     label: str = ""
+    # Initial weights and the order of the batches (0: the benchmark's published runs).
+    seed: int = 0
     progress_every: int = 0  # rank 0 prints a progress line every this many steps (0: 10x)
     # The model's parameters, and with them its gradients and DDP's buckets: float32, or
     # bfloat16 / float16 (the model cast with model.to(dtype), inputs cast to match).
@@ -290,12 +293,16 @@ def _communication(model: Any, config: RunConfig, steps_per_epoch: int = 0) -> O
         elif config.sparse_warmup > 0:
             codec = terse.SparseWarmup(config.codec, stages=config.sparse_warmup,
                                        window_steps=window)
+        # Codec "auto"'s tiers, alone or as Accordion's levels: the planner decides.
+        planned = any(c in ("auto", "auto:heavy")
+                      for c in (config.accordion or (config.codec,)))
         state, hook = terse.torch.ddp_hook(
             model, codec=codec, strategy=config.strategy, partitions=config.partitions,
             min_bytes=config.min_bytes, gather_bytes=config.gather_bytes,
-            threads=config.threads, timeout=config.timeout,
+            threads=config.threads, timeout=config.timeout, seed=config.seed,
             clip_norm=config.clip_norm if config.clip_norm > 0 else None,
-            auto_codecs=list(config.auto_codecs) if config.codec == "auto" else None)
+            auto_codecs=list(config.auto_codecs) if planned else None,
+            heavy_codecs=list(config.heavy_codecs) if planned else None)
         model.register_comm_hook(state, hook)
         return state
     return None
@@ -323,7 +330,7 @@ def _fsdp_model(config: RunConfig) -> Any:
     except ImportError:
         raise RuntimeError(f"method {config.method} needs FSDP2's fully_shard (torch 2.6 or "
                            f"later); this is torch {torch.__version__}") from None
-    model = build_model(config.model).to(getattr(torch, config.dtype))
+    model = build_model(config.model, config.seed).to(getattr(torch, config.dtype))
     policy = (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) if config.method == "fsdp-bf16"
               else MixedPrecisionPolicy())
     for unit in _shard_units(model):
@@ -388,6 +395,9 @@ def _method_label(config: RunConfig) -> str:
     if config.accordion or config.sparse_warmup > 0:
         extra += [f"{config.windows_per_epoch} windows/epoch" if config.windows_per_epoch
                   else "epoch windows"]
+    if (any(c in ("auto", "auto:heavy") for c in (config.accordion or (config.codec,)))
+            and not config.auto_codecs and not config.heavy_codecs):
+        extra += ["default tiers"]
     extra += [] if config.clip_norm <= 0 else [f"clip {config.clip_norm:g}"]
     extra += [] if config.momentum < 0 else [f"SGD momentum {config.momentum:g}"]
     if config.method == "fsdp-terse":
@@ -415,6 +425,7 @@ class _Data:
         import torch
 
         self.rank, self.world, self.batch = rank, world, spec.batch
+        self.seed = config.seed
         self.synthetic = spec.dataset == "synthetic"
         if self.synthetic:
             # A pool of 8 batches per rank, drawn once: generating images is no part of a step.
@@ -443,7 +454,8 @@ class _Data:
         if not self.synthetic:
             # The same permutation on every rank; each takes its slice of every global batch.
             self.order = torch.randperm(self.train_size,
-                                        generator=torch.Generator().manual_seed(epoch))
+                                        generator=torch.Generator().manual_seed(
+                                            epoch + 1000003 * self.seed))
 
     def batch_of_step(self, i: int) -> Tuple[Any, Any]:
         """This rank's batch of the epoch's step i."""
@@ -577,11 +589,11 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
         # enqueue Gloo collectives in different orders and Gloo aborts ("op.preamble.length <=
         # op.nbytes"). One bucket holding every parameter keeps the order the same everywhere.
         dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 62
-        model = DDP(build_model(config.model).to(dtype), bucket_cap_mb=1 << 20)
+        model = DDP(build_model(config.model, config.seed).to(dtype), bucket_cap_mb=1 << 20)
     elif config.method in FSDP_METHODS:
         model = _fsdp_model(config)
     else:
-        model = DDP(build_model(config.model).to(dtype))
+        model = DDP(build_model(config.model, config.seed).to(dtype))
     state = (_fsdp_communication(model, config) if config.method in FSDP_METHODS
              else _communication(model, config, data.steps_per_epoch))
     momentum = config.momentum if config.momentum >= 0 else spec.momentum

@@ -231,7 +231,7 @@ Handle Engine::all_to_all(std::string name, TensorView input,
 
 TensorPlan Engine::plan(std::size_t elements, const AllreduceOptions& options,
                         DType dtype) const {
-  if (options.codec != "auto") return impl_->plans.plan(elements, options, nullptr, dtype);
+  if (!auto_tier(options.codec)) return impl_->plans.plan(elements, options, nullptr, dtype);
   // The planner's first plan is a collective: in sequence with the submissions.
   const auto order = impl_->submissions.order();
   return impl_->plans.plan(elements, options, nullptr, dtype);

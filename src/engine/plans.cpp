@@ -47,7 +47,7 @@ const Codec& Plans::codec(const std::string& spec) const {
 
 TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** codec_out,
                        DType dtype) const {
-  if (o.codec == "auto") return plan_auto(n, o, codec_out, dtype);
+  if (const auto tier = auto_tier(o.codec)) return plan_auto(n, o, *tier, codec_out, dtype);
   if (dtype != DType::kFloat32 && codec(o.codec).name() == "none" &&
       (o.strategy == Strategy::kAuto || o.strategy == Strategy::kRaw)) {
     // Raw on a half tensor sends the tensor's own precision (see Engine::allreduce).
@@ -120,11 +120,11 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
     return InvalidArgument(fmt::format("rank {}: {} of tensor '{}': {}", comm_.rank(), what, name,
                                        why));
   };
-  if (o.codec == "auto") {
+  if (const auto tier = auto_tier(o.codec)) {
     if (op == Op::kAllToAll) {
-      throw refuse(
-          "codec auto is not supported for all_to_all (the planner prices allreduce, "
-          "reduce_scatter and all_gather); name a codec");
+      throw refuse(fmt::format("codec {} is not supported for all_to_all (the planner prices "
+                               "allreduce, reduce_scatter and all_gather); name a codec",
+                               o.codec));
     }
     // A restriction the operation has no strategy for is refused as a fixed codec's would be.
     if (op == Op::kReduceScatter && o.strategy == Strategy::kAllgather) {
@@ -148,7 +148,8 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
       if (!p.calibrated()) drain_();
       TensorPlan decided;
       try {
-        decided = p.plan(comm_, total, threads_, o.strategy, o.partitions, planner_operation(op));
+        decided = p.plan(comm_, total, threads_, o.strategy, o.partitions, *tier,
+                         planner_operation(op));
       } catch (const InvalidArgument& e) {
         throw refuse(e.what());  // a restriction no allowed codec can use
       }
@@ -243,13 +244,13 @@ Planner& Plans::planner() const {
   return *planner_;
 }
 
-TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, const Codec** codec_out,
-                            DType dtype) const {
+TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
+                            const Codec** codec_out, DType dtype) const {
   Planner& p = planner();
   // Calibration measures the links: let submitted work finish first (every rank does).
   if (!p.calibrated()) drain_();
   AllreduceOptions chosen = o;
-  const TensorPlan decided = p.plan(comm_, n, threads_, o.strategy, o.partitions);
+  const TensorPlan decided = p.plan(comm_, n, threads_, o.strategy, o.partitions, tier);
   chosen.codec = decided.codec;
   chosen.strategy = decided.strategy;
   chosen.partitions = decided.partitions;
@@ -257,26 +258,29 @@ TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, const Code
 }
 
 void Plans::before_collective(Op op, std::size_t total, const CollectiveOptions& o) {
-  if (o.codec != "auto" || op == Op::kAllToAll || total == 0) return;
-  const Planner::Use use{total, threads_, o.strategy, o.partitions, planner_operation(op)};
+  const auto tier = auto_tier(o.codec);
+  if (!tier || op == Op::kAllToAll || total == 0) return;
+  const Planner::Use use{total, threads_, o.strategy, o.partitions, *tier, planner_operation(op)};
   planner().before_submission(comm_, std::span(&use, 1));
 }
 
 Planner::Use Plans::use_of(const Item& it) const {
   const AllreduceOptions& o = it.ref.options;
+  const Tier tier = auto_tier(o.codec).value_or(Tier::kLight);
   if (it.op == Op::kAllreduce) {
-    return {it.ref.typed.elements, threads_, o.strategy, o.partitions, Operation::kAllreduce};
+    return {it.ref.typed.elements, threads_, o.strategy, o.partitions, tier,
+            Operation::kAllreduce};
   }
   // A collective's size is the larger of input and output (N shards).
   return {std::max(it.ref.typed.elements, it.output.elements), threads_, o.strategy, o.partitions,
-          planner_operation(it.op)};
+          tier, planner_operation(it.op)};
 }
 
 void Plans::before_submission(const std::vector<TensorRef>& tensors) {
   std::vector<Planner::Use> uses;
   for (const auto& t : tensors) {
-    if (t.options.codec == "auto") {
-      uses.push_back({elements(t), threads_, t.options.strategy, t.options.partitions});
+    if (const auto tier = auto_tier(t.options.codec)) {
+      uses.push_back({elements(t), threads_, t.options.strategy, t.options.partitions, *tier});
     }
   }
   if (!uses.empty()) planner().before_submission(comm_, uses);
@@ -323,9 +327,9 @@ void Plans::commit(Job& job) {
   // Which planned sizes are being explored, asked before records_mu_ is taken (a leaf).
   std::vector<char> exploring(job.items.size(), 0);
   for (std::size_t i = 0; i < job.items.size(); ++i) {
-    if (job.items[i].ref.options.codec != "auto") continue;
+    if (!auto_tier(job.items[i].ref.options.codec)) continue;
     const Planner::Use u = use_of(job.items[i]);
-    exploring[i] = planner().exploring(u.n, u.threads, u.strategy, u.partitions, u.op);
+    exploring[i] = planner().exploring(u.n, u.threads, u.strategy, u.partitions, u.tier, u.op);
   }
   std::lock_guard lock(records_mu_);
   for (std::size_t i = 0; i < job.items.size(); ++i) {
@@ -365,7 +369,7 @@ void Plans::release(const Job& job, bool succeeded) {
     for (std::size_t i = 0; i < job.spans.size(); ++i) {
       const Item& it = job.items[i];
       // The planner's model prices fp32 tensors; half ones are not what it measured.
-      if (it.ref.options.codec != "auto" || it.plan.fused || it.step == 0 ||
+      if (!auto_tier(it.ref.options.codec) || it.plan.fused || it.step == 0 ||
           it.ref.typed.dtype != DType::kFloat32 || job.spans[i].second < job.spans[i].first) {
         continue;
       }

@@ -1,7 +1,7 @@
 // Plan resolution: what the engine does with each tensor (codec, strategy, partitions), from a
-// fixed codec spec or, for codec "auto", from the Planner; and the per-tensor records that
-// carry a tensor's codec state, step and first-use check from one submission to the next.
-// Every call into the Planner is made here.
+// fixed codec spec or, for codec "auto" or "auto:heavy", from the Planner; and the per-tensor
+// records that carry a tensor's codec state, step and first-use check from one submission to
+// the next. Every call into the Planner is made here.
 //
 // Guards:
 // - codecs_mu_: the codec instances by spec. A leaf.
@@ -107,7 +107,7 @@ class Plans {
   TensorRecords& records() { return records_; }
 
  private:
-  TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, const Codec** codec_out,
+  TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier, const Codec** codec_out,
                        DType dtype) const;
   Planner& planner() const;
   // What the planner is asked about an item (its size, restriction and operation).

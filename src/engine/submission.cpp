@@ -230,19 +230,21 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
   }
 
   std::lock_guard order(order_mu_);
-  const bool planned = options.codec == "auto" && op != Op::kAllToAll;
+  const bool planned = auto_tier(options.codec).has_value() && op != Op::kAllToAll;
   if (planned) {
     // The planner's first plan and its exchanges are collectives: before any rank reaches one,
     // the ranks check that all of them asked for "auto" here (a rank that named a codec instead
     // fails every rank with a MismatchError rather than leaving them waiting in calibration).
     const std::string request = fmt::format(
-        "'{}': {} of {} {} values per shard, codec auto, strategy {}, partitions {}{}\n", name,
-        what, shard, to_string(input.dtype), to_string(options.strategy), options.partitions,
+        "'{}': {} of {} {} values per shard, codec {}, strategy {}, partitions {}{}\n", name,
+        what, shard, to_string(input.dtype), options.codec, to_string(options.strategy),
+        options.partitions,
         op != Op::kReduceScatter ? ""
         : options.average        ? ", average"
                                  : ", sum");
     if (!auto_checked_.contains(request)) {
-      verify(request, fmt::format("{} of '{}' (first-use check of codec auto)", what, name));
+      verify(request, fmt::format("{} of '{}' (first-use check of codec {})", what, name,
+                                  options.codec));
       auto_checked_.insert(request);
     }
   }
@@ -323,7 +325,7 @@ void Submissions::lay_out(Job& job) const {
   }
   if (staging > 0) job.staging = buffers_.acquire(staging * sizeof(float));
   if (std::any_of(job.items.begin(), job.items.end(),
-                  [](const Item& it) { return it.ref.options.codec == "auto"; })) {
+                  [](const Item& it) { return auto_tier(it.ref.options.codec).has_value(); })) {
     job.spans.assign(job.items.size(), {INT64_MAX, INT64_MIN});
   }
 }

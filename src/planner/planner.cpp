@@ -45,9 +45,10 @@ constexpr double kRecheckThreshold = 0.25;
 // first ones, the same runs on every rank (a median needs no more).
 constexpr std::size_t kMaxObservations = 256;
 
-std::vector<std::string> default_allowed() {
-  const char* v = std::getenv("TERSE_PLAN_CODECS");
-  if (v == nullptr || *v == '\0') return {"fp16", "onebit:ef=1"};
+// A codec list from the environment variable `name`, else `fallback`.
+std::vector<std::string> codecs_from_env(const char* name, std::vector<std::string> fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
   // Specs hold commas ("onebit:ef=1,scale=max"), so the list is separated by ';' or spaces.
   std::vector<std::string> out;
   std::string cur;
@@ -96,6 +97,14 @@ std::string plan_key(const TensorPlan& p) {
   return fmt::format("{}/{}/{}", p.codec, to_string(p.strategy), p.partitions);
 }
 
+std::optional<Tier> auto_tier(std::string_view codec) {
+  if (codec == "auto") return Tier::kLight;
+  if (codec == "auto:heavy") return Tier::kHeavy;
+  return std::nullopt;
+}
+
+std::string_view auto_codec(Tier tier) { return tier == Tier::kHeavy ? "auto:heavy" : "auto"; }
+
 std::string planner::run_key(Operation op, const TensorPlan& p) {
   if (op == Operation::kAllreduce) return plan_key(p);
   return fmt::format("{}:{}", to_string(op), plan_key(p));
@@ -104,25 +113,43 @@ std::string planner::run_key(Operation op, const TensorPlan& p) {
 Planner::Planner(PlannerOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
-  if (m.options.allowed.empty()) m.options.allowed = default_allowed();
-  for (const auto& spec : m.options.allowed) {
-    auto codec = make_codec(spec);  // throws SpecError for unknown codecs
-    if (codec->name() == "none") continue;
-    if (std::find(m.allowed.begin(), m.allowed.end(), codec->spec()) == m.allowed.end()) {
-      m.allowed.push_back(codec->spec());
-    }
+  // The light tier: the codecs that kept DDP's fp32 accuracy on the training benchmark
+  // (docs/planner.md); the heavy tier: those that compress most, at some cost in accuracy.
+  if (m.options.allowed.empty()) {
+    m.options.allowed = codecs_from_env("TERSE_PLAN_CODECS", {"fp16", "minmax8:ef=1"});
   }
+  if (m.options.heavy.empty()) {
+    m.options.heavy = codecs_from_env("TERSE_PLAN_HEAVY_CODECS", {"onebit:ef=1", "powersgd"});
+  }
+  // Canonical specs, each once, raw left out (it is always a candidate); a codec in both lists
+  // is light.
+  auto add = [&m](const std::vector<std::string>& specs, std::vector<std::string>& out) {
+    for (const auto& spec : specs) {
+      auto codec = make_codec(spec);  // throws SpecError for unknown codecs
+      if (codec->name() == "none") continue;
+      if (std::find(m.allowed.begin(), m.allowed.end(), codec->spec()) == m.allowed.end() &&
+          std::find(out.begin(), out.end(), codec->spec()) == out.end()) {
+        out.push_back(codec->spec());
+      }
+    }
+  };
+  add(m.options.allowed, m.allowed);
+  add(m.options.heavy, m.heavy);
   if (env_flag("TERSE_PLAN_LOG")) m.options.log = true;
   if (const char* v = std::getenv("TERSE_PLAN_EXPLORE"); v != nullptr && *v != '\0') {
     m.options.explore_seconds = std::max(0.0, std::atof(v));  // 0: off
   }
   m.recheck_interval = kRecheckInterval;
   m.calibration_options.codecs = m.allowed;
+  m.calibration_options.codecs.insert(m.calibration_options.codecs.end(), m.heavy.begin(),
+                                      m.heavy.end());
 }
 
 Planner::~Planner() = default;
 
 std::vector<std::string> Planner::allowed() const { return impl_->allowed; }
+
+std::vector<std::string> Planner::heavy() const { return impl_->heavy; }
 
 const PlannerOptions& Planner::options() const { return impl_->options; }
 
@@ -134,10 +161,14 @@ bool Planner::calibrated() const {
 std::unique_ptr<Planner> PlannerAccess::with_calibration(PlannerOptions options,
                                                          Calibration calibration) {
   auto p = std::make_unique<Planner>(std::move(options));
-  for (const auto& spec : p->impl_->allowed) {
+  const Planner::Impl& m = *p->impl_;
+  for (const auto& spec : m.calibration_options.codecs) {
     if (calibration.find(spec) == nullptr) {
-      throw InvalidArgument(
-          fmt::format("planner: the calibration has no costs for codec {}", spec));
+      const bool light = std::find(m.allowed.begin(), m.allowed.end(), spec) != m.allowed.end();
+      throw InvalidArgument(fmt::format(
+          "planner: the calibration has no costs for codec {} of the {} tier (a tier given as "
+          "{{\"none\"}} holds no codec)",
+          spec, light ? "light" : "heavy"));
     }
   }
   p->impl_->model = std::make_unique<CostModel>(std::move(calibration));
@@ -194,7 +225,7 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
     try {
       cached = Calibration::from_json(text);
       usable = cached.world_size == comm.size();
-      for (const auto& spec : allowed) usable &= cached.find(spec) != nullptr;
+      for (const auto& spec : calibration_options.codecs) usable &= cached.find(spec) != nullptr;
     } catch (const DecodeError& e) {
       // Another version's cache (or a damaged one) is measured again, never patched up.
       if (comm.rank() == 0) {
@@ -242,7 +273,7 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
 }
 
 PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy strategy,
-                             int partitions, Operation op) const {
+                             int partitions, Tier tier, Operation op) const {
   const Impl& m = *impl_;
   std::lock_guard lock(m.mu);
   if (!m.model) throw InvalidArgument("planner: not calibrated yet");
@@ -287,7 +318,9 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
     }
   };
   consider("none", Strategy::kRaw, false);
-  for (const auto& spec : m.allowed) {
+  std::vector<std::string> codecs = m.allowed;
+  if (tier == Tier::kHeavy) codecs.insert(codecs.end(), m.heavy.begin(), m.heavy.end());
+  for (const auto& spec : codecs) {
     const CodecCosts& k = *m.model->calibration().find(spec);
     if (op != Operation::kAllreduce) {
       if (k.multi_round) continue;  // no shard of a multi-round codec's encoding can travel alone
@@ -333,7 +366,8 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
     throw InvalidArgument(fmt::format("planner: no allowed codec can use strategy {} in {}",
                                       to_string(strategy), to_string(op)));
   }
-  // Stable: equal times keep the order above (raw first, then the allowed list's order).
+  // Stable: equal times keep the order above (raw first, then the light tier's list, then the
+  // heavy tier's).
   std::stable_sort(d.ranked.begin(), d.ranked.end(), [](const auto& a, const auto& b) {
     return PlanDecision::expected(a) < PlanDecision::expected(b);
   });
@@ -375,17 +409,17 @@ void Planner::Impl::log_decision(const PlanDecision& d, int rank, const char* wh
 }
 
 TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strategy strategy,
-                         int partitions, Operation op) {
+                         int partitions, Tier tier, Operation op) {
   Impl& m = *impl_;
   m.ensure_calibrated(comm);
-  const Impl::Key key{n, threads, strategy, partitions, op};
+  const Impl::Key key{n, threads, strategy, partitions, tier, op};
   {
     std::lock_guard lock(m.mu);
     auto it = m.decisions.find(key);
     if (it != m.decisions.end()) return it->second.chosen.plan;
   }
-  PlanDecision d = decide(n, comm.size(), threads, strategy, partitions, op);
-  m.log_decision(d, comm.rank(), "plan");
+  PlanDecision d = decide(n, comm.size(), threads, strategy, partitions, tier, op);
+  m.log_decision(d, comm.rank(), tier == Tier::kHeavy ? "plan auto:heavy" : "plan");
   std::lock_guard lock(m.mu);
   if (d.contenders.size() > 1) {
     planner::Explorer e(d.contenders, m.options.explore_seconds, m.options.min_gain);
@@ -395,8 +429,9 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
       for (std::size_t i = 0; i < d.contenders.size(); ++i) {
         list += fmt::format(" {} ({} runs)", plan_key(d.contenders[i].plan), e.runs()[i]);
       }
-      std::fprintf(stderr, "terse plan: exploring %s %zu floats:%s\n",
-                   std::string(to_string(op)).c_str(), n, list.c_str());
+      std::fprintf(stderr, "terse plan: exploring %s %zu floats (%s):%s\n",
+                   std::string(to_string(op)).c_str(), n, std::string(auto_codec(tier)).c_str(),
+                   list.c_str());
     }
     m.exploring.insert_or_assign(key, std::move(e));
   }
@@ -404,9 +439,9 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
 }
 
 bool Planner::exploring(std::size_t n, int threads, Strategy strategy, int partitions,
-                        Operation op) const {
+                        Tier tier, Operation op) const {
   std::lock_guard lock(impl_->mu);
-  return impl_->exploring.count(Impl::Key{n, threads, strategy, partitions, op}) > 0;
+  return impl_->exploring.count(Impl::Key{n, threads, strategy, partitions, tier, op}) > 0;
 }
 
 int Planner::Impl::advance_explorations(
@@ -462,7 +497,7 @@ int Planner::Impl::advance_explorations(
       std::fprintf(stderr, "terse plan: explored %s %zu floats (%s, %.2f s), measured:%s\n",
                    std::string(to_string(op)).c_str(), n, e.why().c_str(), e.spent(), list.c_str());
     }
-    log_decision(d, rank, "explored");
+    log_decision(d, rank, it->first.tier == Tier::kHeavy ? "explored auto:heavy" : "explored");
     it = exploring.erase(it);
   }
   return changed;
@@ -484,7 +519,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
   auto count_uses = [&] {
     std::map<Impl::Key, int> count;
     for (const auto& u : uses) {
-      const Impl::Key key{u.n, u.threads, u.strategy, u.partitions, u.op};
+      const Impl::Key key{u.n, u.threads, u.strategy, u.partitions, u.tier, u.op};
       if (m.exploring.count(key) > 0) ++count[key];
     }
     int switched = 0;

@@ -36,12 +36,14 @@ struct Planner::Impl {
     int threads;
     Strategy strategy;
     int partitions;
+    Tier tier;
     Operation op;
     auto operator<=>(const Key&) const = default;
   };
 
   PlannerOptions options;
-  std::vector<std::string> allowed;  // canonical specs
+  std::vector<std::string> allowed;  // canonical specs of the light tier
+  std::vector<std::string> heavy;    // canonical specs of the heavy tier, none of them light
   std::vector<int> partitions = kPartitionChoices;
   int recheck_interval;
   CalibrationOptions calibration_options;
@@ -66,7 +68,7 @@ struct Planner::Impl {
 
 struct PlannerAccess {
   // A planner with a given calibration (tests, `terse plan`, `terse bench planner --replay`).
-  // Throws InvalidArgument where the calibration lacks an allowed codec.
+  // Throws InvalidArgument where the calibration lacks a codec of either tier.
   static std::unique_ptr<Planner> with_calibration(PlannerOptions options, Calibration calibration);
   // The cost model (throws InvalidArgument before calibration).
   static const CostModel& model(const Planner& planner);

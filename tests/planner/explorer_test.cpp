@@ -231,6 +231,7 @@ TEST(Planner, ExplorationSettlesOnTheFastestMeasuredThroughTheExchange) {
   auto comm = Communicator::create(0, 1, make_file_store(dir), co);
   PlannerOptions o;
   o.allowed = {"fp16", "onebit:ef=1"};
+  o.heavy = {"none"};
   o.cache_path = "-";
   // 1 Gbit/s on 4 ranks modelled; one rank measured: the exchange is this rank's alone.
   const auto owner = PlannerAccess::with_calibration(o, testing::synthetic(125e6, 50e-6, 4));
@@ -262,6 +263,7 @@ TEST(Planner, ExplorationSettlesOnTheFastestMeasuredThroughTheExchange) {
 TEST(Planner, SmallRawTensorsAndNoBudgetAreNotExplored) {
   PlannerOptions o;
   o.allowed = {"fp16", "onebit:ef=1"};
+  o.heavy = {"none"};
   o.cache_path = "-";
   const auto with = PlannerAccess::with_calibration(o, testing::synthetic(125e6, 50e-6));
   EXPECT_EQ(with->decide(1000, 4, 4).contenders.size(), 1u);  // 4 KB: raw, for its precision

@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -520,12 +522,13 @@ TEST(CostModel, CollectivesRefuseStrategiesTheyHaveNot) {
 TEST(Planner, CollectivesChooseAmongTheirOwnStrategies) {
   PlannerOptions o;
   o.allowed = {"fp16", "onebit:ef=1", "minmax8", "powersgd"};
+  o.heavy = {"none"};
   o.cache_path = "-";
   Calibration c = with_minmax8(synthetic(12.5e6, 100e-6), 0.6);
   testing::add_powersgd(c);
   const auto planner = PlannerAccess::with_calibration(o, c);
   const std::size_t n = std::size_t{16} << 20;
-  const PlanDecision rs = planner->decide(n, 4, 4, Strategy::kAuto, 0, Operation::kReduceScatter);
+  const PlanDecision rs = planner->decide(n, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kReduceScatter);
   EXPECT_EQ(rs.op, Operation::kReduceScatter);
   std::set<Strategy> seen;
   for (const auto& cand : rs.ranked) {
@@ -535,21 +538,21 @@ TEST(Planner, CollectivesChooseAmongTheirOwnStrategies) {
   EXPECT_EQ(seen, (std::set<Strategy>{Strategy::kRaw, Strategy::kAllToAll, Strategy::kSharded,
                                       Strategy::kRing, Strategy::kSummable}));
   EXPECT_NE(rs.chosen.plan.codec, "none");  // 100 Mbit/s: compression pays
-  const PlanDecision ag = planner->decide(n, 4, 4, Strategy::kAuto, 0, Operation::kAllGather);
+  const PlanDecision ag = planner->decide(n, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather);
   seen.clear();
   for (const auto& cand : ag.ranked) seen.insert(cand.plan.strategy);
   EXPECT_EQ(seen, (std::set<Strategy>{Strategy::kRaw, Strategy::kAllgather}));
   EXPECT_EQ(ag.chosen.plan.strategy, Strategy::kAllgather);
   // Partitions are pieces of a shard: a shard of 4 Ki floats has at most 64 pieces of 64.
   const PlanDecision small =
-      planner->decide(16384, 4, 4, Strategy::kAuto, 200, Operation::kReduceScatter);
+      planner->decide(16384, 4, 4, Strategy::kAuto, 200, Tier::kLight, Operation::kReduceScatter);
   EXPECT_EQ(small.chosen.plan.partitions, 64);
   // Tiny tensors stay raw, as for an allreduce.
   EXPECT_EQ(
-      planner->decide(1000, 4, 4, Strategy::kAuto, 0, Operation::kAllGather).chosen.plan.codec,
+      planner->decide(1000, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather).chosen.plan.codec,
       "none");
   // A restriction no allowed codec has for the operation.
-  EXPECT_THROW(planner->decide(n, 4, 4, Strategy::kAllgather, 0, Operation::kReduceScatter),
+  EXPECT_THROW(planner->decide(n, 4, 4, Strategy::kAllgather, 0, Tier::kLight, Operation::kReduceScatter),
                InvalidArgument);
 }
 
@@ -560,13 +563,14 @@ TEST(Planner, AnAllreduceAndAReduceScatterOfOneSizeNeverShareMeasurements) {
   auto comm = Communicator::create(0, 1, make_file_store(dir), co);
   PlannerOptions o;
   o.allowed = {"fp16", "onebit:ef=1"};
+  o.heavy = {"none"};
   o.cache_path = "-";
   o.explore_seconds = 0;
   const auto planner = PlannerAccess::with_calibration(o, synthetic(12.5e6, 100e-6, 1));
   PlannerAccess::set_recheck_interval(*planner, 1);  // every submission exchanges
   const std::size_t n = std::size_t{1} << 22;
   const auto rs = Operation::kReduceScatter;
-  const TensorPlan plan = planner->plan(*comm, n, 4, Strategy::kAuto, 0, rs);
+  const TensorPlan plan = planner->plan(*comm, n, 4, Strategy::kAuto, 0, Tier::kLight, rs);
   auto measured = [&](const PlanDecision& d, const TensorPlan& p) -> std::optional<double> {
     for (const auto& c : d.ranked) {
       if (plan_key(c.plan) == plan_key(p)) return c.measured;
@@ -576,9 +580,9 @@ TEST(Planner, AnAllreduceAndAReduceScatterOfOneSizeNeverShareMeasurements) {
   // The reduce-scatter's time, reported and agreed: its own decision sees it, the allreduce's
   // of the same size and plan does not.
   planner->observe(n, plan, 0.125, rs);
-  const Planner::Use use{n, 4, Strategy::kAuto, 0, rs};
+  const Planner::Use use{n, 4, Strategy::kAuto, 0, Tier::kLight, rs};
   planner->before_submission(*comm, std::span(&use, 1));
-  EXPECT_EQ(measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, rs), plan), 0.125);
+  EXPECT_EQ(measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, Tier::kLight, rs), plan), 0.125);
   ASSERT_NE(plan.strategy, Strategy::kAllToAll);  // one rank: raw, a plan an allreduce has too
   EXPECT_EQ(measured(planner->decide(n, 1, 4), plan), std::nullopt);
   // An allreduce's time of a plan an all-gather has too stays the allreduce's.
@@ -586,7 +590,7 @@ TEST(Planner, AnAllreduceAndAReduceScatterOfOneSizeNeverShareMeasurements) {
   planner->observe(n, raw, 0.25);
   planner->before_submission(*comm);
   EXPECT_EQ(measured(planner->decide(n, 1, 4), raw), 0.25);
-  EXPECT_EQ(measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, Operation::kAllGather), raw),
+  EXPECT_EQ(measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather), raw),
             std::nullopt);
   comm.reset();
   std::filesystem::remove_all(dir);
@@ -597,6 +601,7 @@ TEST(Planner, AnAllreduceAndAReduceScatterOfOneSizeNeverShareMeasurements) {
 PlannerOptions options() {
   PlannerOptions o;
   o.allowed = {"fp16", "onebit:ef=1"};
+  o.heavy = {"none"};
   o.cache_path = "-";
   return o;
 }
@@ -660,6 +665,161 @@ TEST(Planner, RestrictionsAndValidation) {
   Planner uncalibrated(options());
   EXPECT_FALSE(uncalibrated.calibrated());
   EXPECT_THROW(uncalibrated.decide(n, 4, 4), InvalidArgument);
+}
+
+// ---- accuracy tiers ---------------------------------------------------------------------------
+
+TEST(Planner, AutoTierReadsAutoAndAutoHeavyOnly) {
+  EXPECT_EQ(auto_tier("auto"), Tier::kLight);
+  EXPECT_EQ(auto_tier("auto:heavy"), Tier::kHeavy);
+  for (const char* other : {"", "none", "fp16", "Auto", "auto:", "auto:light", "auto:heavy,x"}) {
+    EXPECT_FALSE(auto_tier(other).has_value()) << other;
+  }
+  EXPECT_EQ(auto_codec(Tier::kLight), "auto");
+  EXPECT_EQ(auto_codec(Tier::kHeavy), "auto:heavy");
+}
+
+// Sets an environment variable for one scope (unsets it where `value` is null).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Planner, TiersDefaultToTheCodecsThatKeepAccuracyAndTheHeavyOnes) {
+  const auto canonical = [](std::vector<std::string> specs) {
+    for (auto& s : specs) s = make_codec(s)->spec();
+    return specs;
+  };
+  {
+    const ScopedEnv light("TERSE_PLAN_CODECS", nullptr), heavy("TERSE_PLAN_HEAVY_CODECS", nullptr);
+    const Planner p{PlannerOptions{}};
+    EXPECT_EQ(p.allowed(), canonical({"fp16", "minmax8:ef=1"}));
+    EXPECT_EQ(p.heavy(), canonical({"onebit:ef=1", "powersgd"}));
+  }
+  {
+    const ScopedEnv light("TERSE_PLAN_CODECS", "bf16"),
+        heavy("TERSE_PLAN_HEAVY_CODECS", "topk:ratio=0.01,ef=1;onebit:ef=1");
+    const Planner p{PlannerOptions{}};
+    EXPECT_EQ(p.allowed(), canonical({"bf16"}));
+    EXPECT_EQ(p.heavy(), canonical({"topk:ratio=0.01,ef=1", "onebit:ef=1"}));
+  }
+  // A codec in both lists is light; {"none"} leaves a tier empty.
+  PlannerOptions o;
+  o.allowed = {"fp16", "onebit:ef=1"};
+  o.heavy = {"onebit:ef=1", "powersgd", "powersgd"};
+  EXPECT_EQ(Planner(o).heavy(), canonical({"powersgd"}));
+  o.heavy = {"none"};
+  EXPECT_TRUE(Planner(o).heavy().empty());
+  o.heavy = {"nosuchcodec"};
+  EXPECT_THROW(Planner{o}, SpecError);
+  // The calibration must hold both tiers' codecs.
+  o.heavy = {"powersgd"};
+  EXPECT_THROW(PlannerAccess::with_calibration(o, synthetic(12.5e6, 100e-6)), InvalidArgument);
+  Calibration c = synthetic(12.5e6, 100e-6);
+  testing::add_powersgd(c);
+  EXPECT_NO_THROW(PlannerAccess::with_calibration(o, c));
+}
+
+TEST(Planner, AutoNeverChoosesAHeavyCodecAndAutoHeavyChoosesTheFastest) {
+  // 100 Mbit/s: one bit an element beats 16 and 8 at every size that compresses, so the heavy
+  // tier (onebit, PowerSGD) holds the fastest plan wherever a compressed plan wins.
+  Calibration c = synthetic(12.5e6, 100e-6, 4, {"fp16", "minmax8:ef=1", "onebit:ef=1"});
+  testing::add_powersgd(c);
+  PlannerOptions o = options();
+  o.allowed = {"fp16", "minmax8:ef=1"};
+  o.heavy = {"onebit:ef=1", "powersgd"};
+  const auto owner = PlannerAccess::with_calibration(o, c);
+  const Planner& planner = *owner;
+  const std::set<std::string> light = {"none", make_codec("fp16")->spec(),
+                                       make_codec("minmax8:ef=1")->spec()};
+  const std::set<std::string> heavy = {make_codec("onebit:ef=1")->spec(),
+                                       make_codec("powersgd")->spec()};
+  int heavy_chosen = 0;
+  for (std::size_t n = 1000; n <= (std::size_t{1} << 24); n *= 4) {
+    for (Strategy s : {Strategy::kAuto, Strategy::kSharded, Strategy::kAllgather, Strategy::kRing,
+                       Strategy::kSummable}) {
+      for (int k : {0, 1, 4}) {
+        const PlanDecision d = planner.decide(n, 4, 4, s, k);
+        // Not the choice alone: no heavy codec is even a candidate.
+        for (const auto& cand : d.ranked) {
+          EXPECT_EQ(light.count(cand.plan.codec), 1u)
+              << n << " floats, " << to_string(s) << ", K=" << k << ": " << plan_key(cand.plan);
+        }
+        if (s != Strategy::kAuto || k != 0) continue;
+        const PlanDecision h = planner.decide(n, 4, 4, s, k, Tier::kHeavy);
+        // The heavy tier adds candidates, so it is never slower than the light tier.
+        EXPECT_LE(PlanDecision::expected(h.chosen), PlanDecision::expected(d.chosen)) << n;
+        EXPECT_GT(h.ranked.size(), d.ranked.size()) << n;
+        if (d.chosen.plan.codec != "none") {
+          EXPECT_EQ(heavy.count(h.chosen.plan.codec), 1u) << n << ": " << plan_key(h.chosen.plan);
+          heavy_chosen += heavy.count(h.chosen.plan.codec) > 0;
+        }
+      }
+    }
+  }
+  EXPECT_GE(heavy_chosen, 3);
+  // Where no heavy codec can follow a restriction, auto:heavy keeps to the light tier's choice
+  // (of the codecs that are not multi-round, fp16 alone is summable).
+  const std::size_t n = std::size_t{1} << 22;
+  EXPECT_EQ(planner.decide(n, 4, 4, Strategy::kSummable, 4, Tier::kHeavy).chosen.plan.codec,
+            make_codec("fp16")->spec());
+  // No heavy codec ({"none"}): auto:heavy plans as auto.
+  o.heavy = {"none"};
+  const auto light_only = PlannerAccess::with_calibration(o, c);
+  EXPECT_EQ(plan_key(light_only->decide(n, 4, 4, Strategy::kAuto, 0, Tier::kHeavy).chosen.plan),
+            plan_key(light_only->decide(n, 4, 4).chosen.plan));
+}
+
+TEST(Planner, EachTierKeepsItsOwnDecisionForASize) {
+  const std::string dir = testing::temp_dir();
+  CommunicatorOptions co;
+  co.timeout = 5s;
+  auto comm = Communicator::create(0, 1, make_file_store(dir), co);
+  // One rank: no link time, so the CPU decides; onebit made the cheaper codec.
+  Calibration c = synthetic(12.5e6, 100e-6, 1, {"fp16", "onebit:ef=1"});
+  c.codecs[1].encode = line(1e-6, 0.1e-9);
+  c.codecs[1].decode = line(1e-6, 0.1e-9);
+  c.codecs[1].accumulate = line(1e-6, 0.1e-9);
+  PlannerOptions o = options();
+  o.allowed = {"fp16"};
+  o.heavy = {"onebit:ef=1"};
+  o.explore_seconds = 0;
+  const auto owner = PlannerAccess::with_calibration(o, c);
+  Planner& planner = *owner;
+  const std::size_t n = std::size_t{1} << 22;
+  // Restricted to sharded (raw is no candidate): each tier plans its own codec for one size.
+  const TensorPlan heavy = planner.plan(*comm, n, 4, Strategy::kSharded, 2, Tier::kHeavy);
+  const TensorPlan light = planner.plan(*comm, n, 4, Strategy::kSharded, 2);
+  EXPECT_EQ(heavy.codec, make_codec("onebit:ef=1")->spec());
+  EXPECT_EQ(light.codec, make_codec("fp16")->spec());
+  // Asked again, in either order, each tier keeps its own decision.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(plan_key(planner.plan(*comm, n, 4, Strategy::kSharded, 2)), plan_key(light));
+    EXPECT_EQ(plan_key(planner.plan(*comm, n, 4, Strategy::kSharded, 2, Tier::kHeavy)),
+              plan_key(heavy));
+  }
+  comm.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CostModel, MultiRoundCodecSumsEachRoundOnTheRawRing) {
@@ -1135,6 +1295,10 @@ TEST_P(Ranks, AutoReduceScatterAndAllGatherAgreeAndEqualTheChosenPlan) {
 
 TEST_P(Ranks, AutoAgainstANamedCodecFailsEveryRankNamingTheOperation) {
   expect_scenario_passes(GetParam(), "collective_mismatch");
+}
+
+TEST_P(Ranks, SwitchingBetweenAutoAndAutoHeavyKeepsReplicasIdenticalAndErrorFeedback) {
+  expect_scenario_passes(GetParam(), "tiers");
 }
 
 TEST_P(Ranks, CalibrationMeasuresDisturbedLinksAgain) {

@@ -2,6 +2,8 @@
 // decisions can be checked by hand.
 #pragma once
 
+#include <cstddef>
+#include <string>
 #include <vector>
 
 #include "planner/calibration.h"
@@ -17,8 +19,10 @@ inline LinearFit line(double a, double b) {
 }
 
 // Links of `bytes_per_second` and `alpha` seconds of latency between every pair of `ranks`
-// ranks; fp32 work and the codecs fp16 and onebit:ef=1 at a few GB/s; an idle CPU.
-inline Calibration synthetic(double bytes_per_second, double alpha, int ranks = 4) {
+// ranks; fp32 work and the codecs (fp16 and onebit:ef=1 unless given) at a few GB/s, each
+// sending its max_encoded_bytes; an idle CPU.
+inline Calibration synthetic(double bytes_per_second, double alpha, int ranks = 4,
+                             const std::vector<std::string>& codecs = {"fp16", "onebit:ef=1"}) {
   Calibration c;
   c.host = "test";
   c.world_size = ranks;
@@ -33,7 +37,7 @@ inline Calibration synthetic(double bytes_per_second, double alpha, int ranks = 
   c.cpu_slowdown = {1.0, 1.0, 1.0, 1.0};
   c.task_overhead = 5e-6;
   c.job_overhead = 20e-6;
-  for (const char* spec : {"fp16", "onebit:ef=1"}) {
+  for (const auto& spec : codecs) {
     CodecCosts k;
     auto codec = make_codec(spec);
     k.spec = codec->spec();
@@ -42,7 +46,8 @@ inline Calibration synthetic(double bytes_per_second, double alpha, int ranks = 
     k.decode = line(2e-6, 0.3e-9);
     k.accumulate = line(2e-6, 0.35e-9);
     k.combine = line(2e-6, 0.4e-9);
-    k.bytes = line(24, k.summable ? 2.0 : 0.1289);
+    constexpr std::size_t kProbe = std::size_t{1} << 20;
+    k.bytes = line(24, static_cast<double>(codec->max_encoded_bytes(kProbe) - 24) / kProbe);
     c.codecs.push_back(k);
   }
   return c;

@@ -11,6 +11,11 @@ Scenarios:
                         checkpoints model, optimizer and hook state, trains AFTER more; load:
                         restores the checkpoint in fresh processes and trains the same AFTER
                         steps, with the hook state and without it (the control)
+  auto                  trains under Accordion("auto:heavy", "auto") (codec auto's two tiers:
+                        fp16 light, onebit with error feedback heavy) with windows of WINDOW
+                        steps and a learning-rate drop at LR_DROP, the search restricted to
+                        sharded; records each parameter's level and the plan the planner made
+                        of it at every step, and the digest
   disagree              rank 1's Accordion has another eta than the others'
   clip                  one step with codec none and clip_norm CLIP: records the norms of the
                         averaged gradients, with and without clipping
@@ -141,6 +146,32 @@ def scenario_clip(args) -> Dict:
                           model.module.named_parameters()}
         out["raw"] = sorted(name for name, raw in state._raw.items() if raw)
         state.close()
+    return out
+
+
+LIGHT, HEAVY = "fp16", "onebit:ef=1"
+
+
+def scenario_auto(args) -> Dict:
+    codec = terse.Accordion("auto:heavy", "auto", eta=0.9, window_steps=WINDOW)
+    # Sharded: raw is no candidate, so every compressed parameter runs a codec of its tier.
+    model, optimizer, state = setup(codec, strategy="sharded", auto_codecs=[LIGHT],
+                                    heavy_codecs=[HEAVY])
+    state.watch(optimizer)
+    specs: List[Dict[str, str]] = []
+    plans: List[Dict[str, str]] = []
+    for i in range(STEPS):
+        if i == LR_DROP:
+            for group in optimizer.param_groups:
+                group["lr"] *= 0.1
+        step(model, optimizer, i)
+        now = specs_now(state)
+        specs.append(now)
+        plans.append({name: plan.codec for name, _, plan in state.plan() if name in now})
+    out = {"specs": specs, "plans": plans, "digest": digest(model),
+           "light": terse.canonical_spec(LIGHT), "heavy": terse.canonical_spec(HEAVY),
+           "saved": sorted(state.state_dict())}
+    state.close()
     return out
 
 

@@ -88,6 +88,10 @@ def test_controller_state_round_trips():
     ("qsgd:levels=4", "terngrad", "one codec family"),
     ("powersgd:rank=4", "powersgd:rank=1", "must compress more"),
     ("topk:ratio=0.1", "topk:ratio=0.1", "both levels"),
+    ("auto:heavy", "fp16", "one codec family"),
+    ("onebit:ef=1", "auto", "one codec family"),
+    ("auto", "auto:heavy", "swap them"),
+    ("auto", "auto", "both levels"),
 ])
 def test_levels_that_are_not_a_heavy_and_a_light_spec_of_one_family_are_refused(
         heavy, light, message):
@@ -98,6 +102,13 @@ def test_levels_that_are_not_a_heavy_and_a_light_spec_of_one_family_are_refused(
 def test_levels_across_onebit_and_fp16_are_one_family():
     a = terse.Accordion("onebit:ef=1", "fp16")
     assert a.heavy.startswith("onebit") and a.light == "fp16"
+
+
+def test_codec_autos_tiers_are_one_family():
+    a = terse.Accordion("auto:heavy", "auto")
+    assert (a.heavy, a.light) == ("auto:heavy", "auto")
+    assert terse.accordion.codec_family("auto") == terse.accordion.codec_family("auto:heavy")
+    assert a.specs() == ["auto:heavy", "auto"]
 
 
 @pytest.mark.parametrize("eta", [0, 1, -0.1, 1.5, float("nan"), True])
@@ -138,6 +149,10 @@ def test_a_hook_refuses_what_is_neither_a_spec_nor_a_schedule_before_connecting(
     with pytest.raises(terse.InvalidArgument, match="auto_codecs is for codec='auto'"):
         terse.torch.TerseHookState(codec=terse.Accordion("powersgd:rank=1", "powersgd:rank=4"),
                                    auto_codecs=["fp16"])
+    with pytest.raises(terse.InvalidArgument, match="heavy_codecs is for codec='auto'"):
+        terse.torch.TerseHookState(codec="fp16", heavy_codecs=["onebit:ef=1"])
+    with pytest.raises(terse.SpecError):
+        terse.torch.TerseHookState(codec="auto:heavy", heavy_codecs=["nosuchcodec"])
 
 
 # ---- the engine hands codec state over when a tensor's spec changes --------------------------
@@ -239,6 +254,30 @@ def test_every_rank_switches_at_the_same_step_to_the_same_level(levels):
     # The first two windows are light; the drop makes every parameter light.
     assert all("rank=4" in s for step in per_step[:2 * window] for s in step.values())
     assert all("rank=4" in s for s in per_step[drop].values())
+
+
+def test_accordion_over_auto_switches_tiers_together_and_auto_keeps_to_the_light_tier(tmp_path):
+    results = launch(2, ["auto"], tmp_path, worker=WORKER)
+    a, b = results
+    assert a["specs"] == b["specs"] and a["plans"] == b["plans"]
+    assert a["digest"] == b["digest"], "replicas differ"
+    assert "heavy_codecs" in a["saved"]
+    specs, plans = a["specs"], a["plans"]
+    levels = {level for step in specs for level in step.values()}
+    assert levels == {"auto", "auto:heavy"}, levels
+    window, drop = accordion_worker.WINDOW, accordion_worker.LR_DROP
+    for i in range(1, len(specs)):
+        if specs[i] != specs[i - 1]:
+            assert i % window == 0 or i == drop, (i, specs[i - 1], specs[i])
+    # Light, heavy, light again at the learning-rate drop: both switches.
+    assert all(level == "auto" for step in specs[:2 * window] for level in step.values())
+    assert any(level == "auto:heavy" for level in specs[drop - 1].values()), specs[drop - 1]
+    assert all(level == "auto" for level in specs[drop].values()), specs[drop]
+    # Codec "auto" plans within the light tier alone; "auto:heavy" within both.
+    for level, plan in ((level, plans[i][name]) for i, step in enumerate(specs)
+                        for name, level in step.items()):
+        allowed = {a["light"]} if level == "auto" else {a["light"], a["heavy"]}
+        assert plan in allowed, (level, plan)
 
 
 def test_warmup_steps_the_density_down_window_by_window(tmp_path):

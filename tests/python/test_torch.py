@@ -266,6 +266,32 @@ def test_auto_codecs_choose_what_auto_may_use(one_rank_group):
     state.close()
 
 
+def test_heavy_codecs_choose_what_auto_heavy_may_use_as_well(one_rank_group):
+    options = terse.EngineOptions(auto_codecs=["fp16"], heavy_codecs=["onebit:ef=1"])
+    assert options.auto_codecs == ["fp16"]
+    assert options.heavy_codecs == [terse.canonical_spec("onebit:ef=1")]
+    assert terse.EngineOptions().heavy_codecs == []
+    # ["none"]: no heavy codec; a codec in both lists is light.
+    assert terse.EngineOptions(auto_codecs=["fp16"], heavy_codecs=["none"]).heavy_codecs == []
+    assert terse.EngineOptions(auto_codecs=["fp16", "onebit:ef=1"],
+                               heavy_codecs=["onebit:ef=1"]).heavy_codecs == []
+    with pytest.raises(terse.SpecError, match="nosuch"):
+        terse.EngineOptions(heavy_codecs=["nosuch"])
+    with pytest.raises(terse.InvalidArgument, match="heavy_codecs is for codec='auto'"):
+        terse.torch.ddp_hook(codec="fp16", heavy_codecs=["onebit:ef=1"])
+    model, state = hooked("auto:heavy", auto_codecs=["fp16"], heavy_codecs=["onebit:ef=1"])
+    backward(model)
+    # On one rank nothing crosses a link: raw, whichever tier.
+    plan = planned(state)["0.weight"]
+    assert (plan.codec, plan.strategy) == ("none", "raw")
+    saved = state.state_dict()
+    assert saved["heavy_codecs"] == [terse.canonical_spec("onebit:ef=1")]
+    state.load_state_dict(saved)
+    with pytest.raises(terse.MismatchError, match="heavy_codecs"):
+        state.load_state_dict(dict(saved, heavy_codecs=[]))
+    state.close()
+
+
 def test_gather_bytes_reaches_the_engine_options(one_rank_group):
     assert terse.EngineOptions().gather_bytes == 16 << 10
     assert terse.EngineOptions(gather_bytes=0).gather_bytes == 0

@@ -8,6 +8,10 @@
 //   powersgd  codec "auto" with PowerSGD allowed and a 100 Mbit/s calibration: the large
 //           matrix goes PowerSGD (its rounds on the raw ring, one partition), the small tensor
 //           does not, and results are identical on every rank
+//   tiers   one tensor switching between codec "auto" and "auto:heavy" (Accordion's levels over
+//           auto), with a calibration where each tier plans another codec: results identical on
+//           every rank and equal to the same codecs given as specs, whose error-feedback
+//           residual carries over each switch
 //   trace   a few compressed allreduces under TERSE_TRACE (set by the caller): every rank writes
 //           its trace with its clock offset, for `terse trace merge`
 //   links   planner::check_link_probes where the links paced the engine's raw allreduce: a
@@ -161,6 +165,7 @@ int scenario_loses(Communicator& comm) {
   for (auto& k : c.codecs) k.encode = testing::line(2e-6, 20e-9);
   PlannerOptions po;
   po.allowed = {"fp16", "onebit:ef=1"};
+  po.heavy = {"none"};
   // A budget the first round alone overruns (its least runs, 4 each): this calibration predicts
   // a raw allreduce far faster than loopback runs it, and the runs' count comes from the
   // predictions.
@@ -200,6 +205,86 @@ int scenario_powersgd(Communicator& comm) {
         "a small tensor went PowerSGD:\n" + plans);
   std::printf("OK rank %d powersgd\n%s", comm.rank(), comm.rank() == 0 ? plans.c_str() : "");
   engine.synchronize();
+  return 0;
+}
+
+// The results of one tensor over a schedule of codecs: each step's input from value(), reduced
+// under the step's codec (sharded, two partitions), one digest per step, checked the same on
+// every rank. `restart`: a tensor of its own (fresh codec state) wherever the codec changes.
+std::vector<std::uint64_t> run_schedule(Communicator& comm, Engine& engine,
+                                        const std::vector<std::string>& codecs, std::size_t n,
+                                        bool restart = false) {
+  std::vector<std::uint64_t> out;
+  int segment = 0;
+  for (std::size_t step = 0; step < codecs.size(); ++step) {
+    AllreduceOptions o;
+    o.codec = codecs[step];
+    o.strategy = Strategy::kSharded;
+    o.partitions = 2;
+    segment += step > 0 && codecs[step] != codecs[step - 1];
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = value(comm.rank(), step, i);
+    engine.allreduce(restart ? fmt::format("t{}", segment) : "t", x, o).wait();
+    out.push_back(digest(x));
+    check_same_everywhere(comm, std::to_string(out.back()),
+                          fmt::format("step {} ({})", step, codecs[step]));
+  }
+  return out;
+}
+
+int scenario_tiers(Communicator& comm) {
+  // 100 Mbit/s: minmax8 is the light tier's fastest codec, onebit the heavy tier's; no
+  // exploration, so the model's choices stand.
+  const Calibration c =
+      testing::synthetic(12.5e6, 100e-6, comm.size(), {"minmax8:ef=1", "onebit:ef=1"});
+  PlannerOptions po;
+  po.allowed = {"minmax8:ef=1"};
+  po.heavy = {"onebit:ef=1"};
+  po.explore_seconds = 0;
+  po.cache_path = "-";
+  const std::string light = make_codec("minmax8:ef=1")->spec();
+  const std::string heavy = make_codec("onebit:ef=1")->spec();
+  // Accordion's levels over auto: critical and regular windows in turn.
+  const std::vector<std::string> tiers = {"auto",       "auto",       "auto:heavy", "auto:heavy",
+                                          "auto:heavy", "auto",       "auto:heavy", "auto",
+                                          "auto",       "auto:heavy", "auto:heavy", "auto"};
+  std::vector<std::string> fixed;
+  for (const auto& t : tiers) fixed.push_back(t == "auto" ? light : heavy);
+  const std::size_t n = std::size_t{1} << 18;
+  std::vector<std::uint64_t> planned, by_spec, fresh;
+  {
+    std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, c);
+    PlannerAccess::set_recheck_interval(*planner, 0);
+    Engine engine = engine_with(comm, planner);
+    planned = run_schedule(comm, engine, tiers, n);
+    // Each tier kept its own decision for the one size.
+    AllreduceOptions o;
+    o.strategy = Strategy::kSharded;
+    o.partitions = 2;
+    o.codec = "auto";
+    check(engine.plan(n, o).codec == light, "auto did not plan " + light);
+    o.codec = "auto:heavy";
+    check(engine.plan(n, o).codec == heavy, "auto:heavy did not plan " + heavy);
+    engine.synchronize();
+  }
+  {
+    // The same schedule as fixed specs: a change of spec alone hands the error-feedback
+    // residual over (Plans::commit), so the planned run must match it bit for bit.
+    Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+    by_spec = run_schedule(comm, engine, fixed, n);
+    // Every switch starting afresh: no residual carried over.
+    fresh = run_schedule(comm, engine, fixed, n, /*restart=*/true);
+    engine.synchronize();
+  }
+  for (std::size_t step = 0; step < tiers.size(); ++step) {
+    check(planned[step] == by_spec[step],
+          fmt::format("step {} ({}): the planned run differs from the same specs given", step,
+                      tiers[step]));
+  }
+  // The carried residual shows: at the first switch, the results differ from fresh state's.
+  check(planned[1] == fresh[1] && planned[2] != fresh[2],
+        "the residual carried over a switch made no difference");
+  std::printf("OK rank %d tiers\n", comm.rank());
   return 0;
 }
 
@@ -324,6 +409,7 @@ int scenario_collectives(Communicator& comm) {
   const auto rs = Operation::kReduceScatter, ag = Operation::kAllGather;
   PlannerOptions po;
   po.allowed = {"fp16", "onebit:ef=1"};
+  po.heavy = {"none"};
   po.explore_seconds = 0;
   const Calibration slow = testing::synthetic(12.5e6, 100e-6, N);
   std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, slow);
@@ -349,7 +435,7 @@ int scenario_collectives(Communicator& comm) {
       std::vector<float> x(total), y(shard), z(shard);
       for (std::size_t i = 0; i < total; ++i) x[i] = value(r, key, i);
       engine.reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(y)), o).wait();
-      const TensorPlan p = planner->plan(comm, total, kThreads, Strategy::kAuto, 0, rs);
+      const TensorPlan p = planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, rs);
       comm.barrier("fixed");
       fixed
           .reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(z)),
@@ -372,7 +458,7 @@ int scenario_collectives(Communicator& comm) {
 
       std::vector<float> in(x.begin(), x.begin() + shard), out(total), out2(total);
       engine.all_gather(name, TensorView(std::span(in)), TensorView(std::span(out)), o).wait();
-      const TensorPlan g = planner->plan(comm, total, kThreads, Strategy::kAuto, 0, ag);
+      const TensorPlan g = planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, ag);
       comm.barrier("fixed");
       fixed
           .all_gather(name, TensorView(std::span(in)), TensorView(std::span(out2)),
@@ -395,7 +481,7 @@ int scenario_collectives(Communicator& comm) {
       engine.reduce_scatter("restricted", TensorView(std::span(x)), TensorView(std::span(y)), o)
           .wait();
       const auto& decisions = PlannerAccess::impl(*planner).decisions;
-      const auto d = decisions.find({total, kThreads, Strategy::kRing, 3, rs});
+      const auto d = decisions.find({total, kThreads, Strategy::kRing, 3, Tier::kLight, rs});
       check(d != decisions.end(), "the engine did not ask for a ring of 3 partitions");
       const TensorPlan& p = d->second.chosen.plan;
       check(p.strategy == Strategy::kRing && p.partitions == 3 && p.codec != "none",
@@ -423,12 +509,12 @@ int scenario_collectives(Communicator& comm) {
       const std::string name = fmt::format("explored {}", to_string(op));
       const std::size_t shard = std::size_t{1} << 16, total = N * shard;
       const std::vector<PlanCandidate> contenders =
-          planner->decide(total, N, kThreads, Strategy::kAuto, 0, op).contenders;
+          planner->decide(total, N, kThreads, Strategy::kAuto, 0, Tier::kLight, op).contenders;
       CollectiveOptions o;
       o.codec = "auto";
       std::vector<float> x(total), y(total);
       std::uint64_t step = 0;
-      for (; step < 3 || planner->exploring(total, kThreads, Strategy::kAuto, 0, op); ++step) {
+      for (; step < 3 || planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight, op); ++step) {
         check(step < 400, name + ": still exploring after 400 steps");
         for (std::size_t i = 0; i < total; ++i) x[i] = value(r, step, i);
         if (op == rs) {
@@ -443,7 +529,7 @@ int scenario_collectives(Communicator& comm) {
           check_same_everywhere(comm, std::to_string(digest(y)), name + ": result");
         }
       }
-      const PlanDecision d = planner->decide(total, N, kThreads, Strategy::kAuto, 0, op);
+      const PlanDecision d = planner->decide(total, N, kThreads, Strategy::kAuto, 0, Tier::kLight, op);
       for (const auto& c : contenders) {
         const auto m = std::find_if(d.ranked.begin(), d.ranked.end(), [&](const auto& cand) {
           return plan_key(cand.plan) == plan_key(c.plan);
@@ -455,7 +541,7 @@ int scenario_collectives(Communicator& comm) {
       check(contenders.size() > 1, name + ": nothing to explore");
       settled +=
           fmt::format("{} {} after {} steps\n", name,
-                      plan_key(planner->plan(comm, total, kThreads, Strategy::kAuto, 0, op)), step);
+                      plan_key(planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, op)), step);
     }
     engine.synchronize();
   }
@@ -475,6 +561,7 @@ int scenario_collectives(Communicator& comm) {
 int scenario_collective_mismatch(Communicator& comm) {
   PlannerOptions po;
   po.allowed = {"fp16", "onebit:ef=1"};
+  po.heavy = {"none"};
   po.explore_seconds = 0;
   std::shared_ptr<Planner> planner =
       PlannerAccess::with_calibration(po, testing::synthetic(12.5e6, 100e-6, comm.size()));
@@ -501,7 +588,7 @@ int scenario_collective_mismatch(Communicator& comm) {
     }
   }
   // The communicator is still usable, and the planner was never asked.
-  check(!planner->exploring(total, kThreads, Strategy::kAuto, 0, Operation::kReduceScatter),
+  check(!planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight, Operation::kReduceScatter),
         "the planner was asked");
   comm.barrier("after");
   std::printf("OK rank %d collective_mismatch\n", comm.rank());
@@ -513,9 +600,9 @@ int scenario_collective_mismatch(Communicator& comm) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(
-        stderr,
-        "usage: planner_worker auto|loses|powersgd|trace|links|collectives|collective_mismatch\n");
+    std::fprintf(stderr,
+                 "usage: planner_worker "
+                 "auto|loses|powersgd|tiers|trace|links|collectives|collective_mismatch\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -528,6 +615,8 @@ int main(int argc, char** argv) {
       rc = scenario_loses(*comm);
     } else if (scenario == "powersgd") {
       rc = scenario_powersgd(*comm);
+    } else if (scenario == "tiers") {
+      rc = scenario_tiers(*comm);
     } else if (scenario == "trace") {
       rc = scenario_trace(*comm);
     } else if (scenario == "links") {
