@@ -221,7 +221,8 @@ void run_rank(const Options& opt) {
                  ++runs < 1000) {
             once();
           }
-          chosen = plan_key(planner->plan(*comm, total, threads, Strategy::kAuto, 0, Tier::kLight, operation));
+          chosen = plan_key(
+              planner->plan(*comm, total, threads, Strategy::kAuto, 0, Tier::kLight, operation));
         }
         std::vector<double> times;
         const auto before = engine.bytes_sent();

@@ -235,16 +235,16 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
     // The planner's first plan and its exchanges are collectives: before any rank reaches one,
     // the ranks check that all of them asked for "auto" here (a rank that named a codec instead
     // fails every rank with a MismatchError rather than leaving them waiting in calibration).
-    const std::string request = fmt::format(
-        "'{}': {} of {} {} values per shard, codec {}, strategy {}, partitions {}{}\n", name,
-        what, shard, to_string(input.dtype), options.codec, to_string(options.strategy),
-        options.partitions,
-        op != Op::kReduceScatter ? ""
-        : options.average        ? ", average"
-                                 : ", sum");
+    const std::string request =
+        fmt::format("'{}': {} of {} {} values per shard, codec {}, strategy {}, partitions {}{}\n",
+                    name, what, shard, to_string(input.dtype), options.codec,
+                    to_string(options.strategy), options.partitions,
+                    op != Op::kReduceScatter ? ""
+                    : options.average        ? ", average"
+                                             : ", sum");
     if (!auto_checked_.contains(request)) {
-      verify(request, fmt::format("{} of '{}' (first-use check of codec {})", what, name,
-                                  options.codec));
+      verify(request,
+             fmt::format("{} of '{}' (first-use check of codec {})", what, name, options.codec));
       auto_checked_.insert(request);
     }
   }

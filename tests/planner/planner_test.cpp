@@ -528,7 +528,8 @@ TEST(Planner, CollectivesChooseAmongTheirOwnStrategies) {
   testing::add_powersgd(c);
   const auto planner = PlannerAccess::with_calibration(o, c);
   const std::size_t n = std::size_t{16} << 20;
-  const PlanDecision rs = planner->decide(n, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kReduceScatter);
+  const PlanDecision rs =
+      planner->decide(n, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kReduceScatter);
   EXPECT_EQ(rs.op, Operation::kReduceScatter);
   std::set<Strategy> seen;
   for (const auto& cand : rs.ranked) {
@@ -538,7 +539,8 @@ TEST(Planner, CollectivesChooseAmongTheirOwnStrategies) {
   EXPECT_EQ(seen, (std::set<Strategy>{Strategy::kRaw, Strategy::kAllToAll, Strategy::kSharded,
                                       Strategy::kRing, Strategy::kSummable}));
   EXPECT_NE(rs.chosen.plan.codec, "none");  // 100 Mbit/s: compression pays
-  const PlanDecision ag = planner->decide(n, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather);
+  const PlanDecision ag =
+      planner->decide(n, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather);
   seen.clear();
   for (const auto& cand : ag.ranked) seen.insert(cand.plan.strategy);
   EXPECT_EQ(seen, (std::set<Strategy>{Strategy::kRaw, Strategy::kAllgather}));
@@ -548,12 +550,13 @@ TEST(Planner, CollectivesChooseAmongTheirOwnStrategies) {
       planner->decide(16384, 4, 4, Strategy::kAuto, 200, Tier::kLight, Operation::kReduceScatter);
   EXPECT_EQ(small.chosen.plan.partitions, 64);
   // Tiny tensors stay raw, as for an allreduce.
-  EXPECT_EQ(
-      planner->decide(1000, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather).chosen.plan.codec,
-      "none");
+  EXPECT_EQ(planner->decide(1000, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather)
+                .chosen.plan.codec,
+            "none");
   // A restriction no allowed codec has for the operation.
-  EXPECT_THROW(planner->decide(n, 4, 4, Strategy::kAllgather, 0, Tier::kLight, Operation::kReduceScatter),
-               InvalidArgument);
+  EXPECT_THROW(
+      planner->decide(n, 4, 4, Strategy::kAllgather, 0, Tier::kLight, Operation::kReduceScatter),
+      InvalidArgument);
 }
 
 TEST(Planner, AnAllreduceAndAReduceScatterOfOneSizeNeverShareMeasurements) {
@@ -590,8 +593,10 @@ TEST(Planner, AnAllreduceAndAReduceScatterOfOneSizeNeverShareMeasurements) {
   planner->observe(n, raw, 0.25);
   planner->before_submission(*comm);
   EXPECT_EQ(measured(planner->decide(n, 1, 4), raw), 0.25);
-  EXPECT_EQ(measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather), raw),
-            std::nullopt);
+  EXPECT_EQ(
+      measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather),
+               raw),
+      std::nullopt);
   comm.reset();
   std::filesystem::remove_all(dir);
 }

@@ -435,7 +435,8 @@ int scenario_collectives(Communicator& comm) {
       std::vector<float> x(total), y(shard), z(shard);
       for (std::size_t i = 0; i < total; ++i) x[i] = value(r, key, i);
       engine.reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(y)), o).wait();
-      const TensorPlan p = planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, rs);
+      const TensorPlan p =
+          planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, rs);
       comm.barrier("fixed");
       fixed
           .reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(z)),
@@ -458,7 +459,8 @@ int scenario_collectives(Communicator& comm) {
 
       std::vector<float> in(x.begin(), x.begin() + shard), out(total), out2(total);
       engine.all_gather(name, TensorView(std::span(in)), TensorView(std::span(out)), o).wait();
-      const TensorPlan g = planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, ag);
+      const TensorPlan g =
+          planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, ag);
       comm.barrier("fixed");
       fixed
           .all_gather(name, TensorView(std::span(in)), TensorView(std::span(out2)),
@@ -514,7 +516,8 @@ int scenario_collectives(Communicator& comm) {
       o.codec = "auto";
       std::vector<float> x(total), y(total);
       std::uint64_t step = 0;
-      for (; step < 3 || planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight, op); ++step) {
+      for (; step < 3 || planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight, op);
+           ++step) {
         check(step < 400, name + ": still exploring after 400 steps");
         for (std::size_t i = 0; i < total; ++i) x[i] = value(r, step, i);
         if (op == rs) {
@@ -529,7 +532,8 @@ int scenario_collectives(Communicator& comm) {
           check_same_everywhere(comm, std::to_string(digest(y)), name + ": result");
         }
       }
-      const PlanDecision d = planner->decide(total, N, kThreads, Strategy::kAuto, 0, Tier::kLight, op);
+      const PlanDecision d =
+          planner->decide(total, N, kThreads, Strategy::kAuto, 0, Tier::kLight, op);
       for (const auto& c : contenders) {
         const auto m = std::find_if(d.ranked.begin(), d.ranked.end(), [&](const auto& cand) {
           return plan_key(cand.plan) == plan_key(c.plan);
@@ -539,9 +543,10 @@ int scenario_collectives(Communicator& comm) {
             fmt::format("{}: contender {} was explored but not measured", name, plan_key(c.plan)));
       }
       check(contenders.size() > 1, name + ": nothing to explore");
-      settled +=
-          fmt::format("{} {} after {} steps\n", name,
-                      plan_key(planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, op)), step);
+      settled += fmt::format(
+          "{} {} after {} steps\n", name,
+          plan_key(planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, op)),
+          step);
     }
     engine.synchronize();
   }
@@ -588,7 +593,8 @@ int scenario_collective_mismatch(Communicator& comm) {
     }
   }
   // The communicator is still usable, and the planner was never asked.
-  check(!planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight, Operation::kReduceScatter),
+  check(!planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight,
+                            Operation::kReduceScatter),
         "the planner was asked");
   comm.barrier("after");
   std::printf("OK rank %d collective_mismatch\n", comm.rank());
