@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The collectives benchmark of docs/benchmarks.md: `terse bench collectives` (reduce-scatter,
-# all-gather, all-to-all against Gloo's own) on the emulated 4-host cluster at 1 Gbit/s and
-# 100 Mbit/s. Writes results/collectives-<link>.json and prints each table.
+# all-gather, all-to-all against Gloo's own, and codec "auto" for reduce-scatter and all-gather:
+# the plan it chose and its time against the best fixed row; docs/planner.md) on the emulated
+# 4-host cluster at 1 Gbit/s and 100 Mbit/s (and "loopback": 4 local ranks, unshaped). Writes
+# results/collectives-<link>.json and prints each table. --no-auto leaves auto out.
 #
 #   bash bench/collectives.sh [--reps 5] [--links "1gbit 100mbit"] [--size 4MiB --size 32MiB]
 #

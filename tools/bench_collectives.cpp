@@ -7,7 +7,10 @@
 // tensor: a reduce-scatter's input, an all-gather's output, an all-to-all's input (even
 // blocks). Every figure is the median over --reps timed runs of the slowest rank's time, each
 // after a barrier. With --link RATE it reports the ideal time, the bytes the busiest rank sends
-// over the link rate, and the measured time against it (x ideal).
+// over the link rate, and the measured time against it (x ideal). Reduce-scatter and all-gather
+// also run codec "auto" (the planner choosing among raw and the codecs of the table, after its
+// calibration and exploration), with the plan it chose and its time against the best fixed
+// configuration of the same run.
 #include <fmt/format.h>
 #include <gloo/allgather.h>
 #include <gloo/alltoall.h>
@@ -15,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -25,6 +29,7 @@
 #include "bench_util.h"
 #include "commands.h"
 #include "launch.h"
+#include "planner/planner_impl.h"  // PlannerAccess: no re-checks while timing
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/error.h"
@@ -42,6 +47,7 @@ struct Options {
   std::vector<std::string> codecs;
   int reps = 5;
   int threads = 0;
+  bool no_auto = false;
   std::string link;
   std::string json;
 };
@@ -51,6 +57,12 @@ struct Config {
   bool gloo = false;
   CollectiveOptions options;
 };
+
+// The codecs of the table: --codec, else a standard suite.
+std::vector<std::string> table_codecs(const Options& opt) {
+  if (!opt.codecs.empty()) return opt.codecs;
+  return {"fp16", "minmax8", "onebit:ef=1"};
+}
 
 std::vector<Config> configs(const std::string& op, const Options& opt) {
   std::vector<Config> out;
@@ -65,17 +77,26 @@ std::vector<Config> configs(const std::string& op, const Options& opt) {
   const Strategy compressed = op == "reduce_scatter" ? Strategy::kAllToAll
                               : op == "all_gather"   ? Strategy::kAllgather
                                                      : Strategy::kAllToAll;
+  // Codec "auto" chooses among the table's codecs (TERSE_PLAN_CODECS, where set, instead).
+  auto add_auto = [&] {
+    if (opt.no_auto || op == "all_to_all") return;
+    CollectiveOptions o;
+    o.codec = "auto";
+    out.push_back({"terse auto", false, o});
+  };
   if (!opt.codecs.empty()) {
     for (const auto& c : opt.codecs) add(c, compressed);
+    add_auto();
     return out;
   }
   add("fp16", compressed);
   add("minmax8", compressed);
+  if (op != "all_to_all") add("onebit:ef=1", compressed);
   if (op == "reduce_scatter") {
     add("minmax8", Strategy::kSharded);
     add("fp16", Strategy::kSummable);
-    add("onebit:ef=1", compressed);
   }
+  add_auto();
   return out;
 }
 
@@ -91,7 +112,18 @@ void run_rank(const Options& opt) {
   const double rate = opt.link.empty() ? 0 : parse_rate(opt.link);
   EngineOptions eo;
   eo.threads = opt.threads;
+  PlannerOptions po;
+  const char* env_codecs = std::getenv("TERSE_PLAN_CODECS");
+  if (env_codecs == nullptr || *env_codecs == '\0') po.allowed = table_codecs(opt);
+  po.heavy = {"none"};  // the auto row is codec "auto": the light tier alone
+  auto planner = std::make_shared<Planner>(po);
+  PlannerAccess::set_recheck_interval(*planner, 0);  // no exchanges among the timed runs
+  eo.planner = planner;
   Engine engine(comm, eo);
+  const int threads = opt.threads > 0 ? opt.threads : [] {
+    const char* v = std::getenv("TERSE_THREADS");
+    return v != nullptr && *v != '\0' ? std::atoi(v) : 4;
+  }();
   const std::vector<std::string> ops =
       opt.ops.empty() ? std::vector<std::string>{"reduce_scatter", "all_gather", "all_to_all"}
                       : opt.ops;
@@ -131,7 +163,8 @@ void run_rank(const Options& opt) {
         for (auto& v : input) v = normal(gen);
       }
       const std::vector<std::size_t> counts(n_ranks, shard);
-      double gloo_median = 0;
+      double gloo_median = 0, best_fixed = 0;
+      std::string best_label;
       for (Config& cfg : configs(op, opt)) {
         std::function<void()> once;
         double bytes_per_rank = 0;
@@ -177,6 +210,20 @@ void run_rank(const Options& opt) {
           };
         }
         for (int w = 0; w < 3; ++w) once();  // first use, buffers, every worker thread
+        const bool automatic = cfg.options.codec == "auto";
+        const Operation operation =
+            op == "reduce_scatter" ? Operation::kReduceScatter : Operation::kAllGather;
+        std::string chosen;
+        if (automatic) {
+          // Until the planner has settled (calibration was the first call's).
+          int runs = 0;
+          while (planner->exploring(total, threads, Strategy::kAuto, 0, Tier::kLight, operation) &&
+                 ++runs < 1000) {
+            once();
+          }
+          chosen = plan_key(
+              planner->plan(*comm, total, threads, Strategy::kAuto, 0, Tier::kLight, operation));
+        }
         std::vector<double> times;
         const auto before = engine.bytes_sent();
         for (int rep = 0; rep < opt.reps; ++rep) {
@@ -192,6 +239,10 @@ void run_rank(const Options& opt) {
         }
         const double med = median(times);
         if (cfg.gloo) gloo_median = med;
+        if (!cfg.gloo && !automatic && (best_fixed == 0 || med < best_fixed)) {
+          best_fixed = med;
+          best_label = cfg.label;
+        }
         const double ideal = rate > 0 ? bytes_per_rank * 8 / rate : 0;
         if (r == 0) {
           fmt::print("{:<15} {:>7} {:<28} {:>9.4f} {:>9.4f} {:>10.2f} {:>9} {:>8} {:>8}\n", op,
@@ -199,6 +250,12 @@ void run_rank(const Options& opt) {
                      bytes_per_rank / 1e6, ideal > 0 ? fmt::format("{:.4f}", ideal) : "-",
                      ideal > 0 ? fmt::format("{:.2f}", med / ideal) : "-",
                      gloo_median > 0 ? fmt::format("{:.2f}x", gloo_median / med) : "-");
+          if (automatic) {
+            fmt::print(
+                "{:<15} {:>7}   auto chose {}; best fixed: {} ({:.4f} s), auto / best "
+                "{:.2f}\n",
+                "", "", chosen, best_label, best_fixed, med / best_fixed);
+          }
           std::fflush(stdout);
         }
         report["results"].push_back({{"op", op},
@@ -211,7 +268,8 @@ void run_rank(const Options& opt) {
                                      {"times_s", times},
                                      {"median_s", med},
                                      {"bytes_per_rank", bytes_per_rank},
-                                     {"ideal_s", ideal}});
+                                     {"ideal_s", ideal},
+                                     {"chosen", chosen}});
       }
     }
   }
@@ -240,6 +298,8 @@ void add_bench_collectives_command(CLI::App& bench) {
   cmd->add_option("--reps", opt->reps, "Timed runs per configuration (median)")
       ->capture_default_str();
   cmd->add_option("--threads", opt->threads, "Engine worker threads (0: default)");
+  cmd->add_flag("--no-auto", opt->no_auto,
+                "Leave out codec auto (it calibrates first: a few seconds, or the cache)");
   cmd->add_option("--link", opt->link,
                   "Link rate of the emulated cluster, e.g. 1gbit (for "
                   "the ideal time)");

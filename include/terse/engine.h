@@ -32,7 +32,8 @@
 //   the descriptions agree. With codec "auto",
 //   the first plan (calibration, or agreement on a cached one; it first waits for the
 //   submissions in flight) and the submissions at which the planner exchanges measured times
-//   (EngineOptions::planner).
+//   (EngineOptions::planner); a reduce_scatter's or all_gather's first "auto" also checks that
+//   every rank asked for "auto" (MismatchError otherwise) before any rank plans.
 // - plan() with codec "auto" where Planner::plan is one (its first call calibrates;
 //   include/terse/planner.h).
 // Local calls, which exchange nothing: later submissions of a tensor under a fixed codec,
@@ -92,8 +93,10 @@ struct AllreduceOptions {
 
 // Options of reduce_scatter, all_gather and all_to_all (see Engine::reduce_scatter).
 struct CollectiveOptions {
-  // A codec spec ("none", "minmax8", "onebit:ef=1", ...). "auto" and "auto:heavy" are refused
-  // (InvalidArgument): the planner prices allreduces only.
+  // A codec spec ("none", "minmax8", "onebit:ef=1", ...), or for reduce_scatter and all_gather
+  // "auto" or "auto:heavy": the planner's choice of raw or a codec of the tier, strategy and K
+  // for this operation and size (include/terse/planner.h; a strategy or partitions given with
+  // it restrict the search), as for an allreduce. all_to_all refuses them (InvalidArgument).
   std::string codec = "none";
   // reduce_scatter: raw (codec none), alltoall (the default for codecs), sharded, ring,
   // summable. all_gather: raw (codec none) or allgather. all_to_all: raw (codec none) or

@@ -29,6 +29,18 @@ TERSE_API std::string_view to_string(Strategy s);
 // Throws SpecError listing the allowed names.
 TERSE_API Strategy parse_strategy(std::string_view name);
 
+// The collective a plan is for: the planner prices and decides each one separately (an
+// allreduce and a reduce-scatter of the same size never share a decision). A plan's n is the
+// larger of input and output: an allreduce's tensor, a reduce-scatter's input (N shards), an
+// all-gather's output (N shards).
+enum class Operation {
+  kAllreduce,      // strategies raw, allgather, sharded, ring, summable
+  kReduceScatter,  // raw, alltoall, sharded, ring, summable
+  kAllGather,      // raw, allgather
+};
+// "allreduce", "reduce_scatter", "all_gather".
+TERSE_API std::string_view to_string(Operation op);
+
 // The engine's default for EngineOptions::gather_bytes (engine.h says what it does); the
 // planner's cost model assumes it unless told otherwise.
 inline constexpr std::size_t kDefaultGatherBytes = std::size_t{16} << 10;

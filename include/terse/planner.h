@@ -1,11 +1,12 @@
-// The planner behind codec "auto": per tensor size, raw or an allowed codec, with its strategy
-// and partition count K. A cost model, calibrated on this machine and its links, predicts every
-// candidate; then, while a tensor size's first allreduces run, a budgeted explorer times the
-// model's few best plans against the best raw plan and keeps the fastest measured (a
-// compressed plan must beat raw by min_gain). docs/planner.md describes the model and its
-// measured accuracy. Codec "auto" chooses among the light tier's codecs (PlannerOptions::allowed:
-// those that keep accuracy), "auto:heavy" among both tiers' (PlannerOptions::heavy adds those
-// that compress more); docs/planner.md, "What auto may choose: accuracy tiers".
+// The planner behind codec "auto": per operation (allreduce, reduce-scatter, all-gather) and
+// tensor size, raw or an allowed codec, with its strategy and partition count K. A cost model,
+// calibrated on this machine and its links, predicts every candidate; then, while a tensor
+// size's first collectives run, a budgeted explorer times the model's few best plans against the
+// best raw plan and keeps the fastest measured (a compressed plan must beat raw by min_gain).
+// docs/planner.md describes the model and its measured accuracy. Codec "auto" chooses among the
+// light tier's codecs (PlannerOptions::allowed: those that keep accuracy), "auto:heavy" among
+// both tiers' (PlannerOptions::heavy adds those that compress more); docs/planner.md, "What auto
+// may choose: accuracy tiers".
 //
 //   terse::PlannerOptions po;
 //   po.allowed = {"fp16", "minmax8:ef=1"};
@@ -116,6 +117,7 @@ struct PlanCandidate {
 // A decision: the chosen plan, what it beat, and raw's time for reference.
 struct PlanDecision {
   std::size_t elements = 0;
+  Operation op = Operation::kAllreduce;
   PlanCandidate chosen;
   double raw_seconds = 0;             // the best raw plan's expected seconds
   std::vector<PlanCandidate> ranked;  // every candidate, fastest expected first
@@ -141,10 +143,13 @@ class TERSE_API Planner {
   // The decision for n floats on `ranks` ranks, run by an engine with `threads` worker threads,
   // without communication (`terse plan` asks it what-if questions). strategy/partitions other
   // than kAuto/0 restrict the search to them; `tier` says which codecs it may choose (the
-  // light tier's, or both tiers'). Needs a calibration (after the first plan(), or a planner
-  // made with one).
+  // light tier's, or both tiers'). op: the collective (n: its input for a reduce-scatter, its
+  // output for an all-gather, a multiple of ranks); only the strategies it has are candidates,
+  // and its decisions and measured times are its own. Needs a calibration (after the first
+  // plan(), or a planner made with one).
   PlanDecision decide(std::size_t n, int ranks, int threads, Strategy strategy = Strategy::kAuto,
-                      int partitions = 0, Tier tier = Tier::kLight) const;
+                      int partitions = 0, Tier tier = Tier::kLight,
+                      Operation op = Operation::kAllreduce) const;
 
   // Canonical specs of the light tier's codecs.
   std::vector<std::string> allowed() const;
@@ -161,11 +166,12 @@ class TERSE_API Planner {
   // and explores a size apart from the other.
   TensorPlan plan(Communicator& comm, std::size_t n, int threads,
                   Strategy strategy = Strategy::kAuto, int partitions = 0,
-                  Tier tier = Tier::kLight);
+                  Tier tier = Tier::kLight, Operation op = Operation::kAllreduce);
 
-  // The engine reports the wall time of a planned allreduce of n floats (first task start to
+  // The engine reports the wall time of a planned collective of n floats (first task start to
   // last task end on this rank). Local and cheap.
-  void observe(std::size_t n, const TensorPlan& plan, double seconds);
+  void observe(std::size_t n, const TensorPlan& plan, double seconds,
+               Operation op = Operation::kAllreduce);
 
   // Called by the engine before each submission that has planned tensors (at the same points
   // on every rank), with the plan() arguments of its planned tensors. Where an explored size
@@ -180,13 +186,15 @@ class TERSE_API Planner {
     Strategy strategy = Strategy::kAuto;
     int partitions = 0;
     Tier tier = Tier::kLight;
+    Operation op = Operation::kAllreduce;
   };
   int before_submission(Communicator& comm, std::span<const Use> uses = {});
 
   // Whether a size's plan is still being explored (local, the same on every rank). While it
   // is, the engine keeps each contender's codec state; once settled, it drops the losers'.
   bool exploring(std::size_t n, int threads, Strategy strategy = Strategy::kAuto,
-                 int partitions = 0, Tier tier = Tier::kLight) const;
+                 int partitions = 0, Tier tier = Tier::kLight,
+                 Operation op = Operation::kAllreduce) const;
 
  private:
   // The internals (src/planner/planner_impl.h): calibration, cost model, explorations.

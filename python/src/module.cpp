@@ -735,7 +735,9 @@ void bind(py::module_& m) {
           "'raw' (codec 'none': the fp32 rank-order sum), 'alltoall' (the default for a codec: "
           "each contribution quantized once, as ZeRO++'s qgZ), 'sharded', 'ring', 'summable' "
           "(the allreduce's halves: its result for the shard). Error feedback is kept per "
-          "shard. Raises at once for sizes or options it cannot honour.")
+          "shard. codec 'auto': the planner's choice of raw or an allowed codec (EngineOptions' "
+          "auto_codecs), strategy and partitions for this size. Raises at once for sizes or "
+          "options it cannot honour.")
       .def(
           "all_gather",
           [](PyEngine& e, std::string name, py::object input, py::object output,
@@ -750,7 +752,8 @@ void bind(py::module_& m) {
           "(float32, float16 or bfloat16; it may be a view of output's own shard); output "
           "(world size x n elements, same dtype) receives rank r's shard at [r*n, (r+1)*n). "
           "With a lossy codec each shard is encoded once by its owner and every rank decodes "
-          "the same bytes: every rank's output is bit-identical.")
+          "the same bytes: every rank's output is bit-identical. codec 'auto': the planner's "
+          "choice of raw or an allowed codec (EngineOptions' auto_codecs) for this size.")
       .def(
           "all_to_all",
           [](PyEngine& e, std::string name, py::object input,

@@ -218,12 +218,20 @@ class TerseFSDPState:
         dtype). The default, ``"minmax8:ef=1"``, sends 8 bits per element with error feedback
         (4x fewer bytes than fp32); ``"minmax8:bits=4,ef=1"`` sends 4 (ZeRO++'s qgZ width),
         ``"fp16"`` and ``"bf16"`` 16; ``"none"`` reduces raw (FSDP's result up to summation
-        order). ``terse.codec_names()`` lists them.
+        order). ``terse.codec_names()`` lists them. ``"auto"`` leaves the choice to the engine's
+        planner, per gradient size: raw, or one of ``auto_codecs`` with the reduce-scatter
+        strategy and partitions it predicts (and measures) fastest on these links; it calibrates
+        when the state is created (a collective of a few seconds, or the agreed cache).
     all_gather_codec
         Codec of the parameter all-gather (FSDP2 only), or None (or ``"none"``) to leave FSDP's
         own all-gather in place. ``"minmax8"`` (8-bit block quantization, ZeRO++'s qwZ) or ``"bf16"``. Stateless
         codecs only: the gathered weights are recomputed from the full-precision shards every
-        time, so nothing accumulates.
+        time, so nothing accumulates. ``"auto"``: the planner's choice among raw and
+        ``auto_codecs``, which must then all be stateless.
+    auto_codecs
+        With ``"auto"``: the codecs the planner may choose from (lossy codecs change what
+        training computes, so this is yours to decide), e.g. ``["minmax8", "fp16"]``. None:
+        ``TERSE_PLAN_CODECS``, else fp16 and onebit:ef=1 (as for the DDP hook).
     min_bytes
         Gradients (and all-gather buffers) smaller than this travel raw; 64 KiB by default.
     strategy, partitions, seed, threads, timeout, process_group
@@ -237,16 +245,31 @@ class TerseFSDPState:
                  min_bytes: int = 64 << 10, strategy: str = "auto", partitions: int = 0,
                  seed: int = 0, threads: int = 0, timeout: Optional[float] = None,
                  process_group: Optional[Any] = None,
-                 communicator: Optional[terse.Communicator] = None) -> None:
+                 communicator: Optional[terse.Communicator] = None,
+                 auto_codecs: Optional[Sequence[str]] = None) -> None:
         if min_bytes < 0:
             raise terse.InvalidArgument(f"min_bytes must be >= 0, not {min_bytes}")
         # Validate before connecting: a typo fails on every rank alike, none waits for another.
-        if codec in ("auto", "auto:heavy"):
-            raise terse.InvalidArgument(
-                f"terse.fsdp: codec '{codec}' is not supported; name a codec")
-        terse.canonical_spec(codec)
+        if "auto:heavy" in (codec, all_gather_codec):
+            raise terse.InvalidArgument("terse.fsdp: codec 'auto:heavy' is not supported; use "
+                                        "'auto' with the auto_codecs it may choose from")
+        automatic = "auto" in (codec, all_gather_codec)
+        if auto_codecs is not None and not automatic:
+            raise terse.InvalidArgument("auto_codecs is for codec='auto' or all_gather_codec='auto'")
+        self.auto_codecs = [terse.canonical_spec(c) for c in auto_codecs or ()]
+        if codec != "auto":
+            terse.canonical_spec(codec)
         terse.AllreduceOptions(codec=codec, strategy=strategy, partitions=partitions)
-        if all_gather_codec is not None:
+        if all_gather_codec == "auto":
+            # The planner may choose any of them for a gather of parameters.
+            stateful = [c for c in self.auto_codecs if terse.Codec(c).traits["stateful"]]
+            if not self.auto_codecs or stateful:
+                raise terse.InvalidArgument(
+                    "terse.fsdp: all_gather_codec 'auto' chooses among auto_codecs, which must "
+                    "be given and keep no state between calls (parameters are gathered from "
+                    f"fresh shards each time){': ' + ', '.join(stateful) if stateful else ''}; "
+                    "e.g. auto_codecs=['minmax8', 'bf16']")
+        elif all_gather_codec is not None:
             terse.canonical_spec(all_gather_codec)
             if all_gather_codec != "none" and terse.Codec(all_gather_codec).traits["stateful"]:
                 raise terse.InvalidArgument(
@@ -264,7 +287,12 @@ class TerseFSDPState:
         self._options: Dict[str, terse.AllreduceOptions] = {}
         comm = communicator if communicator is not None else communicator_for(
             process_group, timeout=timeout)
-        self.engine = terse.Engine(comm, terse.EngineOptions(seed=seed, threads=threads))
+        self.engine = terse.Engine(comm, terse.EngineOptions(seed=seed, threads=threads,
+                                                             auto_codecs=self.auto_codecs))
+        if automatic:
+            # Calibrate now (a collective, a few seconds, or the agreed cache), as the DDP hook
+            # does: on first use it would run inside the first backward pass.
+            self.engine.plan(1 << 20, codec="auto")
 
     def _record(self, error: BaseException) -> None:
         if self.error is None:
@@ -289,7 +317,8 @@ class TerseFSDPState:
         belong to. Save it with the model and optimizer; every rank saves its own."""
         self.engine.synchronize()
         return {"version": _STATE_VERSION, "codec": self.codec,
-                "all_gather_codec": self.all_gather_codec, "min_bytes": self.min_bytes,
+                "all_gather_codec": self.all_gather_codec, "auto_codecs": self.auto_codecs,
+                "min_bytes": self.min_bytes,
                 "strategy": self.strategy, "rank": self.engine.rank, "size": self.engine.size,
                 "engine": self.engine.save_state()}
 
@@ -299,8 +328,8 @@ class TerseFSDPState:
         if state.get("version") != _STATE_VERSION:
             raise terse.DecodeError(
                 f"terse FSDP state: version {state.get('version')!r}, expected {_STATE_VERSION}")
-        for key in ("codec", "all_gather_codec", "min_bytes", "strategy"):
-            if state.get(key) != getattr(self, key):
+        for key in ("codec", "all_gather_codec", "auto_codecs", "min_bytes", "strategy"):
+            if state.get(key, [] if key == "auto_codecs" else None) != getattr(self, key):
                 raise terse.MismatchError(
                     f"rank {self.engine.rank}: terse FSDP state was saved with {key}="
                     f"{state.get(key)!r}, this one has {key}={getattr(self, key)!r}")

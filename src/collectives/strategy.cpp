@@ -1,4 +1,4 @@
-// Strategies by name, for specs, plans and logs.
+// Strategies and operations by name, for specs, plans and logs.
 #include <fmt/format.h>
 
 #include <string_view>
@@ -30,6 +30,15 @@ Strategy parse_strategy(std::string_view name) {
   }
   throw SpecError(fmt::format(
       "unknown strategy '{}' (allowed: auto, raw, allgather, sharded, ring, summable, alltoall)", name));
+}
+
+std::string_view to_string(Operation op) {
+  switch (op) {
+    case Operation::kAllreduce: return "allreduce";
+    case Operation::kReduceScatter: return "reduce_scatter";
+    case Operation::kAllGather: return "all_gather";
+  }
+  return "?";
 }
 
 }  // namespace terse

@@ -33,6 +33,8 @@ struct TensorRecord;
 enum class Op : std::uint8_t { kAllreduce, kReduceScatter, kAllGather, kAllToAll };
 // "allreduce", "reduce_scatter", "all_gather", "all_to_all".
 const char* op_name(Op op);
+// The planner's operation of a submission's (all_to_all has none: codec "auto" is refused).
+Operation planner_operation(Op op);
 
 struct Item {
   Op op = Op::kAllreduce;

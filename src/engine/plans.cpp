@@ -120,11 +120,44 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
     return InvalidArgument(fmt::format("rank {}: {} of tensor '{}': {}", comm_.rank(), what, name,
                                        why));
   };
-  if (auto_tier(o.codec)) {
-    throw refuse(
-        fmt::format("codec {} is not supported here (the planner prices allreduces); "
-                    "name a codec",
-                    o.codec));
+  if (const auto tier = auto_tier(o.codec)) {
+    if (op == Op::kAllToAll) {
+      throw refuse(fmt::format("codec {} is not supported for all_to_all (the planner prices "
+                               "allreduce, reduce_scatter and all_gather); name a codec",
+                               o.codec));
+    }
+    // A restriction the operation has no strategy for is refused as a fixed codec's would be.
+    if (op == Op::kReduceScatter && o.strategy == Strategy::kAllgather) {
+      throw refuse(
+          "strategy allgather has no reduce-scatter; use raw (codec none), alltoall, "
+          "sharded, ring or summable");
+    }
+    if (op == Op::kAllGather && o.strategy != Strategy::kAuto && o.strategy != Strategy::kRaw &&
+        o.strategy != Strategy::kAllgather) {
+      throw refuse(fmt::format("strategy {} does not apply; use raw (codec none) or allgather",
+                               to_string(o.strategy)));
+    }
+    if (o.partitions < 0 || o.partitions > kMaxPartitions) {
+      throw refuse(fmt::format("partitions={} is not in 0..{}", o.partitions, kMaxPartitions));
+    }
+    CollectiveOptions chosen = o;
+    chosen.codec = "none";
+    if (total > 0) {  // an empty tensor has nothing to plan: raw
+      Planner& p = planner();
+      // Calibration measures the links: let submitted work finish first (every rank does).
+      if (!p.calibrated()) drain_();
+      TensorPlan decided;
+      try {
+        decided = p.plan(comm_, total, threads_, o.strategy, o.partitions, *tier,
+                         planner_operation(op));
+      } catch (const InvalidArgument& e) {
+        throw refuse(e.what());  // a restriction no allowed codec can use
+      }
+      chosen.codec = decided.codec;
+      chosen.strategy = decided.strategy;
+      chosen.partitions = decided.partitions;
+    }
+    return plan_collective(op, name, shard, total, chosen, codec_out, dtype);
   }
   const Codec& c = codec(o.codec);
   const CodecTraits t = c.traits();
@@ -224,6 +257,25 @@ TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
   return plan(n, chosen, codec_out, dtype);
 }
 
+void Plans::before_collective(Op op, std::size_t total, const CollectiveOptions& o) {
+  const auto tier = auto_tier(o.codec);
+  if (!tier || op == Op::kAllToAll || total == 0) return;
+  const Planner::Use use{total, threads_, o.strategy, o.partitions, *tier, planner_operation(op)};
+  planner().before_submission(comm_, std::span(&use, 1));
+}
+
+Planner::Use Plans::use_of(const Item& it) const {
+  const AllreduceOptions& o = it.ref.options;
+  const Tier tier = auto_tier(o.codec).value_or(Tier::kLight);
+  if (it.op == Op::kAllreduce) {
+    return {it.ref.typed.elements, threads_, o.strategy, o.partitions, tier,
+            Operation::kAllreduce};
+  }
+  // A collective's size is the larger of input and output (N shards).
+  return {std::max(it.ref.typed.elements, it.output.elements), threads_, o.strategy, o.partitions,
+          tier, planner_operation(it.op)};
+}
+
 void Plans::before_submission(const std::vector<TensorRef>& tensors) {
   std::vector<Planner::Use> uses;
   for (const auto& t : tensors) {
@@ -275,10 +327,9 @@ void Plans::commit(Job& job) {
   // Which planned sizes are being explored, asked before records_mu_ is taken (a leaf).
   std::vector<char> exploring(job.items.size(), 0);
   for (std::size_t i = 0; i < job.items.size(); ++i) {
-    const AllreduceOptions& o = job.items[i].ref.options;
-    const auto tier = auto_tier(o.codec);
-    exploring[i] = tier && planner().exploring(job.items[i].ref.typed.elements, threads_,
-                                               o.strategy, o.partitions, *tier);
+    if (!auto_tier(job.items[i].ref.options.codec)) continue;
+    const Planner::Use u = use_of(job.items[i]);
+    exploring[i] = planner().exploring(u.n, u.threads, u.strategy, u.partitions, u.tier, u.op);
   }
   std::lock_guard lock(records_mu_);
   for (std::size_t i = 0; i < job.items.size(); ++i) {
@@ -322,8 +373,9 @@ void Plans::release(const Job& job, bool succeeded) {
           it.ref.typed.dtype != DType::kFloat32 || job.spans[i].second < job.spans[i].first) {
         continue;
       }
-      planner_->observe(it.ref.typed.elements, it.plan,
-                        static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9);
+      const Planner::Use u = use_of(it);
+      planner_->observe(u.n, it.plan,
+                        static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9, u.op);
     }
   }
   std::lock_guard lock(records_mu_);

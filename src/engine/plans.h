@@ -77,6 +77,7 @@ class Plans {
   // The plan of a reduce_scatter, all_gather or all_to_all of tensor `name`: `shard` elements
   // per shard (all_to_all: unused) and `total` elements in the larger of input and output.
   // Throws InvalidArgument naming the rank, tensor and operation for options it cannot honour.
+  // Codec "auto" (reduce_scatter and all_gather) asks the planner, as plan() does.
   TensorPlan plan_collective(Op op, const std::string& name, std::size_t shard, std::size_t total,
                              const CollectiveOptions& o, const Codec** codec_out,
                              DType dtype) const;
@@ -84,6 +85,8 @@ class Plans {
   // Before a submission is planned: lets the planner re-check its decisions, a collective at
   // the same point on every rank (ranks submit the same sequence). Under the submission order.
   void before_submission(const std::vector<TensorRef>& tensors);
+  // The same before a reduce_scatter or all_gather with codec "auto" of `total` elements.
+  void before_collective(Op op, std::size_t total, const CollectiveOptions& o);
 
   // ---- per-tensor records ----
 
@@ -107,6 +110,8 @@ class Plans {
   TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier, const Codec** codec_out,
                        DType dtype) const;
   Planner& planner() const;
+  // What the planner is asked about an item (its size, restriction and operation).
+  Planner::Use use_of(const Item& it) const;
 
   Communicator& comm_;
   const EngineOptions& options_;

@@ -36,6 +36,16 @@ const char* op_name(Op op) {
   return "?";
 }
 
+Operation planner_operation(Op op) {
+  switch (op) {
+    case Op::kReduceScatter: return Operation::kReduceScatter;
+    case Op::kAllGather: return Operation::kAllGather;
+    case Op::kAllreduce:
+    case Op::kAllToAll: break;
+  }
+  return Operation::kAllreduce;
+}
+
 std::string record_key(const Item& it) {
   if (it.op == Op::kAllreduce) return it.ref.name;
   return fmt::format("{}:{}", op_name(it.op), it.ref.name);
@@ -220,6 +230,25 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
   }
 
   std::lock_guard order(order_mu_);
+  const bool planned = auto_tier(options.codec).has_value() && op != Op::kAllToAll;
+  if (planned) {
+    // The planner's first plan and its exchanges are collectives: before any rank reaches one,
+    // the ranks check that all of them asked for "auto" here (a rank that named a codec instead
+    // fails every rank with a MismatchError rather than leaving them waiting in calibration).
+    const std::string request =
+        fmt::format("'{}': {} of {} {} values per shard, codec {}, strategy {}, partitions {}{}\n",
+                    name, what, shard, to_string(input.dtype), options.codec,
+                    to_string(options.strategy), options.partitions,
+                    op != Op::kReduceScatter ? ""
+                    : options.average        ? ", average"
+                                             : ", sum");
+    if (!auto_checked_.contains(request)) {
+      verify(request,
+             fmt::format("{} of '{}' (first-use check of codec {})", what, name, options.codec));
+      auto_checked_.insert(request);
+    }
+  }
+  plans_.before_collective(op, total, options);
   auto job = std::make_shared<Job>();
   job->handle = std::make_shared<Handle::State>();
   if (options_.tracer) job->submitted_ns = trace_now_ns();
@@ -241,6 +270,7 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
   const bool need_verify = plans_.needs_check(record_key(it), config_of(it));
   job->items.push_back(std::move(it));
   if (need_verify) verify(job->items);  // throws MismatchError: nothing submitted
+  if (planned) job->spans.assign(1, {INT64_MAX, INT64_MIN});  // its time, for the planner
 
   plans_.commit(*job);
   return dispatch(job);
@@ -345,12 +375,15 @@ void Submissions::verify(const std::vector<Item>& items) {
   for (const auto& it : items) {
     text += fmt::format("'{}': {}\n", it.ref.name, config_of(it));
   }
+  verify(text, items.size() == 1 ? fmt::format("{} of '{}' (first-use check)", op_name(items[0].op),
+                                               items[0].ref.name)
+                                 : fmt::format("'{}' and {} more (first-use check)",
+                                               items[0].ref.name, items.size() - 1));
+}
+
+void Submissions::verify(const std::string& text, const std::string& label) {
   const int n = comm_.size(), r = comm_.rank();
   if (n == 1) return;
-  const std::string label =
-      items.size() == 1
-          ? fmt::format("{} of '{}' (first-use check)", op_name(items[0].op), items[0].ref.name)
-          : fmt::format("'{}' and {} more (first-use check)", items[0].ref.name, items.size() - 1);
   const std::uint64_t base = (tags::kVerifySignature << 32) |
                              (static_cast<std::uint64_t>(verify_seq_++ & 0xffff) << 16);
   const std::uint64_t mine[2] = {fnv1a64(text), text.size()};

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,9 @@ class Submissions {
 
  private:
   void verify(const std::vector<Item>& items);
+  // Checks that every rank's `text` (one line per tensor) is the same; throws MismatchError
+  // showing two that differ.
+  void verify(const std::string& text, const std::string& label);
   void lay_out(Job& job) const;
   std::vector<Task> split(const std::shared_ptr<Job>& job);
   Handle dispatch(const std::shared_ptr<Job>& job);
@@ -64,6 +68,9 @@ class Submissions {
   std::mutex order_mu_;
   std::uint32_t task_seq_ = 0;    // under order_mu_
   std::uint32_t verify_seq_ = 0;  // under order_mu_
+  // Collectives' codec "auto" requests checked across ranks (their descriptions), under
+  // order_mu_.
+  std::set<std::string> auto_checked_;
 };
 
 }  // namespace terse::engine

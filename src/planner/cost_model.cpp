@@ -63,14 +63,24 @@ double largest_piece(double n, double parts) {
   return std::min(n, std::ceil(n / parts / 64) * 64);
 }
 
-struct PartitionCost {
+// A fit's cost for a piece of x elements of a tensor of `whole`: its rate over the whole tensor
+// (whether the piece's data are in the cache depends on the tensor, not on the piece).
+double piece_cost(const LinearFit& f, double x, double whole) {
+  if (x >= whole) return f(x);
+  return f.a + (f(whole) - f.a) * x / whole;
+}
+
+// Bytes of a reduce-scatter's status round per peer (agree_on_failure: a Failure record).
+constexpr double kStatusBytes = 24;
+
+}  // namespace
+
+struct CostModel::PartitionCost {
   double rounds = 0;    // L
   double messages = 0;  // messages this rank sends (and as many it receives)
   double bytes = 0;     // W
   double cpu = 0;       // C
 };
-
-}  // namespace
 
 int planner::clamp_partitions(int k, std::size_t n) {
   // The engine's clamp: no empty partitions (64-element boundaries), at most kMaxPartitions.
@@ -85,8 +95,41 @@ CostModel::CostModel(Calibration calibration) : calibration_(std::move(calibrati
   }
 }
 
+Prediction CostModel::pipeline(const PartitionCost& p, int parts, int threads) const {
+  const Calibration& c = calibration_;
+  const double K = parts;
+  const int concurrent = std::min(parts, threads);
+  const double link = c.link_seconds(p.bytes);
+  const double latency = p.rounds * c.alpha;
+  // Partitions in flight spend part of their time waiting on the link: only the share that
+  // computes contends for the cores.
+  const double computing = concurrent * p.cpu / std::max(latency + link + p.cpu, 1e-12);
+  const double sigma = c.slowdown(std::max(1.0, computing));
+  Prediction out;
+  out.one_partition = latency + link + p.cpu;
+  const double loaded = latency + link + p.cpu * sigma;
+  const double interval = std::max({link, p.cpu * sigma / concurrent, loaded / concurrent});
+  out.seconds = c.job_overhead + out.one_partition + (K - 1) * (interval + c.task_overhead);
+  // The host's CPU bound: its ranks run the same work at once, so an allreduce takes at least
+  // all of it over the host's cores. Where the links are the kernel's copies and the ranks
+  // share the cores (loopback, or emulated links on one host), link and CPU do not overlap
+  // and this bound is what decides.
+  const double transport = c.transport_cpu(p.bytes);
+  out.host_cpu = K * (p.cpu + transport + p.messages * c.cpu_per_message);
+  out.host_bound = c.host_share() * c.host_efficiency * out.host_cpu;
+  // The wire's own time (the link beyond the transport's CPU for it: a shaped link's queue) of
+  // the last partition does not overlap the host's CPU work: nothing is left to compute while
+  // its bytes cross, and the CPU work of the first partitions ran before any were sent.
+  const double wire = c.cores_pace_links() ? 0.0 : std::max(0.0, link - transport);
+  out.seconds = std::max(out.seconds, out.host_bound + wire);
+  out.network = K * link;
+  out.cpu = K * p.cpu * sigma;
+  out.bytes_sent = K * p.bytes;
+  return out;
+}
+
 Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strategy strategy,
-                              int partitions, int ranks, int threads) const {
+                              int partitions, int ranks, int threads, Operation op) const {
   const Calibration& c = calibration_;
   if (ranks < 1 || threads < 1) {
     throw InvalidArgument(fmt::format("cost model: {} ranks, {} threads", ranks, threads));
@@ -99,6 +142,9 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   const CodecCosts* k = raw ? nullptr : c.find(codec_spec);
   if (!raw && k == nullptr) {
     throw InvalidArgument(fmt::format("cost model: codec {} was not calibrated", codec_spec));
+  }
+  if (op != Operation::kAllreduce) {
+    return predict_collective(n, k, strategy, partitions, ranks, threads, op);
   }
   if (strategy == Strategy::kSummable && !k->summable && !k->multi_round) {
     throw InvalidArgument(fmt::format("cost model: {} is not summable", codec_spec));
@@ -124,10 +170,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   // are in the cache depends on the tensor (a 16 MiB tensor's 1 MiB partition came from
   // memory), not on the piece.
   const double whole = static_cast<double>(n);
-  auto rate = [&](const LinearFit& f, double x) {
-    if (x >= whole) return f(x);
-    return f.a + (f(whole) - f.a) * x / whole;
-  };
+  auto rate = [&](const LinearFit& f, double x) { return piece_cost(f, x, whole); };
   auto enc = [&](double x) { return rate(k->encode, x); };
   auto dec = [&](double x) { return rate(k->decode, x); };
   auto acc = [&](double x) { return rate(k->accumulate, x); };
@@ -221,35 +264,100 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       throw InvalidArgument("cost model: strategy alltoall is not an allreduce strategy");
   }
 
-  const double K = parts;
-  const int concurrent = std::min(parts, threads);
-  const double link = c.link_seconds(p.bytes);
-  const double latency = p.rounds * c.alpha;
-  // Partitions in flight spend part of their time waiting on the link: only the share that
-  // computes contends for the cores.
-  const double computing = concurrent * p.cpu / std::max(latency + link + p.cpu, 1e-12);
-  const double sigma = c.slowdown(std::max(1.0, computing));
-  Prediction out;
-  out.one_partition = latency + link + p.cpu;
-  const double loaded = latency + link + p.cpu * sigma;
-  const double interval = std::max({link, p.cpu * sigma / concurrent, loaded / concurrent});
-  out.seconds = c.job_overhead + out.one_partition + (K - 1) * (interval + c.task_overhead);
-  // The host's CPU bound: its ranks run the same work at once, so an allreduce takes at least
-  // all of it over the host's cores. Where the links are the kernel's copies and the ranks
-  // share the cores (loopback, or emulated links on one host), link and CPU do not overlap
-  // and this bound is what decides.
-  const double transport = c.transport_cpu(p.bytes);
-  out.host_cpu = K * (p.cpu + transport + p.messages * c.cpu_per_message);
-  out.host_bound = c.host_share() * c.host_efficiency * out.host_cpu;
-  // The wire's own time (the link beyond the transport's CPU for it: a shaped link's queue) of
-  // the last partition does not overlap the host's CPU work: nothing is left to compute while
-  // its bytes cross, and the CPU work of the first partitions ran before any were sent.
-  const double wire = c.cores_pace_links() ? 0.0 : std::max(0.0, link - transport);
-  out.seconds = std::max(out.seconds, out.host_bound + wire);
-  out.network = K * link;
-  out.cpu = K * p.cpu * sigma;
-  out.bytes_sent = K * p.bytes;
-  return out;
+  return pipeline(p, parts, threads);
+}
+
+// A reduce-scatter of n floats of input (N shards of n/N) or an all-gather of n floats of
+// output, each shard split into K pieces: partition p holds piece p of every rank's shard, s
+// floats each (src/engine/partition_task.cpp). Per partition (reduce-scatter, then the status
+// round every reduce-scatter partition ends with: one message step, N-1 messages of 24 bytes):
+//   raw        L = 1  W = (N-1)*4s     C = (N-1)*add(s) + div(s)
+//   alltoall   L = 1  W = (N-1)*e(s)   C = (N-1)*enc(s) + (N-1)*acc(s) + add(s) + div(s)
+//   sharded    L = 1  W = (N-1)*e(s)   C = N*enc(s) + (N-1)*acc(s) + add(s) + div(s) + dec(s)
+//   ring       L = N  W = N*e(s)       C = N*enc(s) + (N-1)*(dec(s) + add(s)) + div(s) + dec(s)
+//   summable   L = N  W = N*e(s)       C = N*enc(s) + (N-1)*cmb(s) + dec(s) + div(s)
+// all-gather (no status round: every rank decodes every payload):
+//   raw        L = 1  W = (N-1)*4s     C = div(N*s)  (the scan of the result, an fp32 pass)
+//   allgather  L = 1  W = (N-1)*e(s)   C = enc(s) + N*dec(s)
+// The pipeline and the host bound are the allreduce's.
+Prediction CostModel::predict_collective(std::size_t n, const CodecCosts* k, Strategy strategy,
+                                         int partitions, int ranks, int threads,
+                                         Operation op) const {
+  const Calibration& c = calibration_;
+  const bool scatter = op == Operation::kReduceScatter;
+  const std::string_view spec = k != nullptr ? std::string_view(k->spec) : "none";
+  if (k != nullptr && k->multi_round) {
+    throw InvalidArgument(
+        fmt::format("cost model: {} compresses a whole matrix over rounds of sums; no {} of it",
+                    spec, to_string(op)));
+  }
+  const bool valid = scatter ? strategy != Strategy::kAllgather && strategy != Strategy::kAuto &&
+                                   (strategy != Strategy::kSummable || k->summable)
+                             : strategy == Strategy::kRaw || strategy == Strategy::kAllgather;
+  if (!valid) {
+    throw InvalidArgument(fmt::format("cost model: {} has no strategy {} for codec {}",
+                                      to_string(op), to_string(strategy), spec));
+  }
+  const double N = ranks;
+  const std::size_t shard = n / static_cast<std::size_t>(ranks);
+  const int parts = planner::clamp_partitions(partitions, shard);
+  const double s = largest_piece(static_cast<double>(shard), parts);
+  const double whole = static_cast<double>(n);
+  auto enc = [&](double x) { return piece_cost(k->encode, x, whole); };
+  auto dec = [&](double x) { return piece_cost(k->decode, x, whole); };
+  auto acc = [&](double x) { return piece_cost(k->accumulate, x, whole); };
+  auto cmb = [&](double x) { return piece_cost(k->combine, x, whole); };
+  auto add = [&](double x) { return piece_cost(c.add, x, whole); };
+  auto div = [&](double x) { return piece_cost(c.divide, x, whole); };
+  auto e = [&](double x) { return k->bytes(x); };
+
+  PartitionCost p;
+  const double steps = ranks > 1 ? 1 : 0;  // one message step, where there are peers
+  switch (strategy) {
+    case Strategy::kRaw:
+      p.rounds = steps;
+      p.messages = N - 1;
+      p.bytes = (N - 1) * 4 * s;
+      p.cpu = scatter ? (N - 1) * add(s) + div(s) : div(N * s);
+      break;
+    case Strategy::kAllToAll:
+      p.rounds = steps;
+      p.messages = N - 1;
+      p.bytes = (N - 1) * e(s);
+      p.cpu = (N - 1) * enc(s) + (N - 1) * acc(s) + add(s) + div(s);
+      break;
+    case Strategy::kSharded:
+      p.rounds = steps;
+      p.messages = N - 1;
+      p.bytes = (N - 1) * e(s);
+      p.cpu = N * enc(s) + (N - 1) * acc(s) + add(s) + div(s) + dec(s);
+      break;
+    case Strategy::kRing:
+      p.rounds = ranks > 1 ? N : 0;
+      p.messages = ranks > 1 ? N : 0;
+      p.bytes = ranks > 1 ? N * e(s) : 0;
+      p.cpu = N * enc(s) + (N - 1) * (dec(s) + add(s)) + div(s) + dec(s);
+      break;
+    case Strategy::kSummable:
+      p.rounds = ranks > 1 ? N : 0;
+      p.messages = ranks > 1 ? N : 0;
+      p.bytes = ranks > 1 ? N * e(s) : 0;
+      p.cpu = N * enc(s) + (N - 1) * cmb(s) + dec(s) + div(s);
+      break;
+    case Strategy::kAllgather:
+      p.rounds = steps;
+      p.messages = N - 1;
+      p.bytes = (N - 1) * e(s);
+      p.cpu = enc(s) + N * dec(s);
+      break;
+    case Strategy::kAuto: break;  // refused above
+  }
+  if (scatter && ranks > 1) {
+    p.rounds += 1;
+    p.messages += N - 1;
+    p.bytes += (N - 1) * kStatusBytes;
+  }
+  return pipeline(p, parts, threads);
 }
 
 }  // namespace terse

@@ -33,10 +33,12 @@ class CostModel {
 
   // Predicts an allreduce of n floats across `ranks` ranks (any count, for what-if
   // questions) with codec spec (canonical; "none" for raw), strategy (not kAuto) and K
-  // partitions, run by an engine with `threads` worker threads. Throws InvalidArgument for a
-  // codec the calibration does not hold or a strategy it cannot use.
+  // partitions, run by an engine with `threads` worker threads. With op, a reduce-scatter of n
+  // floats of input or an all-gather of n floats of output (n/ranks a shard, K partitions of
+  // each shard). Throws InvalidArgument for a codec the calibration does not hold or a
+  // strategy it cannot use for op.
   Prediction predict(std::size_t n, std::string_view codec, Strategy strategy, int partitions,
-                     int ranks, int threads) const;
+                     int ranks, int threads, Operation op = Operation::kAllreduce) const;
 
   const Calibration& calibration() const { return calibration_; }
 
@@ -45,6 +47,13 @@ class CostModel {
   void set_gather_bytes(std::size_t bytes) { gather_bytes_ = bytes; }
 
  private:
+  struct PartitionCost;
+  // A reduce-scatter's or all-gather's partition (k: the codec's costs, null for raw).
+  Prediction predict_collective(std::size_t n, const CodecCosts* k, Strategy strategy,
+                                int partitions, int ranks, int threads, Operation op) const;
+  // K partitions of cost p on `threads` workers, then the host's CPU bound.
+  Prediction pipeline(const PartitionCost& p, int parts, int threads) const;
+
   Calibration calibration_;
   std::size_t gather_bytes_ = kDefaultGatherBytes;
   // The multi-round codecs of the calibration: their contributions' sizes per round.

@@ -105,6 +105,11 @@ std::optional<Tier> auto_tier(std::string_view codec) {
 
 std::string_view auto_codec(Tier tier) { return tier == Tier::kHeavy ? "auto:heavy" : "auto"; }
 
+std::string planner::run_key(Operation op, const TensorPlan& p) {
+  if (op == Operation::kAllreduce) return plan_key(p);
+  return fmt::format("{}:{}", to_string(op), plan_key(p));
+}
+
 Planner::Planner(PlannerOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
@@ -268,18 +273,23 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
 }
 
 PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy strategy,
-                             int partitions, Tier tier) const {
+                             int partitions, Tier tier, Operation op) const {
   const Impl& m = *impl_;
   std::lock_guard lock(m.mu);
   if (!m.model) throw InvalidArgument("planner: not calibrated yet");
   PlanDecision d;
   d.elements = n;
+  d.op = op;
+  // What the engine splits into K: an allreduce's tensor, a reduce-scatter's or all-gather's
+  // shard.
+  const std::size_t split =
+      op == Operation::kAllreduce ? n : n / static_cast<std::size_t>(std::max(ranks, 1));
   std::vector<int> ks;
   if (partitions > 0) {
-    ks.push_back(planner::clamp_partitions(partitions, n));
+    ks.push_back(planner::clamp_partitions(partitions, split));
   } else {
     for (int k : m.partitions) {
-      const int c = planner::clamp_partitions(k, n);
+      const int c = planner::clamp_partitions(k, split);
       if (std::find(ks.begin(), ks.end(), c) == ks.end()) ks.push_back(c);
     }
   }
@@ -289,7 +299,7 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
     const std::size_t own =
         (n * sizeof(float) + m.options.raw_partition_bytes - 1) / m.options.raw_partition_bytes;
     const int c =
-        planner::clamp_partitions(static_cast<int>(std::min<std::size_t>(own, 1 << 20)), n);
+        planner::clamp_partitions(static_cast<int>(std::min<std::size_t>(own, 1 << 20)), split);
     if (std::find(raw_ks.begin(), raw_ks.end(), c) == raw_ks.end()) raw_ks.push_back(c);
   }
   auto consider = [&](const std::string& spec, Strategy s, bool whole) {
@@ -300,8 +310,8 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
       c.plan.codec = spec;
       c.plan.strategy = s;
       c.plan.partitions = k;
-      c.predicted = m.model->predict(n, spec, s, k, ranks, threads);
-      if (auto it = m.measured.find({n, plan_key(c.plan)}); it != m.measured.end()) {
+      c.predicted = m.model->predict(n, spec, s, k, ranks, threads, op);
+      if (auto it = m.measured.find({n, planner::run_key(op, c.plan)}); it != m.measured.end()) {
         c.measured = it->second;
       }
       d.ranked.push_back(std::move(c));
@@ -312,6 +322,18 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   if (tier == Tier::kHeavy) codecs.insert(codecs.end(), m.heavy.begin(), m.heavy.end());
   for (const auto& spec : codecs) {
     const CodecCosts& k = *m.model->calibration().find(spec);
+    if (op != Operation::kAllreduce) {
+      if (k.multi_round) continue;  // no shard of a multi-round codec's encoding can travel alone
+      if (op == Operation::kAllGather) {
+        consider(spec, Strategy::kAllgather, false);
+        continue;
+      }
+      for (Strategy s : {Strategy::kAllToAll, Strategy::kSharded, Strategy::kRing}) {
+        consider(spec, s, false);
+      }
+      if (k.summable) consider(spec, Strategy::kSummable, false);
+      continue;
+    }
     if (k.multi_round) {  // PowerSGD, on the whole matrix: its rounds' sums on rings or gathered
       consider(spec, Strategy::kSummable, true);
       consider(spec, Strategy::kAllgather, true);
@@ -341,8 +363,8 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
     }
   }
   if (d.ranked.empty()) {
-    throw InvalidArgument(
-        fmt::format("planner: no allowed codec can use strategy {}", to_string(strategy)));
+    throw InvalidArgument(fmt::format("planner: no allowed codec can use strategy {} in {}",
+                                      to_string(strategy), to_string(op)));
   }
   // Stable: equal times keep the order above (raw first, then the light tier's list, then the
   // heavy tier's).
@@ -374,10 +396,12 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
 void Planner::Impl::log_decision(const PlanDecision& d, int rank, const char* why) const {
   if (!options.log || rank != 0) return;
   const auto& c = d.chosen;
+  const std::string op =
+      d.op == Operation::kAllreduce ? "" : fmt::format("{} of ", to_string(d.op));
   std::fprintf(stderr,
-               "terse plan: %s %zu floats -> %s, strategy %s, K=%d: %s %.3f ms (raw %.3f ms, "
+               "terse plan: %s %s%zu floats -> %s, strategy %s, K=%d: %s %.3f ms (raw %.3f ms, "
                "%.2fx)\n",
-               why, d.elements, c.plan.codec.c_str(),
+               why, op.c_str(), d.elements, c.plan.codec.c_str(),
                std::string(to_string(c.plan.strategy)).c_str(), c.plan.partitions,
                c.measured ? "measured" : "predicted", PlanDecision::expected(c) * 1e3,
                d.raw_seconds * 1e3,
@@ -385,16 +409,16 @@ void Planner::Impl::log_decision(const PlanDecision& d, int rank, const char* wh
 }
 
 TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strategy strategy,
-                         int partitions, Tier tier) {
+                         int partitions, Tier tier, Operation op) {
   Impl& m = *impl_;
   m.ensure_calibrated(comm);
-  const Impl::Key key{n, threads, strategy, partitions, tier};
+  const Impl::Key key{n, threads, strategy, partitions, tier, op};
   {
     std::lock_guard lock(m.mu);
     auto it = m.decisions.find(key);
     if (it != m.decisions.end()) return it->second.chosen.plan;
   }
-  PlanDecision d = decide(n, comm.size(), threads, strategy, partitions, tier);
+  PlanDecision d = decide(n, comm.size(), threads, strategy, partitions, tier, op);
   m.log_decision(d, comm.rank(), tier == Tier::kHeavy ? "plan auto:heavy" : "plan");
   std::lock_guard lock(m.mu);
   if (d.contenders.size() > 1) {
@@ -405,8 +429,9 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
       for (std::size_t i = 0; i < d.contenders.size(); ++i) {
         list += fmt::format(" {} ({} runs)", plan_key(d.contenders[i].plan), e.runs()[i]);
       }
-      std::fprintf(stderr, "terse plan: exploring %zu floats (%s):%s\n", n,
-                   std::string(auto_codec(tier)).c_str(), list.c_str());
+      std::fprintf(stderr, "terse plan: exploring %s %zu floats (%s):%s\n",
+                   std::string(to_string(op)).c_str(), n, std::string(auto_codec(tier)).c_str(),
+                   list.c_str());
     }
     m.exploring.insert_or_assign(key, std::move(e));
   }
@@ -414,9 +439,9 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
 }
 
 bool Planner::exploring(std::size_t n, int threads, Strategy strategy, int partitions,
-                        Tier tier) const {
+                        Tier tier, Operation op) const {
   std::lock_guard lock(impl_->mu);
-  return impl_->exploring.count(Impl::Key{n, threads, strategy, partitions, tier}) > 0;
+  return impl_->exploring.count(Impl::Key{n, threads, strategy, partitions, tier, op}) > 0;
 }
 
 int Planner::Impl::advance_explorations(
@@ -429,15 +454,18 @@ int Planner::Impl::advance_explorations(
       continue;
     }
     const std::size_t n = it->first.n;
+    const Operation op = it->first.op;
     std::vector<std::vector<double>> round(e.contenders().size());
     for (std::size_t i = 0; i < round.size(); ++i) {
-      if (auto r = runs.find({n, plan_key(e.contenders()[i].plan)}); r != runs.end()) {
+      if (auto r = runs.find({n, planner::run_key(op, e.contenders()[i].plan)}); r != runs.end()) {
         round[i] = r->second;
       }
     }
     e.end_round(round);
     for (std::size_t i = 0; i < round.size(); ++i) {
-      if (const auto t = e.time(i)) measured[{n, plan_key(e.contenders()[i].plan)}] = *t;
+      if (const auto t = e.time(i)) {
+        measured[{n, planner::run_key(op, e.contenders()[i].plan)}] = *t;
+      }
     }
     if (!e.settled()) {
       if (options.log && rank == 0) {
@@ -448,8 +476,8 @@ int Planner::Impl::advance_explorations(
                                 e.time(i).value_or(0) * 1e3, e.runs()[i]);
           }
         }
-        std::fprintf(stderr, "terse plan: exploring %zu floats, round %d:%s\n", n, e.round() + 1,
-                     list.c_str());
+        std::fprintf(stderr, "terse plan: exploring %s %zu floats, round %d:%s\n",
+                     std::string(to_string(op)).c_str(), n, e.round() + 1, list.c_str());
       }
       ++it;
       continue;
@@ -466,8 +494,8 @@ int Planner::Impl::advance_explorations(
         list += t ? fmt::format(" {} {:.3f} ms", plan_key(e.contenders()[i].plan), *t * 1e3)
                   : fmt::format(" {} unmeasured", plan_key(e.contenders()[i].plan));
       }
-      std::fprintf(stderr, "terse plan: explored %zu floats (%s, %.2f s), measured:%s\n", n,
-                   e.why().c_str(), e.spent(), list.c_str());
+      std::fprintf(stderr, "terse plan: explored %s %zu floats (%s, %.2f s), measured:%s\n",
+                   std::string(to_string(op)).c_str(), n, e.why().c_str(), e.spent(), list.c_str());
     }
     log_decision(d, rank, it->first.tier == Tier::kHeavy ? "explored auto:heavy" : "explored");
     it = exploring.erase(it);
@@ -475,9 +503,9 @@ int Planner::Impl::advance_explorations(
   return changed;
 }
 
-void Planner::observe(std::size_t n, const TensorPlan& plan, double seconds) {
+void Planner::observe(std::size_t n, const TensorPlan& plan, double seconds, Operation op) {
   std::lock_guard lock(impl_->mu);
-  auto& v = impl_->observed[{n, plan_key(plan)}];
+  auto& v = impl_->observed[{n, planner::run_key(op, plan)}];
   if (v.size() < kMaxObservations) v.push_back(seconds);
 }
 
@@ -491,7 +519,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
   auto count_uses = [&] {
     std::map<Impl::Key, int> count;
     for (const auto& u : uses) {
-      const Impl::Key key{u.n, u.threads, u.strategy, u.partitions, u.tier};
+      const Impl::Key key{u.n, u.threads, u.strategy, u.partitions, u.tier, u.op};
       if (m.exploring.count(key) > 0) ++count[key];
     }
     int switched = 0;
@@ -559,7 +587,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
         continue;
       }
       const PlanCandidate& c = it->second.chosen;
-      auto a = agreed.find({it->first.n, plan_key(c.plan)});
+      auto a = agreed.find({it->first.n, planner::run_key(it->first.op, c.plan)});
       const double expected = PlanDecision::expected(c);
       if (a != agreed.end() && expected > 0 &&
           std::abs(a->second / expected - 1) > kRecheckThreshold) {
@@ -573,12 +601,12 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
   }
   for (const auto& d : replanned) {
     if (m.options.log && comm.rank() == 0) {
-      const double t = agreed.at({d.elements, plan_key(d.chosen.plan)});
+      const std::string key = planner::run_key(d.op, d.chosen.plan);
+      const double t = agreed.at({d.elements, key});
       std::fprintf(stderr,
                    "terse plan: re-check: %zu floats with %s took %.3f ms, expected %.3f ms: "
                    "re-planning\n",
-                   d.elements, plan_key(d.chosen.plan).c_str(), t * 1e3,
-                   PlanDecision::expected(d.chosen) * 1e3);
+                   d.elements, key.c_str(), t * 1e3, PlanDecision::expected(d.chosen) * 1e3);
     }
   }
   return changed + static_cast<int>(replanned.size());

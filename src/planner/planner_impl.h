@@ -24,6 +24,12 @@ namespace terse {
 // sizes models have.
 inline const std::vector<int> kPartitionChoices = {1, 2, 4, 8, 16};
 
+namespace planner {
+// The key of a plan's measured times: plan_key, qualified by the operation unless an allreduce
+// ("reduce_scatter:fp16/alltoall/1"), so that operations never share a measurement.
+std::string run_key(Operation op, const TensorPlan& plan);
+}  // namespace planner
+
 struct Planner::Impl {
   struct Key {
     std::size_t n;
@@ -31,6 +37,7 @@ struct Planner::Impl {
     Strategy strategy;
     int partitions;
     Tier tier;
+    Operation op;
     auto operator<=>(const Key&) const = default;
   };
 
@@ -46,7 +53,7 @@ struct Planner::Impl {
   std::unique_ptr<CostModel> model;
   std::map<Key, PlanDecision> decisions;
   std::map<Key, planner::Explorer> exploring;
-  // Observations since the last exchange, and agreed measured times, by (n, plan_key).
+  // Observations since the last exchange, and agreed measured times, by (n, run_key).
   std::map<std::pair<std::size_t, std::string>, std::vector<double>> observed;
   std::map<std::pair<std::size_t, std::string>, double> measured;
   std::uint64_t submissions = 0;

@@ -71,10 +71,18 @@ TEST_F(CollectiveOps, BadSizesAndOptionsAreRefusedAtOnceNamingTheOperation) {
   m = invalid([&] { engine.all_gather("w", ten, half); });
   EXPECT_TRUE(has(m, "one type")) << m;
   CollectiveOptions o;
-  // Options: codec auto, a multi-round codec, a strategy the operation has not.
+  // Options: codec auto for all_to_all (reduce_scatter and all_gather plan it), a strategy
+  // auto's search cannot have, a multi-round codec, a strategy the operation has not.
   o.codec = "auto";
+  m = invalid([&] { engine.all_to_all("t", ten, ten_count, other, ten_count, o); });
+  EXPECT_TRUE(has(m, "all_to_all of tensor 't'") && has(m, "codec auto")) << m;
+  o.strategy = Strategy::kAllgather;
   m = invalid([&] { engine.reduce_scatter("w", ten, other, o); });
-  EXPECT_TRUE(has(m, "codec auto")) << m;
+  EXPECT_TRUE(has(m, "reduce_scatter of tensor 'w'") && has(m, "no reduce-scatter")) << m;
+  o.strategy = Strategy::kRing;
+  m = invalid([&] { engine.all_gather("w", ten, other, o); });
+  EXPECT_TRUE(has(m, "all_gather of tensor 'w'") && has(m, "does not apply")) << m;
+  o.strategy = Strategy::kAuto;
   o.codec = "powersgd";
   m = invalid([&] { engine.all_gather("w", ten, other, o); });
   EXPECT_TRUE(has(m, "powersgd")) << m;

@@ -411,6 +411,196 @@ TEST(CostModel, RejectsWhatTheEngineWouldReject) {
   EXPECT_THROW(model.predict(1000, "none", Strategy::kAuto, 1, 4, 4), InvalidArgument);
 }
 
+// ---- reduce-scatter and all-gather -----------------------------------------------------------
+
+// A calibration that also holds minmax8: 8 bits a value plus a block header, about 4x fewer
+// bytes than fp32, encoded at `encode_ns` a value.
+Calibration with_minmax8(Calibration c, double encode_ns) {
+  CodecCosts k;
+  k.spec = make_codec("minmax8")->spec();
+  k.encode = line(2e-6, encode_ns * 1e-9);
+  k.decode = line(2e-6, 0.3e-9);
+  k.accumulate = line(2e-6, 0.35e-9);
+  k.bytes = line(24, 1.0);
+  c.codecs.push_back(k);
+  return c;
+}
+
+TEST(CostModel, ReduceScatterThroughAllToAllFollowsItsFormula) {
+  const Calibration c = with_minmax8(synthetic(125e6, 50e-6), 0.6);
+  const CostModel model(c);
+  const std::string spec = make_codec("minmax8")->spec();
+  const CodecCosts& k = *c.find(spec);
+  const std::size_t n = 1 << 20;  // input: 4 shards of 256 Ki floats
+  const double N = 4, s = n / N;
+  const Prediction p =
+      model.predict(n, spec, Strategy::kAllToAll, 1, 4, 4, Operation::kReduceScatter);
+  // One all-to-all of (N-1) payloads, then the status round of N-1 records of 24 bytes.
+  const double W = (N - 1) * k.bytes(s) + (N - 1) * 24;
+  const double C = (N - 1) * k.encode(s) + (N - 1) * k.accumulate(s) + c.add(s) + c.divide(s);
+  const double want = c.job_overhead + 2 * c.alpha + W * c.beta + C;
+  EXPECT_NEAR(p.bytes_sent, W, 1e-9);
+  EXPECT_NEAR(p.seconds, want, want * 1e-12);
+  // An all-gather of n floats of output, raw: each rank's shard to N-1 peers, one step.
+  const Prediction g = model.predict(n, "none", Strategy::kRaw, 1, 4, 4, Operation::kAllGather);
+  EXPECT_NEAR(g.bytes_sent, (N - 1) * 4 * s, 1e-9);
+  const double g_want = c.job_overhead + c.alpha + (N - 1) * 4 * s * c.beta + c.divide(N * s);
+  EXPECT_NEAR(g.seconds, g_want, g_want * 1e-12);
+}
+
+TEST(CostModel, AllToAllBeatsRawOnASlowLinkWithAFourTimesCodec) {
+  // 100 Mbit/s: minmax8's 4x fewer bytes decide.
+  const CostModel model(with_minmax8(synthetic(12.5e6, 100e-6), 0.6));
+  const std::string spec = make_codec("minmax8")->spec();
+  const std::size_t n = std::size_t{16} << 20;
+  const Prediction raw =
+      model.predict(n, "none", Strategy::kRaw, 1, 4, 4, Operation::kReduceScatter);
+  const Prediction a2a =
+      model.predict(n, spec, Strategy::kAllToAll, 1, 4, 4, Operation::kReduceScatter);
+  EXPECT_NEAR(raw.bytes_sent / a2a.bytes_sent, 4.0, 0.1);
+  EXPECT_LT(a2a.seconds, raw.seconds / 3);
+}
+
+TEST(CostModel, RawReduceScatterWinsOnAFastLinkWithASlowCodec) {
+  // 100 GB/s links and a codec that encodes at 20 ns a value: encoding costs more than the bytes
+  // it saves.
+  const CostModel model(with_minmax8(synthetic(100e9, 10e-6), 20));
+  const std::string spec = make_codec("minmax8")->spec();
+  const std::size_t n = std::size_t{16} << 20;
+  const Prediction raw =
+      model.predict(n, "none", Strategy::kRaw, 1, 4, 4, Operation::kReduceScatter);
+  for (Strategy s : {Strategy::kAllToAll, Strategy::kSharded, Strategy::kRing}) {
+    EXPECT_GT(model.predict(n, spec, s, 1, 4, 4, Operation::kReduceScatter).seconds,
+              2 * raw.seconds)
+        << to_string(s);
+  }
+}
+
+TEST(CostModel, ReduceScatterAndAllGatherCostAboutHalfAnAllreduce) {
+  // Bandwidth-bound (100 Mbit/s, 64 Mi floats): an allreduce is a reduce-scatter and an
+  // all-gather, each of which sends half its bytes.
+  const CostModel model(synthetic(12.5e6, 100e-6));
+  const std::string onebit = make_codec("onebit:ef=1")->spec();
+  const std::size_t n = std::size_t{64} << 20;
+  auto ratio = [&](std::string_view codec, Strategy half, Operation op, Strategy whole) {
+    const Prediction h = model.predict(n, codec, half, 1, 4, 4, op);
+    const Prediction w = model.predict(n, codec, whole, 1, 4, 4);
+    EXPECT_NEAR(h.bytes_sent / w.bytes_sent, 0.5, 0.01) << to_string(op) << " " << codec;
+    return h.seconds / w.seconds;
+  };
+  EXPECT_NEAR(ratio("none", Strategy::kRaw, Operation::kReduceScatter, Strategy::kRaw), 0.5, 0.05);
+  EXPECT_NEAR(ratio("none", Strategy::kRaw, Operation::kAllGather, Strategy::kRaw), 0.5, 0.05);
+  EXPECT_NEAR(ratio(onebit, Strategy::kSharded, Operation::kReduceScatter, Strategy::kSharded), 0.5,
+              0.05);
+  EXPECT_NEAR(ratio(onebit, Strategy::kAllToAll, Operation::kReduceScatter, Strategy::kSharded),
+              0.5, 0.05);
+  // The ring's reduce-scatter sends N payloads of a shard (the last one to its reader), not
+  // N - 1: 4/6 of the allreduce's at N = 4.
+  const Prediction ring_rs =
+      model.predict(n, onebit, Strategy::kRing, 1, 4, 4, Operation::kReduceScatter);
+  const Prediction ring_ar = model.predict(n, onebit, Strategy::kRing, 1, 4, 4);
+  EXPECT_NEAR(ring_rs.bytes_sent / ring_ar.bytes_sent, 4.0 / 6.0, 0.01);
+}
+
+TEST(CostModel, CollectivesRefuseStrategiesTheyHaveNot) {
+  Calibration c = synthetic(125e6, 50e-6);
+  testing::add_powersgd(c);
+  const CostModel model(c);
+  const std::string onebit = make_codec("onebit:ef=1")->spec();
+  const auto rs = Operation::kReduceScatter, ag = Operation::kAllGather;
+  EXPECT_THROW(model.predict(4096, onebit, Strategy::kAllgather, 1, 4, 4, rs), InvalidArgument);
+  EXPECT_THROW(model.predict(4096, onebit, Strategy::kSummable, 1, 4, 4, rs), InvalidArgument);
+  EXPECT_THROW(model.predict(4096, onebit, Strategy::kSharded, 1, 4, 4, ag), InvalidArgument);
+  EXPECT_THROW(
+      model.predict(4096, make_codec("powersgd")->spec(), Strategy::kAllgather, 1, 4, 4, ag),
+      InvalidArgument);
+  EXPECT_THROW(model.predict(4096, onebit, Strategy::kAllToAll, 1, 4, 4), InvalidArgument);
+  EXPECT_NO_THROW(
+      model.predict(4096, make_codec("fp16")->spec(), Strategy::kSummable, 1, 4, 4, rs));
+}
+
+TEST(Planner, CollectivesChooseAmongTheirOwnStrategies) {
+  PlannerOptions o;
+  o.allowed = {"fp16", "onebit:ef=1", "minmax8", "powersgd"};
+  o.heavy = {"none"};
+  o.cache_path = "-";
+  Calibration c = with_minmax8(synthetic(12.5e6, 100e-6), 0.6);
+  testing::add_powersgd(c);
+  const auto planner = PlannerAccess::with_calibration(o, c);
+  const std::size_t n = std::size_t{16} << 20;
+  const PlanDecision rs =
+      planner->decide(n, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kReduceScatter);
+  EXPECT_EQ(rs.op, Operation::kReduceScatter);
+  std::set<Strategy> seen;
+  for (const auto& cand : rs.ranked) {
+    seen.insert(cand.plan.strategy);
+    EXPECT_EQ(cand.plan.codec.find("powersgd"), std::string::npos);  // no shard of its rounds
+  }
+  EXPECT_EQ(seen, (std::set<Strategy>{Strategy::kRaw, Strategy::kAllToAll, Strategy::kSharded,
+                                      Strategy::kRing, Strategy::kSummable}));
+  EXPECT_NE(rs.chosen.plan.codec, "none");  // 100 Mbit/s: compression pays
+  const PlanDecision ag =
+      planner->decide(n, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather);
+  seen.clear();
+  for (const auto& cand : ag.ranked) seen.insert(cand.plan.strategy);
+  EXPECT_EQ(seen, (std::set<Strategy>{Strategy::kRaw, Strategy::kAllgather}));
+  EXPECT_EQ(ag.chosen.plan.strategy, Strategy::kAllgather);
+  // Partitions are pieces of a shard: a shard of 4 Ki floats has at most 64 pieces of 64.
+  const PlanDecision small =
+      planner->decide(16384, 4, 4, Strategy::kAuto, 200, Tier::kLight, Operation::kReduceScatter);
+  EXPECT_EQ(small.chosen.plan.partitions, 64);
+  // Tiny tensors stay raw, as for an allreduce.
+  EXPECT_EQ(planner->decide(1000, 4, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather)
+                .chosen.plan.codec,
+            "none");
+  // A restriction no allowed codec has for the operation.
+  EXPECT_THROW(
+      planner->decide(n, 4, 4, Strategy::kAllgather, 0, Tier::kLight, Operation::kReduceScatter),
+      InvalidArgument);
+}
+
+TEST(Planner, AnAllreduceAndAReduceScatterOfOneSizeNeverShareMeasurements) {
+  const std::string dir = testing::temp_dir();
+  CommunicatorOptions co;
+  co.timeout = 5s;
+  auto comm = Communicator::create(0, 1, make_file_store(dir), co);
+  PlannerOptions o;
+  o.allowed = {"fp16", "onebit:ef=1"};
+  o.heavy = {"none"};
+  o.cache_path = "-";
+  o.explore_seconds = 0;
+  const auto planner = PlannerAccess::with_calibration(o, synthetic(12.5e6, 100e-6, 1));
+  PlannerAccess::set_recheck_interval(*planner, 1);  // every submission exchanges
+  const std::size_t n = std::size_t{1} << 22;
+  const auto rs = Operation::kReduceScatter;
+  const TensorPlan plan = planner->plan(*comm, n, 4, Strategy::kAuto, 0, Tier::kLight, rs);
+  auto measured = [&](const PlanDecision& d, const TensorPlan& p) -> std::optional<double> {
+    for (const auto& c : d.ranked) {
+      if (plan_key(c.plan) == plan_key(p)) return c.measured;
+    }
+    return std::nullopt;
+  };
+  // The reduce-scatter's time, reported and agreed: its own decision sees it, the allreduce's
+  // of the same size and plan does not.
+  planner->observe(n, plan, 0.125, rs);
+  const Planner::Use use{n, 4, Strategy::kAuto, 0, Tier::kLight, rs};
+  planner->before_submission(*comm, std::span(&use, 1));
+  EXPECT_EQ(measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, Tier::kLight, rs), plan), 0.125);
+  ASSERT_NE(plan.strategy, Strategy::kAllToAll);  // one rank: raw, a plan an allreduce has too
+  EXPECT_EQ(measured(planner->decide(n, 1, 4), plan), std::nullopt);
+  // An allreduce's time of a plan an all-gather has too stays the allreduce's.
+  const TensorPlan raw{"none", Strategy::kRaw, 1, false};
+  planner->observe(n, raw, 0.25);
+  planner->before_submission(*comm);
+  EXPECT_EQ(measured(planner->decide(n, 1, 4), raw), 0.25);
+  EXPECT_EQ(
+      measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather),
+               raw),
+      std::nullopt);
+  comm.reset();
+  std::filesystem::remove_all(dir);
+}
+
 // ---- decisions ------------------------------------------------------------------------------
 
 PlannerOptions options() {
@@ -1103,6 +1293,14 @@ void expect_scenario_passes(int n, const std::string& scenario) {
 TEST_P(Ranks, AutoStaysRawWhereCompressionLoses) { expect_scenario_passes(GetParam(), "loses"); }
 
 TEST_P(Ranks, AutoRunsPowerSgdWhereItPays) { expect_scenario_passes(GetParam(), "powersgd"); }
+
+TEST_P(Ranks, AutoReduceScatterAndAllGatherAgreeAndEqualTheChosenPlan) {
+  expect_scenario_passes(GetParam(), "collectives");
+}
+
+TEST_P(Ranks, AutoAgainstANamedCodecFailsEveryRankNamingTheOperation) {
+  expect_scenario_passes(GetParam(), "collective_mismatch");
+}
 
 TEST_P(Ranks, SwitchingBetweenAutoAndAutoHeavyKeepsReplicasIdenticalAndErrorFeedback) {
   expect_scenario_passes(GetParam(), "tiers");

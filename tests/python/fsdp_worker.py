@@ -84,7 +84,8 @@ def scenario_train(args):
     result = {}
     for codec in args.codecs:
         spec = None if codec == "default" else codec
-        model, state = sharded(codec=spec, all_gather_codec=args.all_gather_codec)
+        knobs = {"auto_codecs": args.auto_codecs.split(",")} if args.auto_codecs else {}
+        model, state = sharded(codec=spec, all_gather_codec=args.all_gather_codec, **knobs)
         gathered = []
         if args.all_gather_codec:
             # The weight FSDP gathered for this forward (the unsharded parameter).
@@ -185,6 +186,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--all-gather-codec", default=None)
+    p.add_argument("--auto-codecs", default=None, help="codec auto's allowed specs, by commas")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

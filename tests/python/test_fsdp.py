@@ -86,6 +86,24 @@ def test_quantized_all_gather_gives_every_rank_the_same_weights(quantized_gather
     assert len({r["minmax8:ef=1"]["digest"] for r in quantized_gather}) == 1
 
 
+def test_auto_codec_plans_reduce_scatter_and_all_gather_alike_on_every_rank(tmp_path):
+    results = launch(2, ["train", "auto", "--all-gather-codec", "auto",
+                         "--auto-codecs", "minmax8,fp16"], tmp_path, worker=WORKER)
+    assert len({r["auto"]["digest"] for r in results}) == 1
+    for r in results:
+        assert r["auto"]["reduce_scatters"] > 0 and r["auto"]["all_gathers"] > 0
+        losses = r["auto"]["losses"]
+        assert losses[-1] < 0.95 * losses[0], losses
+
+
+def test_auto_all_gather_refuses_codecs_that_keep_state():
+    import terse
+    import terse.fsdp
+    with pytest.raises(terse.InvalidArgument, match="onebit"):
+        terse.fsdp.TerseFSDPState(codec="none", all_gather_codec="auto",
+                                  auto_codecs=["minmax8", "onebit:ef=1"])
+
+
 def test_restored_state_continues_identically(tmp_path):
     results = launch(2, ["checkpoint", "minmax8:ef=1"], tmp_path, worker=WORKER)
     for r in results:

@@ -18,6 +18,11 @@
 //           links' measurement made 1000x slow (a disturbed sweep) is measured again and the
 //           faster kept; so is an engine byte made 1000x slow; the same on every rank. Not
 //           paced, both are kept
+//   collectives  codec "auto" reduce_scatter and all_gather: plans agree, results equal the
+//           chosen plan's run with its codec named; exploration settles on the real links with
+//           every contender measured, apart from an allreduce's decisions of the same size
+//   collective_mismatch  one rank "auto", the others a codec: MismatchError naming the
+//           operation on every rank
 // Prints "OK rank R SCENARIO" on success; "CHECK FAILED: ..." and exit 2 otherwise.
 #include <fmt/format.h>
 
@@ -37,6 +42,7 @@
 #include "planner/synthetic.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/error.h"
 #include "terse/planner.h"
 #include "worker_check.h"
 
@@ -391,11 +397,218 @@ int scenario_links(Communicator& comm) {
   return 0;
 }
 
+// Codec "auto" reduce_scatter and all_gather. First with the model's choice under a 100 Mbit/s
+// calibration (no exploration): every rank plans the same, the tiny shards go raw and the large
+// ones compressed, and the results equal those of the chosen plan run with its codec named,
+// on a fresh engine (the same name, step and state: bit for bit), all_gather's on every rank.
+// Then with exploration on the real links: each operation explores, settles at the same step on
+// every rank, every contender is measured, and no allreduce decision of the same size saw
+// those measurements.
+int scenario_collectives(Communicator& comm) {
+  const int N = comm.size(), r = comm.rank();
+  const auto rs = Operation::kReduceScatter, ag = Operation::kAllGather;
+  PlannerOptions po;
+  po.allowed = {"fp16", "onebit:ef=1"};
+  po.heavy = {"none"};
+  po.explore_seconds = 0;
+  const Calibration slow = testing::synthetic(12.5e6, 100e-6, N);
+  std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, slow);
+  std::string plans;
+  {
+    Engine engine = engine_with(comm, planner);
+    EngineOptions eo;
+    eo.threads = kThreads;
+    Engine fixed(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
+    for (const std::size_t shard : {std::size_t{100}, std::size_t{1} << 16}) {
+      const std::size_t total = N * shard;
+      const std::string name = fmt::format("s{}", shard);
+      const std::uint64_t key = fnv1a64(name);
+      CollectiveOptions o;
+      o.codec = "auto";
+      auto same_as_named = [&](const TensorPlan& p) {
+        CollectiveOptions f;
+        f.codec = p.codec;
+        f.strategy = p.strategy;
+        f.partitions = p.partitions;
+        return f;
+      };
+      std::vector<float> x(total), y(shard), z(shard);
+      for (std::size_t i = 0; i < total; ++i) x[i] = value(r, key, i);
+      engine.reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(y)), o).wait();
+      const TensorPlan p =
+          planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, rs);
+      comm.barrier("fixed");
+      fixed
+          .reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(z)),
+                          same_as_named(p))
+          .wait();
+      check(y == z, fmt::format("reduce_scatter of {} with auto ({}) differs from the plan named",
+                                name, plan_key(p)));
+      double err = 0, norm = 0;
+      for (std::size_t i = 0; i < shard; ++i) {
+        double exact = 0;
+        for (int q = 0; q < N; ++q) exact += value(q, key, r * shard + i);
+        exact /= N;
+        err += (y[i] - exact) * (y[i] - exact);
+        norm += exact * exact;
+      }
+      const double rel = std::sqrt(err / std::max(norm, 1e-30));
+      check(rel <= (p.codec == "none" ? 1e-5 : 1.5),
+            fmt::format("reduce_scatter of {} ({}): relative error {}", name, plan_key(p), rel));
+      plans += fmt::format("reduce_scatter {} {}\n", total, plan_key(p));
+
+      std::vector<float> in(x.begin(), x.begin() + shard), out(total), out2(total);
+      engine.all_gather(name, TensorView(std::span(in)), TensorView(std::span(out)), o).wait();
+      const TensorPlan g =
+          planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, ag);
+      comm.barrier("fixed");
+      fixed
+          .all_gather(name, TensorView(std::span(in)), TensorView(std::span(out2)),
+                      same_as_named(g))
+          .wait();
+      check(out == out2, fmt::format("all_gather of {} with auto ({}) differs from the plan named",
+                                     name, plan_key(g)));
+      check_same_everywhere(comm, std::to_string(digest(out)),
+                            fmt::format("all_gather of {}", name));
+      plans += fmt::format("all_gather {} {}\n", total, plan_key(g));
+    }
+    // A strategy and partitions given with "auto" restrict the search to them.
+    {
+      const std::size_t shard = std::size_t{1} << 16, total = N * shard;
+      std::vector<float> x(total, 0.5f), y(shard);
+      CollectiveOptions o;
+      o.codec = "auto";
+      o.strategy = Strategy::kRing;
+      o.partitions = 3;
+      engine.reduce_scatter("restricted", TensorView(std::span(x)), TensorView(std::span(y)), o)
+          .wait();
+      const auto& decisions = PlannerAccess::impl(*planner).decisions;
+      const auto d = decisions.find({total, kThreads, Strategy::kRing, 3, Tier::kLight, rs});
+      check(d != decisions.end(), "the engine did not ask for a ring of 3 partitions");
+      const TensorPlan& p = d->second.chosen.plan;
+      check(p.strategy == Strategy::kRing && p.partitions == 3 && p.codec != "none",
+            "a restricted reduce_scatter went " + plan_key(p));
+    }
+    engine.synchronize();
+    fixed.synchronize();
+  }
+  check_same_everywhere(comm, plans, "plans");
+  const std::size_t large = N * (std::size_t{1} << 16);
+  check(plans.find(fmt::format("reduce_scatter {} none/raw/", N * 100)) != std::string::npos &&
+            plans.find(fmt::format("all_gather {} none/raw/", N * 100)) != std::string::npos,
+        "a tiny shard did not go raw:\n" + plans);
+  check(plans.find(fmt::format("reduce_scatter {} none/", large)) == std::string::npos &&
+            plans.find(fmt::format("all_gather {} none/", large)) == std::string::npos,
+        "a large shard at 100 Mbit/s did not compress:\n" + plans);
+
+  // Exploration, measured on this machine's links.
+  po.explore_seconds = 0.05;
+  planner = PlannerAccess::with_calibration(po, slow);
+  std::string settled;
+  {
+    Engine engine = engine_with(comm, planner);
+    for (const Operation op : {rs, ag}) {
+      const std::string name = fmt::format("explored {}", to_string(op));
+      const std::size_t shard = std::size_t{1} << 16, total = N * shard;
+      const std::vector<PlanCandidate> contenders =
+          planner->decide(total, N, kThreads, Strategy::kAuto, 0, Tier::kLight, op).contenders;
+      CollectiveOptions o;
+      o.codec = "auto";
+      std::vector<float> x(total), y(total);
+      std::uint64_t step = 0;
+      for (; step < 3 || planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight, op);
+           ++step) {
+        check(step < 400, name + ": still exploring after 400 steps");
+        for (std::size_t i = 0; i < total; ++i) x[i] = value(r, step, i);
+        if (op == rs) {
+          engine
+              .reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(y).first(shard)),
+                              o)
+              .wait();
+        } else {
+          engine
+              .all_gather(name, TensorView(std::span(x).first(shard)), TensorView(std::span(y)), o)
+              .wait();
+          check_same_everywhere(comm, std::to_string(digest(y)), name + ": result");
+        }
+      }
+      const PlanDecision d =
+          planner->decide(total, N, kThreads, Strategy::kAuto, 0, Tier::kLight, op);
+      for (const auto& c : contenders) {
+        const auto m = std::find_if(d.ranked.begin(), d.ranked.end(), [&](const auto& cand) {
+          return plan_key(cand.plan) == plan_key(c.plan);
+        });
+        check(
+            m != d.ranked.end() && m->measured.has_value(),
+            fmt::format("{}: contender {} was explored but not measured", name, plan_key(c.plan)));
+      }
+      check(contenders.size() > 1, name + ": nothing to explore");
+      settled += fmt::format(
+          "{} {} after {} steps\n", name,
+          plan_key(planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, op)),
+          step);
+    }
+    engine.synchronize();
+  }
+  // No allreduce ran: none of its candidates of that size has a measured time.
+  for (const auto& c : planner->decide(large, N, kThreads).ranked) {
+    check(!c.measured,
+          "an allreduce candidate took a collective's measurement: " + plan_key(c.plan));
+  }
+  check_same_everywhere(comm, settled, "settled plans");
+  std::printf("OK rank %d collectives\n%s%s", r, r == 0 ? plans.c_str() : "",
+              r == 0 ? settled.c_str() : "");
+  return 0;
+}
+
+// One rank asks for codec "auto", the others name a codec: every rank fails with a
+// MismatchError naming the operation, before any of them plans (nobody waits in the planner).
+int scenario_collective_mismatch(Communicator& comm) {
+  PlannerOptions po;
+  po.allowed = {"fp16", "onebit:ef=1"};
+  po.heavy = {"none"};
+  po.explore_seconds = 0;
+  std::shared_ptr<Planner> planner =
+      PlannerAccess::with_calibration(po, testing::synthetic(12.5e6, 100e-6, comm.size()));
+  Engine engine = engine_with(comm, planner);
+  const std::size_t shard = 4096, total = comm.size() * shard;
+  std::vector<float> x(total, 1.0f), y(total);
+  CollectiveOptions o;
+  o.codec = comm.rank() == 0 ? "auto" : "fp16";
+  for (const char* op : {"reduce_scatter", "all_gather"}) {
+    try {
+      if (std::string(op) == "reduce_scatter") {
+        engine
+            .reduce_scatter("m", TensorView(std::span(x)), TensorView(std::span(y).first(shard)), o)
+            .wait();
+      } else {
+        engine.all_gather("m", TensorView(std::span(x).first(shard)), TensorView(std::span(y)), o)
+            .wait();
+      }
+      fail(fmt::format("{} with codec auto against {}: no error", op, o.codec));
+    } catch (const MismatchError& e) {
+      check(std::string(e.what()).find(op) != std::string::npos &&
+                std::string(e.what()).find("codec auto") != std::string::npos,
+            fmt::format("the mismatch does not name {} and codec auto: {}", op, e.what()));
+    }
+  }
+  // The communicator is still usable, and the planner was never asked.
+  check(!planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight,
+                            Operation::kReduceScatter),
+        "the planner was asked");
+  comm.barrier("after");
+  std::printf("OK rank %d collective_mismatch\n", comm.rank());
+  engine.synchronize();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: planner_worker auto|loses|powersgd|tiers|trace|links\n");
+    std::fprintf(stderr,
+                 "usage: planner_worker "
+                 "auto|loses|powersgd|tiers|trace|links|collectives|collective_mismatch\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -414,6 +627,10 @@ int main(int argc, char** argv) {
       rc = scenario_trace(*comm);
     } else if (scenario == "links") {
       rc = scenario_links(*comm);
+    } else if (scenario == "collectives") {
+      rc = scenario_collectives(*comm);
+    } else if (scenario == "collective_mismatch") {
+      rc = scenario_collective_mismatch(*comm);
     } else {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     }
