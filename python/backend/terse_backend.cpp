@@ -687,33 +687,50 @@ class TerseBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                          std::function<void()> task) {
     auto work = c10::make_intrusive<TerseWork>(type, std::move(outputs));
+    std::vector<c10::intrusive_ptr<TerseWork>> finished;  // released here, in a Python thread
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.emplace_back([work, task = std::move(task)] {
-        try {
-          task();
-        } catch (...) {
-          work->fail(std::current_exception());
-          return;
-        }
-        work->complete();
-      });
+      finished.swap(finished_);
+      queue_.push_back(Queued{work, std::move(task)});
     }
     ready_.notify_one();
     return work;
   }
 
+  // Runs the queued operations. This thread never drops the last reference to a tensor after
+  // completing a Work: releasing a tensor that has a Python object takes the GIL, and once the
+  // Work completes, the Python thread waiting on it may raise, end the program and finalize the
+  // interpreter, which ends any other thread that then asks for the GIL with pthread_exit, whose
+  // unwinding through this thread's noexcept frames calls std::terminate. So an operation's
+  // captured tensors are dropped before its Work completes, and the Work itself is handed to
+  // finished_, which the next enqueue() or the destructor clears.
   void run() {
     for (;;) {
-      std::function<void()> task;
+      Queued next;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopping, and every queued operation ran
-        task = std::move(queue_.front());
+        next = std::move(queue_.front());
         queue_.pop_front();
       }
-      task();
+      std::exception_ptr error;
+      try {
+        next.task();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      next.task = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        finished_.push_back(next.work);
+      }
+      if (error) {
+        next.work->fail(error);
+      } else {
+        next.work->complete();
+      }
+      next.work.reset();  // finished_ holds it
     }
   }
 
@@ -724,7 +741,12 @@ class TerseBackend : public c10d::Backend {
 
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<std::function<void()>> queue_;
+  struct Queued {
+    c10::intrusive_ptr<TerseWork> work;
+    std::function<void()> task;
+  };
+  std::deque<Queued> queue_;
+  std::vector<c10::intrusive_ptr<TerseWork>> finished_;  // completed; released by Python threads
   bool stopping_ = false;
   std::thread worker_;
 };

@@ -260,7 +260,20 @@ def scenario_fsdp(args) -> dict:
     return {"losses": losses, "digest": digest(params)}
 
 
-SCENARIOS = {"collectives": scenario_collectives, "ddp": scenario_ddp, "fsdp": scenario_fsdp}
+def scenario_uncaught(args) -> dict:
+    """Rank 0 expects one element more from rank 1 than it sends in a compressed all_to_all: the
+    MismatchError reaches every rank, and nobody catches it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    send, recv = [LARGE] * world, [LARGE] * world
+    if rank == 0:
+        recv[1] += 1
+    o = torch.empty(sum(recv))
+    dist.all_to_all_single(o, data(sum(send)), output_split_sizes=recv, input_split_sizes=send)
+    return {}
+
+
+SCENARIOS = {"collectives": scenario_collectives, "ddp": scenario_ddp, "fsdp": scenario_fsdp,
+             "uncaught": scenario_uncaught}
 
 
 def main() -> None:
