@@ -19,8 +19,12 @@
 // Policy (BackendOptions): a float32/float16/bfloat16 reduction (allreduce, reduce_scatter) of at
 // least min_bytes that the caller did not mark exact is compressed with `codec`; every other
 // reduction travels raw (engine codec "none"; other dtypes gathered and summed in rank order, the
-// same on every rank). all-gathers use `all_gather_codec` under the same rule ("none" by default);
-// broadcast, all-to-all and barrier move bytes unchanged.
+// same on every rank). all-gathers use `all_gather_codec` under the same rule ("none" by default).
+// An all-to-all of such a dtype uses `all_to_all_codec` for each block of at least min_bytes
+// (a block's size is known alike to its sender and its receiver, so both make the same choice
+// without a word): those blocks go through the engine's all_to_all (each encoded once by its
+// sender and decoded by its receiver, a rank's own block exact), the smaller ones as they are
+// through the byte communicator, at the same time. Broadcast and barrier move bytes unchanged.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/utils/pybind.h>
@@ -91,6 +95,7 @@ class C10dStore : public terse::Store {
 struct BackendOptions {
   std::string codec = "fp16";
   std::string all_gather_codec = "none";
+  std::string all_to_all_codec = "fp16";
   std::size_t min_bytes = std::size_t{64} << 10;
   int threads = 0;
   double timeout_seconds = 0;  // 0: the process group's timeout
@@ -403,8 +408,9 @@ class TerseBackend : public c10d::Backend {
       in_offset += send[r];
       out_offset += recv[r];
     }
+    const std::string codec = all_to_all_codec(input);
     return enqueue(c10d::OpType::ALLTOALL_BASE, {output},
-                   [this, ins, outs] { exchange(ins, outs, "all_to_all_single"); });
+                   [this, ins, outs, codec] { exchange(ins, outs, codec, "all_to_all_single"); });
   }
 
   c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input,
@@ -428,11 +434,14 @@ class TerseBackend : public c10d::Backend {
       check_tensor("all_to_all", outputs[r]);
       TORCH_CHECK(inputs[r].scalar_type() == outputs[r].scalar_type(),
                   "terse backend: all_to_all: input and output dtypes differ");
+      TORCH_CHECK(inputs[r].scalar_type() == inputs[0].scalar_type(),
+                  "terse backend: all_to_all: the tensors' dtypes differ");
       ins.push_back(inputs[r].view(-1));
       outs.push_back(outputs[r].view(-1));
     }
+    const std::string codec = all_to_all_codec(inputs[0]);
     return enqueue(c10d::OpType::ALLTOALL, outputs,
-                   [this, ins, outs] { exchange(ins, outs, "all_to_all"); });
+                   [this, ins, outs, codec] { exchange(ins, outs, codec, "all_to_all"); });
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
@@ -516,6 +525,12 @@ class TerseBackend : public c10d::Backend {
     };
   }
 
+  // The codec of an all-to-all's large blocks: none for exact calls and other dtypes.
+  std::string all_to_all_codec(const at::Tensor& t) const {
+    if (exact_calls || !engine_dtype(t.scalar_type())) return "none";
+    return options_.all_to_all_codec;
+  }
+
   std::string codec_for(const at::Tensor& t, const std::string& codec) const {
     if (exact_calls || !engine_dtype(t.scalar_type())) return "none";
     return static_cast<std::size_t>(t.nbytes()) >= options_.min_bytes ? codec : "none";
@@ -586,54 +601,136 @@ class TerseBackend : public c10d::Backend {
     return TensorView(t.data_ptr(), t.numel(), to_dtype(t.scalar_type()));
   }
 
-  // outs[r] = rank r's ins[this rank], raw (the backend's all-to-all carries no codec).
+  // outs[r] = rank r's ins[this rank]. With a codec, the blocks of at least min_bytes go through
+  // the engine's all_to_all (under one name per operation and dtype, so that calls with other
+  // splits are the same tensor to it) and the others raw through the byte communicator, both at
+  // once; without, every block raw.
   void exchange(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs,
-                const char* op) {
-    const std::uint64_t tag = ++exchanges_;
-    std::vector<Request> requests;
+                const std::string& codec, const char* op) {
+    TORCH_CHECK(outs[rank_].numel() == ins[rank_].numel(), "terse backend: ", op, ": rank ", rank_,
+                " sends itself ", ins[rank_].numel(), " elements into ", outs[rank_].numel());
+    // A block's size is known alike to its sender (what it sends) and its receiver (what it
+    // expects); where the splits disagree, the engine's all_to_all reports the mismatch.
+    auto coded = [&](const at::Tensor& t) {
+      return codec != "none" && static_cast<std::size_t>(t.nbytes()) >= options_.min_bytes;
+    };
+    std::vector<std::size_t> send(size_, 0), recv(size_, 0);
+    std::vector<at::Tensor> send_blocks, recv_blocks;
     for (int r = 0; r < size_; ++r) {
-      if (r == rank_) {
-        TORCH_CHECK(outs[r].numel() == ins[r].numel(), "terse backend: ", op, ": rank ", rank_,
-                    " sends itself ", ins[r].numel(), " elements into ", outs[r].numel());
-        outs[r].copy_(ins[r]);
-        continue;
+      if (coded(ins[r])) {
+        send[r] = static_cast<std::size_t>(ins[r].numel());
+        send_blocks.push_back(ins[r]);
       }
-      requests.push_back(bytes_->recv(r, tag, bytes_of(outs[r]), op));
-      requests.push_back(bytes_->send(r, tag, bytes_of(ins[r]), op));
+      if (coded(outs[r])) {
+        recv[r] = static_cast<std::size_t>(outs[r].numel());
+        recv_blocks.push_back(outs[r]);
+      }
     }
-    for (Request& request : requests) request.wait();
+    Handle engine_done;
+    at::Tensor packed_in, packed_out;
+    bool out_in_place = true;
+    if (codec != "none") {
+      packed_in = packed(send_blocks, ins[0], true);
+      packed_out = packed(recv_blocks, outs[0], false);
+      out_in_place = recv_blocks.empty() || packed_out.data_ptr() == recv_blocks[0].data_ptr();
+      CollectiveOptions o;
+      o.codec = codec;
+      engine_done = engine_->all_to_all(std::string(op) + ":" + c10::toString(ins[0].scalar_type()),
+                                        view_of(packed_in), send, view_of(packed_out), recv, o);
+    }
+    try {
+      const std::uint64_t tag = ++exchanges_;
+      std::vector<Request> requests;
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) {
+          if (send[r] == 0) outs[r].copy_(ins[r]);
+          continue;
+        }
+        if (recv[r] == 0) requests.push_back(bytes_->recv(r, tag, bytes_of(outs[r]), op));
+        if (send[r] == 0) requests.push_back(bytes_->send(r, tag, bytes_of(ins[r]), op));
+      }
+      for (Request& request : requests) request.wait();
+    } catch (...) {
+      // The engine may still use the packed tensors: let it finish before they go. Its error
+      // (splits that disagree) explains a raw block that never came better than the timeout.
+      if (codec != "none") engine_done.wait();
+      throw;
+    }
+    if (codec == "none") return;
+    engine_done.wait();
+    if (out_in_place) return;
+    std::int64_t offset = 0;
+    for (const at::Tensor& block : recv_blocks) {
+      block.copy_(packed_out.narrow(0, offset, block.numel()));
+      offset += block.numel();
+    }
+  }
+
+  // The blocks as one flat tensor: a view of them when they lie one after another in memory (an
+  // all_to_all_single whose blocks all take the codec), else a new tensor holding a copy of them
+  // (`copy`) or nothing yet; `like` gives the dtype.
+  static at::Tensor packed(const std::vector<at::Tensor>& blocks, const at::Tensor& like,
+                           bool copy) {
+    if (blocks.empty()) return at::empty({0}, like.options());
+    std::int64_t total = 0;
+    bool adjacent = true;
+    const auto* next = static_cast<const std::byte*>(blocks[0].data_ptr());
+    for (const at::Tensor& b : blocks) {
+      adjacent = adjacent && static_cast<const std::byte*>(b.data_ptr()) == next;
+      next = static_cast<const std::byte*>(b.data_ptr()) + b.nbytes();
+      total += b.numel();
+    }
+    if (adjacent) return at::from_blob(blocks[0].data_ptr(), {total}, blocks[0].options());
+    return copy ? at::cat(blocks) : at::empty({total}, blocks[0].options());
   }
 
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
                                          std::function<void()> task) {
     auto work = c10::make_intrusive<TerseWork>(type, std::move(outputs));
+    std::vector<c10::intrusive_ptr<TerseWork>> finished;  // released here, in a Python thread
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.emplace_back([work, task = std::move(task)] {
-        try {
-          task();
-        } catch (...) {
-          work->fail(std::current_exception());
-          return;
-        }
-        work->complete();
-      });
+      finished.swap(finished_);
+      queue_.push_back(Queued{work, std::move(task)});
     }
     ready_.notify_one();
     return work;
   }
 
+  // Runs the queued operations. This thread never drops the last reference to a tensor after
+  // completing a Work: releasing a tensor that has a Python object takes the GIL, and once the
+  // Work completes, the Python thread waiting on it may raise, end the program and finalize the
+  // interpreter, which ends any other thread that then asks for the GIL with pthread_exit, whose
+  // unwinding through this thread's noexcept frames calls std::terminate. So an operation's
+  // captured tensors are dropped before its Work completes, and the Work itself is handed to
+  // finished_, which the next enqueue() or the destructor clears.
   void run() {
     for (;;) {
-      std::function<void()> task;
+      Queued next;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;  // stopping, and every queued operation ran
-        task = std::move(queue_.front());
+        next = std::move(queue_.front());
         queue_.pop_front();
       }
-      task();
+      std::exception_ptr error;
+      try {
+        next.task();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      next.task = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        finished_.push_back(next.work);
+      }
+      if (error) {
+        next.work->fail(error);
+      } else {
+        next.work->complete();
+      }
+      next.work.reset();  // finished_ holds it
     }
   }
 
@@ -644,7 +741,12 @@ class TerseBackend : public c10d::Backend {
 
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<std::function<void()>> queue_;
+  struct Queued {
+    c10::intrusive_ptr<TerseWork> work;
+    std::function<void()> task;
+  };
+  std::deque<Queued> queue_;
+  std::vector<c10::intrusive_ptr<TerseWork>> finished_;  // completed; released by Python threads
   bool stopping_ = false;
   std::thread worker_;
 };
@@ -659,19 +761,22 @@ PYBIND11_MODULE(_backend, m) {
   py::module_::import("torch.distributed");
   py::class_<TerseBackend, c10d::Backend, c10::intrusive_ptr<TerseBackend>>(m, "TerseBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::string codec, std::string all_gather_codec, std::size_t min_bytes,
-                       int threads, double timeout_seconds) {
+                       std::string codec, std::string all_gather_codec,
+                       std::string all_to_all_codec, std::size_t min_bytes, int threads,
+                       double timeout_seconds) {
              BackendOptions o;
              o.codec = std::move(codec);
              o.all_gather_codec = std::move(all_gather_codec);
+             o.all_to_all_codec = std::move(all_to_all_codec);
              o.min_bytes = min_bytes;
              o.threads = threads;
              o.timeout_seconds = timeout_seconds;
              return c10::make_intrusive<TerseBackend>(store, rank, size, std::move(o));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("codec"),
-           py::arg("all_gather_codec"), py::arg("min_bytes"), py::arg("threads"),
-           py::arg("timeout_seconds"), py::call_guard<py::gil_scoped_release>());
+           py::arg("all_gather_codec"), py::arg("all_to_all_codec"), py::arg("min_bytes"),
+           py::arg("threads"), py::arg("timeout_seconds"),
+           py::call_guard<py::gil_scoped_release>());
   m.def(
       "set_exact", [](bool exact) { terse::backend::exact_calls = exact; }, py::arg("exact"),
       "Marks this thread's calls exact (raw) or not.");

@@ -23,6 +23,12 @@ What is compressed (the policy), read from the environment when a group is creat
 ``TERSE_BACKEND_ALL_GATHER_CODEC`` (default ``none``)
     Codec of all-gathers of float tensors of at least that size (lossy codecs give every rank
     the same decoded values).
+``TERSE_BACKEND_ALL_TO_ALL_CODEC`` (default: ``TERSE_BACKEND_CODEC``'s value)
+    Codec of the blocks of float all-to-alls (``all_to_all``, ``all_to_all_single``) of at least
+    that size: each such block is encoded once by its sender and decoded by its receiver through
+    terse's engine (a rank's block to itself stays exact); smaller blocks travel raw. A block's
+    size is known alike to its sender and its receiver, so both choose alike with uneven splits
+    too. ``none`` sends every block raw.
 ``TERSE_BACKEND_MIN_BYTES`` (default 65536)
     Smaller tensors travel raw: biases, norms, DDP's small buckets, and every metadata exchange.
 ``TERSE_BACKEND_THREADS`` (default 0: terse's default)
@@ -30,7 +36,7 @@ What is compressed (the policy), read from the environment when a group is creat
 
 Integer, bool and float64 tensors always travel raw (reductions gather them and sum in rank
 order, identically on every rank). Calls made inside ``with terse.backend.exact():`` travel raw
-whatever their size. Broadcast, all-to-all and barrier always move bytes unchanged.
+whatever their size. Broadcast and barrier always move bytes unchanged.
 
 The extension needs torch >= 2.6 (the pinned 2.15); with an older torch (Debian's 1.13) importing
 this module raises ImportError saying so.
@@ -68,11 +74,13 @@ _settings: dict = {}
 
 
 def configure(codec: Optional[str] = None, all_gather_codec: Optional[str] = None,
-              min_bytes: Optional[int] = None, threads: Optional[int] = None) -> None:
+              min_bytes: Optional[int] = None, threads: Optional[int] = None,
+              all_to_all_codec: Optional[str] = None) -> None:
     """Sets the policy of groups created afterwards (overrides the environment). Every rank must
     use the same values."""
     for key, value in (("codec", codec), ("all_gather_codec", all_gather_codec),
-                       ("min_bytes", min_bytes), ("threads", threads)):
+                       ("all_to_all_codec", all_to_all_codec), ("min_bytes", min_bytes),
+                       ("threads", threads)):
         if value is not None:
             _settings[key] = value
 
@@ -96,8 +104,9 @@ def _create(store: dist.Store, rank: int, size: int,
             timeout: datetime.timedelta) -> "_backend.TerseBackend":
     codec = _setting("codec", "TERSE_BACKEND_CODEC", "fp16")
     all_gather_codec = _setting("all_gather_codec", "TERSE_BACKEND_ALL_GATHER_CODEC", "none")
+    all_to_all_codec = _setting("all_to_all_codec", "TERSE_BACKEND_ALL_TO_ALL_CODEC", codec)
     # A bad setting fails here, on every rank alike, before any rank connects.
-    for spec in (codec, all_gather_codec):
+    for spec in (codec, all_gather_codec, all_to_all_codec):
         if spec in ("auto", "auto:heavy"):
             raise terse.InvalidArgument(
                 f"terse backend: codec '{spec}' is not supported; name one")
@@ -111,8 +120,8 @@ def _create(store: dist.Store, rank: int, size: int,
     seconds = timeout.total_seconds() if timeout is not None else 0.0
     if os.environ.get("TERSE_TIMEOUT"):
         seconds = 0.0  # terse's own default: TERSE_TIMEOUT
-    return _backend.TerseBackend(store, rank, size, codec, all_gather_codec, min_bytes, threads,
-                                 seconds)
+    return _backend.TerseBackend(store, rank, size, codec, all_gather_codec, all_to_all_codec,
+                                 min_bytes, threads, seconds)
 
 
 if NAME not in dist.Backend.backend_list:

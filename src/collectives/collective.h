@@ -274,8 +274,9 @@ class FinalExchange {
   std::vector<Request> rx_, tx_;
 };
 
-// The status round that ends a reduce-scatter or an all-to-all partition, where a failure (NaN
-// input, a bad payload, mismatched counts) reaches only some ranks: every rank sends its
+// The status round that ends a reduce-scatter partition, or an all-to-all partition whose
+// counts disagree, where a failure (NaN input, a bad payload, mismatched counts) reaches only
+// some ranks: every rank sends its
 // recorded failure (or none) to every other rank and merges theirs (message `index`), so that
 // every rank ends with the same failure.
 void agree_on_failure(PartitionContext& ctx, std::uint32_t index);
@@ -351,12 +352,16 @@ void all_gather(PartitionContext& ctx, const Chunks& chunks, std::span<float> ou
 void all_gather_bytes(PartitionContext& ctx, std::span<const std::byte> mine,
                       const std::function<std::span<std::byte>(int)>& out);
 
-// All-to-all of one partition. Block q of this rank's input (ctx.input or, raw, `send_bytes(q)`)
-// goes to rank q; rank q's block lands in `recv(q)`. First each rank tells each peer the size of
-// the block it sends (message 0), so that a block of another size than the receiver expects is
-// drained and reported instead of misread; then the blocks (message 1: raw bytes, or encoded
-// once by their sender with state slot q and decoded by the receiver); then agree_on_failure.
-// `element_bytes`: 4 for fp32, 2 for a half tensor sent raw.
+// All-to-all of one partition. Block q of this rank's input (ctx.input, or `input` raw) goes to
+// rank q and lands at recv_begin[q] of the receiver's output: raw bytes, or encoded once by
+// their sender with state slot q and decoded by the receiver. One message per peer carries a
+// header (the block's size, the sender's failure, digests of its counts) and the block (message
+// 1; a block too large to come with it follows as message 2), so that a block of another size
+// than the receiver expects is drained and reported instead of misread, and a sender's NaN
+// reaches every rank without a round of its own. When the digests show that some counts
+// disagree, every rank ends with agree_on_failure. A failure recorded before the call (the
+// caller's NaN scan) is sent in place of the blocks. `element_bytes`: 4 for fp32, 2 for a half
+// tensor sent raw.
 struct AllToAllBlocks {
   std::vector<std::size_t> send_begin, send_size;  // elements of ctx.input (or the raw tensor)
   std::vector<std::size_t> recv_begin, recv_size;  // elements of the output

@@ -200,6 +200,10 @@ TEST_P(CollectiveRanks, NonFiniteShardsMismatchesAndBadCountsFailEveryRank) {
   expect_all_ok(shell(run(GetParam(), "collective_errors")), GetParam(), "collective errors");
 }
 
+TEST_P(CollectiveRanks, AllToAllCountMismatchAndNaNBlockFailEveryRankNamingTheOperation) {
+  expect_all_ok(shell(run(GetParam(), "all_to_all_errors")), GetParam(), "all_to_all errors");
+}
+
 TEST_P(CollectiveRanks, KilledRankFailsTheOthersNamingTheOperation) {
   const int n = GetParam();
   const int victim = n - 1;

@@ -43,6 +43,71 @@ def error_of(fn) -> dict:
     return {"type": None, "message": ""}
 
 
+def all_to_all_under_the_policy(gloo) -> dict:
+    """all_to_all with large blocks: under the default policy (fp16), under minmax8 on a second
+    terse group (against terse.moe's TerseExchange with that codec), with uneven splits whose
+    blocks fall on both sides of the threshold, of int64 and inside exact()."""
+    import terse.moe
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    block = LARGE // 2  # 128 KiB of fp32 a block: above the 64 KiB threshold
+
+    def versus_gloo(x, recv, group=None, send=None):
+        o = torch.empty(sum(recv), dtype=x.dtype)
+        ref = torch.empty(sum(recv), dtype=x.dtype)
+        dist.all_to_all_single(o, x, output_split_sizes=recv, input_split_sizes=send,
+                               group=group)
+        dist.all_to_all_single(ref, x, output_split_sizes=recv, input_split_sizes=send,
+                               group=gloo)
+        return o, ref
+
+    even = [block] * world
+    x = data(world * block, salt=7)
+    o, ref = versus_gloo(x, even)
+    mine = slice(rank * block, (rank + 1) * block)
+    out["all_to_all_fp16"] = {"error": max_relative(o, ref),
+                              "own_exact": bool(torch.equal(o[mine], ref[mine]))}
+
+    terse.backend.configure(all_to_all_codec="minmax8")
+    minmax8 = dist.new_group(backend="terse")
+    terse.backend.configure(all_to_all_codec=os.environ.get("TERSE_BACKEND_CODEC", "fp16"))
+    o, ref = versus_gloo(x, even, group=minmax8)
+    exchange = terse.moe.TerseExchange(codec="minmax8")
+    moe = exchange(x.view(world, block), "policy").view(-1)
+    exchange.close()
+    out["all_to_all_minmax8"] = {"error": max_relative(o, ref),
+                                 "same_as_moe": bool(torch.equal(o, moe))}
+
+    # Uneven splits: a rank sends a whole block (fp16) to the ranks above it, a quarter (below the
+    # threshold: raw, exact) to those below it, and half (at the threshold) to itself.
+    def split(sender, receiver):
+        return block if sender < receiver else block // 4 if sender > receiver else block // 2
+
+    send = [split(rank, j) for j in range(world)]
+    recv = [split(j, rank) for j in range(world)]
+    x = data(sum(send), salt=8)
+    o, ref = versus_gloo(x, recv, send=send)
+    small_exact, large_error, at = True, 0.0, 0
+    for n in recv:
+        got, want = o[at:at + n], ref[at:at + n]
+        if n * 4 < (64 << 10):
+            small_exact = small_exact and bool(torch.equal(got, want))
+        elif n:
+            large_error = max(large_error, max_relative(got, want))
+        at += n
+    out["all_to_all_mixed"] = {"small_exact": small_exact, "large_error": large_error}
+
+    x = data(world * block, dtype=torch.int64, salt=9)
+    o, ref = versus_gloo(x, even)
+    out["all_to_all_int64_exact"] = bool(torch.equal(o, ref))
+    x = data(world * block, salt=10)
+    with terse.backend.exact():
+        o, ref = versus_gloo(x, even)
+    out["all_to_all_exact"] = bool(torch.equal(o, ref))
+    return out
+
+
 def scenario_collectives(args) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
@@ -122,6 +187,8 @@ def scenario_collectives(args) -> dict:
     out["all_to_all_list"] = all(torch.equal(outs[j], torch.full((3,), float(j * 10 + rank)))
                                  for j in range(world))
 
+    out.update(all_to_all_under_the_policy(gloo))
+
     dist.barrier()
     out["barrier"] = True
 
@@ -193,7 +260,20 @@ def scenario_fsdp(args) -> dict:
     return {"losses": losses, "digest": digest(params)}
 
 
-SCENARIOS = {"collectives": scenario_collectives, "ddp": scenario_ddp, "fsdp": scenario_fsdp}
+def scenario_uncaught(args) -> dict:
+    """Rank 0 expects one element more from rank 1 than it sends in a compressed all_to_all: the
+    MismatchError reaches every rank, and nobody catches it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    send, recv = [LARGE] * world, [LARGE] * world
+    if rank == 0:
+        recv[1] += 1
+    o = torch.empty(sum(recv))
+    dist.all_to_all_single(o, data(sum(send)), output_split_sizes=recv, input_split_sizes=send)
+    return {}
+
+
+SCENARIOS = {"collectives": scenario_collectives, "ddp": scenario_ddp, "fsdp": scenario_fsdp,
+             "uncaught": scenario_uncaught}
 
 
 def main() -> None:

@@ -65,7 +65,8 @@ def launch(n: int, args: List[str], out: pathlib.Path, timeout: float = 240,
 
 
 def start_ranks(n: int, args: List[str], out: pathlib.Path,
-                env: Optional[Dict[str, str]] = None) -> List[subprocess.Popen]:
+                env: Optional[Dict[str, str]] = None,
+                worker: pathlib.Path = WORKER) -> List[subprocess.Popen]:
     """Starts N ranks with torchrun's environment as separate processes (no launcher that would
     stop the others when one fails)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -76,6 +77,6 @@ def start_ranks(n: int, args: List[str], out: pathlib.Path,
                         WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
                         **(env or {}))
         procs.append(subprocess.Popen(
-            [PYTHON, str(WORKER), *args, "--out", str(out)], env=rank_env,
+            [PYTHON, str(worker), *args, "--out", str(out)], env=rank_env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs

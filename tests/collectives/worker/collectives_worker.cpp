@@ -30,6 +30,9 @@
 //   all_to_all          even and uneven (changing) splits: raw exact, lossy within the bound
 //   collective_errors   NaN in a shard, mismatched first use, disagreeing all_to_all counts:
 //                       an error on every rank naming rank, tensor and operation
+//   all_to_all_errors   all_to_all counts that disagree (more, fewer) and NaN
+//                       in a block, small blocks and blocks larger than a first message: an
+//                       error on every rank within 5 s, and the engine keeps working
 //   die_collective V    V dies during reduce-scatters; the others fail naming the operation
 //   slowpeer            rank 1 submits a tensor's first use late: while rank 0's submission
 //                       waits for it in the first-use check, rank 0's other threads wait for
@@ -1274,6 +1277,83 @@ int collective_errors(Communicator& comm, Engine& engine) {
   return 0;
 }
 
+// all_to_all's failures in its one message round, with blocks that come with their header and
+// blocks too large for it (sent as a second message): a receiver that expects fewer or more
+// elements than its peer sends, NaN in one block of a
+// codec's partition. Each fails every rank within 5 s, naming the operation, the tensor
+// and the ranks; the same tensor then succeeds with its exact blocks (the engine stays usable).
+int all_to_all_errors(Communicator& comm, Engine& engine) {
+  const int n_ranks = comm.size(), r = comm.rank(), bad = n_ranks - 1;
+  int cases = 0;
+  auto expect = [&](const std::string& what, const std::function<void()>& f,
+                    const std::vector<std::string>& needles) {
+    std::string error;
+    const auto start = Clock::now();
+    try {
+      f();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    check(!error.empty(), what + ": no error on rank " + std::to_string(r));
+    check(seconds < 5.0, fmt::format("{}: the error took {} s", what, seconds));
+    for (const auto& needle : needles) {
+      check(contains(error, needle), what + ": error lacks '" + needle + "': " + error);
+    }
+    std::printf("EXPECTED-FAILURE rank %d: %s\n", r, error.c_str());
+    ++cases;
+  };
+  // Runs an all_to_all of `per` elements per block (rank 0 expecting `from_bad` more from the
+  // bad rank) and checks every block when it succeeds.
+  auto run = [&](const std::string& name, const std::string& codec, int k, std::size_t per,
+                 long from_bad, bool nan) {
+    std::vector<std::size_t> send(n_ranks, per), recv(n_ranks, per);
+    if (r == 0) recv[bad] = per + from_bad;
+    std::size_t in_total = 0, out_total = 0;
+    for (int j = 0; j < n_ranks; ++j) {
+      in_total += send[j];
+      out_total += recv[j];
+    }
+    std::vector<float> in = make_input(r, name, 0, in_total), out(out_total, -7.0f);
+    if (nan && r == bad) in[per / 2] = NAN;  // in the block for rank 0
+    CollectiveOptions o;
+    o.codec = codec;
+    o.partitions = k;
+    engine.all_to_all(name, TensorView(in), send, TensorView(std::span(out)), recv, o).wait();
+    for (int j = 0; j < n_ranks; ++j) {
+      const std::vector<float> x = make_input(j, name, 0, per * n_ranks);
+      std::span<const float> want = std::span<const float>(x).subspan(r * per, per);
+      std::span<const float> got = std::span<const float>(out).subspan(j * per, per);
+      const std::string block = fmt::format("{}: block from rank {}", name, j);
+      if (j == r || codec == "none") {
+        check_equal(got, want, block);
+      } else {
+        check(relative_error(got, want) < 0.05,
+              fmt::format("{}: error {}", block, relative_error(got, want)));
+      }
+    }
+  };
+  // 1000 floats come with their header; 200000 (800 KB raw, 200 KB in minmax8 and more than
+  // any first message with its header at 4 ranks) follow it.
+  for (const std::size_t per : {std::size_t{1000}, std::size_t{200000}}) {
+    for (const std::string codec : {"none", "minmax8"}) {
+      for (const long delta : {1L, -1L}) {
+        const std::string name = fmt::format("a2a-errors/counts/{}/{}/{}", codec, per, delta);
+        expect(name, [&] { run(name, codec, 1, per, delta, false); },
+               {"all_to_all", name, "rank 0 expected a block of", fmt::format("from rank {}", bad)});
+        run(name, codec, 1, per, 0, false);
+      }
+      const std::string nan = fmt::format("a2a-errors/nan/{}/{}", codec, per);
+      expect(nan, [&] { run(nan, codec, 2, per, 0, true); },
+             {"all_to_all", nan, fmt::format("rank {}'s input holds NaN or Inf at element {}",
+                                             bad, per / 2)});
+      run(nan, codec, 2, per, 0, false);
+    }
+  }
+  std::printf("OK rank %d all_to_all errors %d cases\n", r, cases);
+  return 0;
+}
+
 // VICTIM dies during a loop of reduce-scatters: the others fail within the timeout, naming
 // the operation, the tensor and a peer.
 int die_collective(Communicator& comm, Engine& engine, int victim) {
@@ -1358,6 +1438,8 @@ int main(int argc, char** argv) {
         rc = all_to_all_matrix(*comm, engine);
       } else if (scenario == "collective_errors") {
         rc = collective_errors(*comm, engine);
+      } else if (scenario == "all_to_all_errors") {
+        rc = all_to_all_errors(*comm, engine);
       } else if (scenario == "die_collective" && argc == 3) {
         rc = die_collective(*comm, engine, std::atoi(argv[2]));
       } else if (scenario == "blas") {
