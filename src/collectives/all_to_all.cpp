@@ -135,9 +135,13 @@ class BlockExchange {
     std::vector<bool> usable(n_, false);
     for (int k = 1; k < n_; ++k) {
       const int q = (r_ + n_ - k) % n_;
-      wait(ctx_, rx_[q], false, q, first_);
       BlockHeader h;
-      std::memcpy(&h, area(q).data(), kHeaderBytes);
+      {
+        Stage s(ctx_, "recv", q);
+        rx_[q].wait();
+        std::memcpy(&h, area(q).data(), kHeaderBytes);
+        s.set_bytes(kHeaderBytes + (h.flags == BlockHeader::kTail ? 0 : h.payload));
+      }
       const bool tail = h.flags == BlockHeader::kTail;
       if (h.magic != BlockHeader::kMagic || h.flags > BlockHeader::kTail ||
           h.kind > Failure::kCountMismatch || h.origin < -1 || h.origin >= n_ ||
