@@ -1,7 +1,7 @@
 """The terse demo: data-parallel training of a real model on Fashion-MNIST, once with
 DistributedDataParallel's own allreduce and once with the terse hook, side by side.
 
-    python -m terse.demo [--ranks 4] [--codec powersgd] [--samples 60000] [--epochs 1]
+    python -m terse.demo [--ranks 4] [--codec powersgd:rank=8] [--samples 60000] [--epochs 1]
                          [--link 1gbit|100mbit|unshaped|loopback]
 
 By default every rank sits on its own emulated host behind 1 Gbit/s links in each direction
@@ -90,8 +90,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m terse.demo",
                                 description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--ranks", type=int, default=4, help="local ranks (default 4)")
-    p.add_argument("--codec", default="powersgd",
-                   help="terse codec for the weight matrices (default powersgd: rank 4)")
+    p.add_argument("--codec", default="powersgd:rank=8",
+                   help="terse codec for the weight matrices (default powersgd:rank=8, the "
+                        "hook's default)")
     p.add_argument("--samples", type=int, default=60000,
                    help="training images used, of 60,000 (default all)")
     p.add_argument("--epochs", type=int, default=1)

@@ -626,7 +626,7 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     step = 0
     while step < total:
         if steps_per_epoch:
-            if step > 0 and state is not None:
+            if step > 0 and hasattr(state, "epoch_end"):  # the DDP hook's state
                 state.epoch_end()  # a codec schedule's window, when its windows are epochs
             data.start_epoch(step // steps_per_epoch)
         for i in range(steps_per_epoch or total):
