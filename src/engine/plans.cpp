@@ -143,13 +143,9 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
     CollectiveOptions chosen = o;
     chosen.codec = "none";
     if (total > 0) {  // an empty tensor has nothing to plan: raw
-      Planner& p = planner();
-      // Calibration measures the links: let submitted work finish first (every rank does).
-      if (!p.calibrated()) drain_();
       TensorPlan decided;
       try {
-        decided = p.plan(comm_, total, threads_, o.strategy, o.partitions, *tier,
-                         planner_operation(op));
+        decided = decide_auto(total, o.strategy, o.partitions, *tier, planner_operation(op));
       } catch (const InvalidArgument& e) {
         throw refuse(e.what());  // a restriction no allowed codec can use
       }
@@ -244,13 +240,19 @@ Planner& Plans::planner() const {
   return *planner_;
 }
 
-TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
-                            const Codec** codec_out, DType dtype) const {
+TensorPlan Plans::decide_auto(std::size_t n, Strategy strategy, int partitions, Tier tier,
+                              Operation op) const {
   Planner& p = planner();
   // Calibration measures the links: let submitted work finish first (every rank does).
   if (!p.calibrated()) drain_();
+  return p.plan(comm_, n, threads_, strategy, partitions, tier, op);
+}
+
+TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
+                            const Codec** codec_out, DType dtype) const {
   AllreduceOptions chosen = o;
-  const TensorPlan decided = p.plan(comm_, n, threads_, o.strategy, o.partitions, tier);
+  const TensorPlan decided =
+      decide_auto(n, o.strategy, o.partitions, tier, Operation::kAllreduce);
   chosen.codec = decided.codec;
   chosen.strategy = decided.strategy;
   chosen.partitions = decided.partitions;

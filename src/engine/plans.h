@@ -110,6 +110,10 @@ class Plans {
   TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier, const Codec** codec_out,
                        DType dtype) const;
   Planner& planner() const;
+  // The planner's plan for n elements of op under a restriction (calibrating first, after the
+  // submitted work has finished, where it has not yet).
+  TensorPlan decide_auto(std::size_t n, Strategy strategy, int partitions, Tier tier,
+                         Operation op) const;
   // What the planner is asked about an item (its size, restriction and operation).
   Planner::Use use_of(const Item& it) const;
 
