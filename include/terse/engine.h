@@ -89,6 +89,11 @@ struct AllreduceOptions {
   int partitions = 0;
   // Divide the sum by the number of ranks (DDP's convention); false leaves the sum.
   bool average = true;
+  // The tensor's rows as a matrix (a weight's first dimension; 0: not given). With "auto", a
+  // matrix codec the planner chooses (PowerSGD) views the tensor as rows x n/rows instead of
+  // its most nearly square default, as an explicit "powersgd:rows=R" would. It must divide the
+  // tensor's elements. A codec named explicitly takes its own rows= parameter instead.
+  std::size_t rows = 0;
 };
 
 // Options of reduce_scatter, all_gather and all_to_all (see Engine::reduce_scatter).

@@ -201,12 +201,13 @@ class PyHandle {
 // ---- the engine -----------------------------------------------------------------------------
 
 AllreduceOptions make_options(std::string codec, const std::string& strategy, int partitions,
-                              bool average) {
+                              bool average, std::size_t rows = 0) {
   AllreduceOptions o;
   o.codec = std::move(codec);
   o.strategy = parse_strategy(strategy);
   o.partitions = partitions;
   o.average = average;
+  o.rows = rows;
   return o;
 }
 
@@ -431,8 +432,9 @@ class PyChannel {
 };
 
 std::string options_repr(const AllreduceOptions& o) {
-  return fmt::format("AllreduceOptions(codec='{}', strategy='{}', partitions={}, average={})",
-                     o.codec, to_string(o.strategy), o.partitions, o.average ? "True" : "False");
+  return fmt::format("AllreduceOptions(codec='{}', strategy='{}', partitions={}, average={}{})",
+                     o.codec, to_string(o.strategy), o.partitions, o.average ? "True" : "False",
+                     o.rows > 0 ? fmt::format(", rows={}", o.rows) : std::string());
 }
 
 void bind(py::module_& m) {
@@ -614,16 +616,19 @@ void bind(py::module_& m) {
   // ---- options and plans --------------------------------------------------------------------
   py::class_<AllreduceOptions>(m, "AllreduceOptions",
                                "How one tensor is reduced: codec spec (or 'auto', 'auto:heavy': "
-                               "the planner's choice), strategy, partitions (0: from the size) "
-                               "and average (divide by ranks).")
+                               "the planner's choice), strategy, partitions (0: from the size), "
+                               "average (divide by ranks) and rows (the tensor's first "
+                               "dimension, 0: not given: a matrix codec that 'auto' chooses "
+                               "views the tensor as rows x n/rows).")
       .def(py::init(&make_options), py::arg("codec") = "none", py::arg("strategy") = "auto",
-           py::arg("partitions") = 0, py::arg("average") = true)
+           py::arg("partitions") = 0, py::arg("average") = true, py::arg("rows") = 0)
       .def_readwrite("codec", &AllreduceOptions::codec)
       .def_property(
           "strategy", [](const AllreduceOptions& o) { return std::string(to_string(o.strategy)); },
           [](AllreduceOptions& o, const std::string& s) { o.strategy = parse_strategy(s); })
       .def_readwrite("partitions", &AllreduceOptions::partitions)
       .def_readwrite("average", &AllreduceOptions::average)
+      .def_readwrite("rows", &AllreduceOptions::rows)
       .def("__repr__", &options_repr);
 
   py::class_<TensorPlan>(m, "TensorPlan", "What the engine does with a tensor.")
@@ -779,16 +784,17 @@ void bind(py::module_& m) {
       .def(
           "plan",
           [](PyEngine& e, std::size_t elements, std::string codec, const std::string& strategy,
-             int partitions, bool average, py::object dtype) {
+             int partitions, bool average, py::object dtype, std::size_t rows) {
             auto engine = e.get();
             const AllreduceOptions options =
-                make_options(std::move(codec), strategy, partitions, average);
+                make_options(std::move(codec), strategy, partitions, average, rows);
             const DType type = dtype.is_none() ? DType::kFloat32 : parse_dtype(dtype);
             py::gil_scoped_release release;  // codec "auto": the first call calibrates
             return engine->plan(elements, options, type);
           },
           py::arg("elements"), py::arg("codec") = "none", py::arg("strategy") = "auto",
           py::arg("partitions") = 0, py::arg("average") = true, py::arg("dtype") = py::none(),
+          py::arg("rows") = 0,
           "What the engine will do with a tensor of that many elements (validates the options). "
           "dtype (torch.float16, torch.bfloat16 or their names; default float32) is the "
           "tensor's: codec 'none' on a 16-bit tensor plans the summable ring of its own "

@@ -200,9 +200,9 @@ class TerseHookState:
         last bucket's hook ends it), so ``no_sync()`` micro-batches do not count. The count is
         part of :meth:`state_dict`, so a resumed run switches at the same step.
     matrix_view
-        For PowerSGD without an explicit ``rows=``: view each gradient as a matrix of
-        ``param.shape[0]`` rows (as PyTorch's PowerSGD hook does) rather than the most nearly
-        square factorization of its size.
+        For PowerSGD without an explicit ``rows=``, named or chosen by codec ``"auto"``: view
+        each gradient as a matrix of ``param.shape[0]`` rows (as PyTorch's PowerSGD hook does)
+        rather than the most nearly square factorization of its size.
     seed
         Seed of stochastic codecs (qsgd, terngrad, natural, ...); the same on every rank.
     threads
@@ -374,7 +374,12 @@ class TerseHookState:
         options = self._level_options.get((name, codec))
         if options is None:
             spec = codec
-            if spec.split(":")[0] == "powersgd":
+            rows = 0
+            if spec in ("auto", "auto:heavy"):
+                # A matrix codec the planner chooses views the gradient as a fixed one would.
+                if self.matrix_view and param.dim() >= 2:
+                    rows = param.shape[0]
+            elif spec.split(":")[0] == "powersgd":
                 # An explicit rows= stays. A schedule's specs are canonical, where rows=0 (most
                 # nearly square) is the default rather than a choice.
                 explicit = "rows=" in spec if self.schedule is None else [
@@ -384,7 +389,7 @@ class TerseHookState:
                     spec = ",".join(kv for kv in spec.split(",") if kv != "rows=0")
                     spec += ("," if ":" in spec else ":") + f"rows={param.shape[0]}"
             options = terse.AllreduceOptions(codec=spec, strategy=self.strategy,
-                                             partitions=self.partitions)
+                                             partitions=self.partitions, rows=rows)
             self._level_options[(name, codec)] = options
         self._options[name] = options
         return options
@@ -395,7 +400,7 @@ class TerseHookState:
         return [(name, self._elements[name],
                  self.engine.plan(self._elements[name], codec=options.codec,
                                   strategy=options.strategy, partitions=options.partitions,
-                                  dtype=self._dtypes[name]))
+                                  dtype=self._dtypes[name], rows=options.rows))
                 for name, options in self._options.items()]
 
     # ---- the hook ----------------------------------------------------------------------------

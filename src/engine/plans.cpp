@@ -8,8 +8,28 @@
 #include "engine/allreduce_probe.h"
 #include "planner/planner_impl.h"
 #include "terse/error.h"
+#include "terse/spec.h"
 
 namespace terse::engine {
+
+namespace {
+
+// `spec` with its `rows` parameter set to `rows`, where it has one (a matrix codec's view); other
+// specs as they are. With only_default, a rows= already chosen (not 0) stays.
+std::string with_rows(const std::string& spec, std::size_t rows, bool only_default) {
+  const Spec s = Spec::parse(spec);
+  const auto at = s.params().find("rows");
+  if (at == s.params().end() || (only_default && at->second != "0")) return spec;
+  std::string out = s.name();
+  char sep = ':';
+  for (const auto& [key, value] : s.params()) {
+    out += fmt::format("{}{}={}", sep, key, key == "rows" ? std::to_string(rows) : value);
+    sep = ',';
+  }
+  return out;
+}
+
+}  // namespace
 
 bool TensorRecord::verified_for(const std::string& c) const {
   if (c == config) return verified;
@@ -250,10 +270,16 @@ TensorPlan Plans::decide_auto(std::size_t n, Strategy strategy, int partitions, 
 
 TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
                             const Codec** codec_out, DType dtype) const {
+  if (o.rows > 0 && (o.rows > n || n % o.rows != 0)) {
+    throw InvalidArgument(fmt::format("rows={} does not divide the tensor's {} elements into a "
+                                      "matrix",
+                                      o.rows, n));
+  }
   AllreduceOptions chosen = o;
   const TensorPlan decided =
       decide_auto(n, o.strategy, o.partitions, tier, Operation::kAllreduce);
-  chosen.codec = decided.codec;
+  // The planner priced a matrix codec's most nearly square view; the tensor's own is sent.
+  chosen.codec = o.rows > 0 ? with_rows(decided.codec, o.rows, true) : decided.codec;
   chosen.strategy = decided.strategy;
   chosen.partitions = decided.partitions;
   return plan(n, chosen, codec_out, dtype);
@@ -376,7 +402,9 @@ void Plans::release(const Job& job, bool succeeded) {
         continue;
       }
       const Planner::Use u = use_of(it);
-      planner_->observe(u.n, it.plan,
+      TensorPlan priced = it.plan;  // as the planner named it: a matrix at its default view
+      if (it.ref.options.rows > 0) priced.codec = with_rows(priced.codec, 0, false);
+      planner_->observe(u.n, priced,
                         static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9, u.op);
     }
   }

@@ -116,7 +116,8 @@ Planner::Planner(PlannerOptions options) : impl_(std::make_unique<Impl>()) {
   // The light tier: the codecs that kept DDP's fp32 accuracy on the training benchmark
   // (docs/planner.md); the heavy tier: those that compress most, at some cost in accuracy.
   if (m.options.allowed.empty()) {
-    m.options.allowed = codecs_from_env("TERSE_PLAN_CODECS", {"fp16", "minmax8:ef=1"});
+    m.options.allowed =
+        codecs_from_env("TERSE_PLAN_CODECS", {"fp16", "minmax8:ef=1", "powersgd:rank=8"});
   }
   if (m.options.heavy.empty()) {
     m.options.heavy = codecs_from_env("TERSE_PLAN_HEAVY_CODECS", {"onebit:ef=1", "powersgd"});

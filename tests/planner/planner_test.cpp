@@ -718,7 +718,7 @@ TEST(Planner, TiersDefaultToTheCodecsThatKeepAccuracyAndTheHeavyOnes) {
   {
     const ScopedEnv light("TERSE_PLAN_CODECS", nullptr), heavy("TERSE_PLAN_HEAVY_CODECS", nullptr);
     const Planner p{PlannerOptions{}};
-    EXPECT_EQ(p.allowed(), canonical({"fp16", "minmax8:ef=1"}));
+    EXPECT_EQ(p.allowed(), canonical({"fp16", "minmax8:ef=1", "powersgd:rank=8"}));
     EXPECT_EQ(p.heavy(), canonical({"onebit:ef=1", "powersgd"}));
   }
   {
@@ -1293,6 +1293,10 @@ void expect_scenario_passes(int n, const std::string& scenario) {
 TEST_P(Ranks, AutoStaysRawWhereCompressionLoses) { expect_scenario_passes(GetParam(), "loses"); }
 
 TEST_P(Ranks, AutoRunsPowerSgdWhereItPays) { expect_scenario_passes(GetParam(), "powersgd"); }
+
+TEST_P(Ranks, AutoRunsPowerSgdOnTheTensorsOwnRowsWhereGiven) {
+  expect_scenario_passes(GetParam(), "matrix");
+}
 
 TEST_P(Ranks, AutoReduceScatterAndAllGatherAgreeAndEqualTheChosenPlan) {
   expect_scenario_passes(GetParam(), "collectives");

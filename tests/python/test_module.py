@@ -80,6 +80,18 @@ def test_errors_form_a_hierarchy_with_the_cpp_text():
         terse.AllreduceOptions(codec="fp16", strategy="diagonal")
 
 
+def test_rows_give_auto_the_matrix_view_and_must_divide_the_tensor(tmp_path):
+    o = terse.AllreduceOptions(codec="auto", rows=64)
+    assert o.rows == 64 and "rows=64" in repr(o)
+    assert "rows" not in repr(terse.AllreduceOptions(codec="auto"))
+    with one_rank_engine(tmp_path) as engine:
+        # Refused before the planner is asked (no calibration runs).
+        with pytest.raises(terse.InvalidArgument, match="rows=3 does not divide the tensor's 1000"):
+            engine.plan(1000, codec="auto", rows=3)
+        with pytest.raises(terse.InvalidArgument, match="rows=2000 does not divide"):
+            engine.plan(1000, codec="auto", rows=2000)
+
+
 def test_one_rank_allreduce_in_place(tmp_path):
     with one_rank_engine(tmp_path) as engine:
         assert (engine.rank, engine.size) == (0, 1)

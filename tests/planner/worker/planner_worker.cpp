@@ -8,6 +8,8 @@
 //   powersgd  codec "auto" with PowerSGD allowed and a 100 Mbit/s calibration: the large
 //           matrix goes PowerSGD (its rounds on the raw ring, one partition), the small tensor
 //           does not, and results are identical on every rank
+//   matrix  the same with rows given (AllreduceOptions::rows): PowerSGD views the tensor as its
+//           own rows; rows that do not divide the tensor are refused
 //   tiers   one tensor switching between codec "auto" and "auto:heavy" (Accordion's levels over
 //           auto), with a calibration where each tier plans another codec: results identical on
 //           every rank and equal to the same codecs given as specs, whose error-feedback
@@ -83,9 +85,10 @@ void check_same_everywhere(Communicator& comm, const std::string& text, const st
 // order when the plan is raw). Returns the settled plans and the step each settled at, one line
 // per size (the same on every rank: every rank settles at the same submission).
 std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std::size_t>& sizes,
-                      const Planner& planner) {
+                      const Planner& planner, std::size_t rows = 0) {
   AllreduceOptions o;
   o.codec = "auto";
+  o.rows = rows;
   std::string plans;
   for (std::size_t n : sizes) {
     const std::string name = fmt::format("t{}", n);
@@ -204,6 +207,41 @@ int scenario_powersgd(Communicator& comm) {
   check(plans.find(fmt::format("3000 {}", powersgd)) == std::string::npos,
         "a small tensor went PowerSGD:\n" + plans);
   std::printf("OK rank %d powersgd\n%s", comm.rank(), comm.rank() == 0 ? plans.c_str() : "");
+  engine.synchronize();
+  return 0;
+}
+
+int scenario_matrix(Communicator& comm) {
+  // The light tier's PowerSGD, chosen by the model, on a tensor whose rows are given: it runs
+  // the tensor's own matrix view; rows that do not divide it are refused before any exchange.
+  Calibration c = testing::synthetic(12.5e6, 100e-6, comm.size());
+  testing::add_powersgd(c, "powersgd:rank=8");
+  PlannerOptions po;
+  po.allowed = {"fp16", "powersgd:rank=8"};
+  po.heavy = {"none"};
+  po.explore_seconds = 0;
+  std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, c);
+  Engine engine = engine_with(comm, planner);
+  const std::size_t n = std::size_t{1} << 20;
+  const std::string plans = run_sizes(comm, engine, {n}, *planner, 512);
+  AllreduceOptions o;
+  o.codec = "auto";
+  o.rows = 512;
+  const std::string ran = engine.plan(n, o).codec;
+  check(ran == make_codec("powersgd:rank=8,rows=512")->spec(),
+        "the matrix did not run PowerSGD with its own rows: " + ran + "\n" + plans);
+  o.rows = 0;
+  check(engine.plan(n, o).codec == make_codec("powersgd:rank=8")->spec(),
+        "without rows, not the planner's own view");
+  o.rows = 3;
+  try {
+    engine.plan(n, o);
+    check(false, "rows=3 of 2^20 elements was accepted");
+  } catch (const InvalidArgument& e) {
+    check(std::string(e.what()).find("rows=3") != std::string::npos,
+          std::string("unclear error: ") + e.what());
+  }
+  std::printf("OK rank %d matrix\n", comm.rank());
   engine.synchronize();
   return 0;
 }
@@ -608,7 +646,7 @@ int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr,
                  "usage: planner_worker "
-                 "auto|loses|powersgd|tiers|trace|links|collectives|collective_mismatch\n");
+                 "auto|loses|powersgd|matrix|tiers|trace|links|collectives|collective_mismatch\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -621,6 +659,8 @@ int main(int argc, char** argv) {
       rc = scenario_loses(*comm);
     } else if (scenario == "powersgd") {
       rc = scenario_powersgd(*comm);
+    } else if (scenario == "matrix") {
+      rc = scenario_matrix(*comm);
     } else if (scenario == "tiers") {
       rc = scenario_tiers(*comm);
     } else if (scenario == "trace") {
