@@ -56,6 +56,7 @@ METHODS: List[Tuple[str, Dict]] = [
     # its first compressed step in torch 1.13 and in 2.15.0 alike (_orthogonalize asserts a
     # batch of matrices and is handed one); terse.training's method ddp-powersgd-batched runs it.
     ("terse-powersgd-r1", dict(method="terse", codec="powersgd:rank=1")),
+    ("terse-powersgd-r2", dict(method="terse", codec="powersgd:rank=2")),
     ("terse-powersgd-r4", dict(method="terse", codec="powersgd")),
     ("terse-powersgd-r8", dict(method="terse", codec="powersgd:rank=8")),
     # The factors' sums in fp16: half the bytes of r8, N message steps a round instead of 2(N-1).
@@ -79,6 +80,8 @@ METHODS: List[Tuple[str, Dict]] = [
     # gradient clipping.
     ("terse-topk-warmup", dict(method="terse", codec="topk:ratio=0.01,ef=1", **_WARMUP)),
     ("terse-randomk-warmup", dict(method="terse", codec="randomk:ratio=0.01,ef=1", **_WARMUP)),
+    ("terse-randomk-10-warmup", dict(method="terse", codec="randomk:ratio=0.1,ef=1",
+                                     **_WARMUP)),
     ("terse-dgc-warmup", dict(method="terse", codec="dgc", momentum=0.0, **_WARMUP)),
     ("terse-dgc-warmup-clip", dict(method="terse", codec="dgc", momentum=0.0, clip_norm=5.0,
                                    **_WARMUP)),
@@ -87,6 +90,12 @@ METHODS: List[Tuple[str, Dict]] = [
     ("terse-accordion-powersgd", dict(method="terse",
                                       accordion=("powersgd:rank=1", "powersgd:rank=4"),
                                       windows_per_epoch=4)),
+    ("terse-accordion-powersgd-r2-r8", dict(method="terse",
+                                            accordion=("powersgd:rank=2", "powersgd:rank=8"),
+                                            windows_per_epoch=4)),
+    ("terse-accordion-powersgd-r4-r8", dict(method="terse",
+                                            accordion=("powersgd:rank=4", "powersgd:rank=8"),
+                                            windows_per_epoch=4)),
     ("terse-accordion-topk", dict(method="terse",
                                   accordion=("topk:ratio=0.01,ef=1", "topk:ratio=0.1,ef=1"),
                                   windows_per_epoch=4)),
@@ -172,8 +181,11 @@ def run(args: argparse.Namespace) -> None:
     overrides = {k: v for k, v in (("steps", args.steps), ("epochs", args.epochs),
                                    ("samples", args.samples), ("warmup_steps", args.warmup),
                                    ("evals_per_epoch", args.evals_per_epoch),
-                                   ("seed", args.seed))
+                                   ("seed", args.seed),
+                                   ("windows_per_epoch", args.windows_per_epoch))
                  if v is not None}
+    if args.lr_drops:
+        overrides["lr_drops"] = tuple(int(e) for e in args.lr_drops.split(","))
     if args.dtype != "float32":
         overrides["dtype"] = args.dtype
     if args.results is None:
@@ -534,9 +546,24 @@ def _legend(axes) -> None:
                     bbox_to_anchor=(1.0, 0.5))
 
 
+def curve_bytes(r: Dict) -> Optional[List[float]]:
+    """Bytes one rank had sent at each evaluation of run r: counted on the interface (or by
+    terse where the interface is not, e.g. over loopback); for runs that did not record them
+    per evaluation, the run's mean per step times the steps after warm-up."""
+    for key in ("wire_bytes", "payload_bytes"):
+        if all(c.get(key) is not None for c in r["curve"]):
+            return [float(c[key]) for c in r["curve"]]
+    warmup = r["config"].get("warmup_steps", 0)
+    for key in ("wire_bytes_per_step", "payload_bytes_per_step"):
+        if r.get(key):
+            return [r[key] * max(0, c["step"] - warmup) for c in r["curve"]]
+    return None
+
+
 def plots(table, directory: str, suffix: str = "") -> List[str]:
-    """Throughput vs link rate (one panel a model) and accuracy vs training time (one figure a
-    Fashion-MNIST model, one panel a link rate); returns the files written."""
+    """Throughput vs link rate (one panel a model) and, per Fashion-MNIST model, accuracy
+    against training time (top row) and against bytes sent (bottom row), one column a link
+    rate; returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -584,24 +611,36 @@ def plots(table, directory: str, suffix: str = "") -> List[str]:
         if not spec.target_accuracy:
             continue
         panels = [l for l in links if (l, model) in table]
-        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
-        for ax, link in zip(axes[0], panels):
+        # Top row: accuracy against training time; bottom row: against bytes sent.
+        fig, axes = plt.subplots(2, len(panels), figsize=(6 * len(panels), 9.5), squeeze=False)
+        for column, link in enumerate(panels):
+            top, bottom = axes[0][column], axes[1][column]
             for name in names:
                 r = table[(link, model)].get(name)
                 if not r or name in FLOORS or not r["curve"]:
                     continue
-                ax.plot([0] + [c["train_seconds"] for c in r["curve"]],
-                        [0.1] + [c["accuracy"] for c in r["curve"]], styles[name],
-                        color=colors[name], label=label_of(name))
-            ax.axhline(spec.target_accuracy, color="gray", lw=0.8)
-            ax.set_xscale("log")  # runs differ by 10x and more in speed
-            ax.set_xlim(left=5)
-            ax.set_ylim(max(0.0, spec.target_accuracy - 0.15), 1.0)
-            ax.set_title(f"{spec.description}, {LINK_NAMES.get(link, link)}", fontsize=9)
-            ax.set_xlabel("training time, s (evaluation excluded; log scale)")
-            ax.set_ylabel("test accuracy")
-            ax.grid(True, which="both", alpha=0.3)
+                accuracy = [0.1] + [c["accuracy"] for c in r["curve"]]
+                top.plot([0] + [c["train_seconds"] for c in r["curve"]], accuracy,
+                         styles[name], color=colors[name], label=label_of(name))
+                sent = curve_bytes(r)
+                if sent:
+                    bottom.plot([0] + sent, accuracy, styles[name], color=colors[name],
+                                label=label_of(name))
+            title = f"{spec.description}, {LINK_NAMES.get(link, link)}"
+            top.set_xscale("log")  # runs differ by 10x and more in speed
+            top.set_xlim(left=5)
+            top.set_xlabel("training time, s (evaluation excluded; log scale)")
+            bottom.set_xscale("log")  # and by 100x and more in bytes
+            bottom.set_xlim(left=1e6)
+            bottom.set_xlabel("bytes sent per rank (log scale)")
+            for ax in (top, bottom):
+                ax.axhline(spec.target_accuracy, color="gray", lw=0.8)
+                ax.set_ylim(max(0.0, spec.target_accuracy - 0.15), 1.0)
+                ax.set_title(title, fontsize=9)
+                ax.set_ylabel("test accuracy")
+                ax.grid(True, which="both", alpha=0.3)
         _legend(axes[0])
+        _legend(axes[1])
         fig.tight_layout()
         path = os.path.join(directory, f"training-accuracy-{model}{suffix}.png")
         fig.savefig(path, dpi=110)
@@ -670,6 +709,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     r.add_argument("--samples", type=int, help="override: training images used")
     r.add_argument("--warmup", type=int, help="override: steps left out of the median")
     r.add_argument("--evals-per-epoch", type=int, help="override: accuracy checks per epoch")
+    r.add_argument("--lr-drops", help="override: epochs (from 0) at whose start the learning "
+                   "rate drops 10x, e.g. 4 or 3,5")
+    r.add_argument("--windows-per-epoch", type=int,
+                   help="override: Accordion's and the warm-up's windows per epoch (0: epochs)")
     r.add_argument("--seed", type=int,
                    help="initial weights and batch order (default 0); a run per seed, e.g. "
                         "--results results/train-seed1")

@@ -197,6 +197,10 @@ class RunConfig:
     windows_per_epoch: int = 0
     clip_norm: float = 0.0  # the hook's local gradient clipping (0: off)
     epochs: int = 1
+    # Epochs (counted from 0) at whose start the learning rate is multiplied by lr_drop_factor:
+    # a step schedule. The terse hook watches the optimizer (Accordion's drop detection).
+    lr_drops: Tuple[int, ...] = ()
+    lr_drop_factor: float = 0.1
     samples: int = 60000  # training images used (Fashion-MNIST)
     steps: int = 0  # > 0: stop after this many steps (the only limit for synthetic data)
     warmup_steps: int = 5  # excluded from the throughput median
@@ -558,7 +562,8 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     ``timed_steps`` (after warm-up), ``samples_per_second`` (global batch / median step time),
     ``median_step_seconds`` and the medians of its ``forward``/``backward``/``optimizer`` parts,
     ``train_seconds`` (every step, evaluation excluded), ``curve`` (evaluations: step, epoch,
-    train_seconds, accuracy), ``test_accuracy`` (at the end), ``time_to_accuracy`` (the
+    train_seconds, accuracy, and rank 0's ``wire_bytes`` and ``payload_bytes`` sent so far
+    after the warm-up steps, None where not counted), ``test_accuracy`` (at the end), ``time_to_accuracy`` (the
     training time of the first evaluation at the model's target, or None),
     ``wire_bytes_per_step`` (per rank, mean over ranks, measured on the interface),
     ``payload_bytes_per_step`` (terse's count), ``gradient_bytes``, ``digests``,
@@ -599,6 +604,8 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     momentum = config.momentum if config.momentum >= 0 else spec.momentum
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=momentum)
     parameters = sum(p.numel() for p in model.parameters())
+    if config.lr_drops and hasattr(state, "watch"):
+        state.watch(optimizer)  # a drop makes Accordion's tensors critical
     label = config.label or method_label(config)
     meter = _Meter(os.environ.get("TERSE_IFNAME"), state)
 
@@ -629,6 +636,9 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
             if step > 0 and hasattr(state, "epoch_end"):  # the DDP hook's state
                 state.epoch_end()  # a codec schedule's window, when its windows are epochs
             data.start_epoch(step // steps_per_epoch)
+            if step // steps_per_epoch in config.lr_drops:
+                for group in optimizer.param_groups:
+                    group["lr"] *= config.lr_drop_factor
         for i in range(steps_per_epoch or total):
             if step == total:
                 break
@@ -653,7 +663,8 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
                 meter.stop()
                 accuracy = evaluate(_unwrapped(model), data)
                 curve.append({"step": step, "epoch": step / steps_per_epoch,
-                              "train_seconds": train_seconds, "accuracy": accuracy})
+                              "train_seconds": train_seconds, "accuracy": accuracy,
+                              "wire_bytes": meter.wire, "payload_bytes": meter.payload})
                 if rank == 0:
                     print(f"[{label}] step {step}/{total} epoch {step / steps_per_epoch:.2f} "
                           f"train time {train_seconds:.1f} s: test accuracy "
