@@ -47,6 +47,7 @@ _WARMUP = dict(sparse_warmup=4, windows_per_epoch=4)
 # (name, RunConfig fields). The name is the JSON's file name and what --methods selects.
 METHODS: List[Tuple[str, Dict]] = [
     ("ddp", dict(method="ddp")),
+    ("ddp-sgd", dict(method="ddp", momentum=0.0)),  # the reference of plain-SGD methods
     ("ddp-fp16", dict(method="ddp-fp16")),
     ("ddp-bf16", dict(method="ddp-bf16")),  # torch 2.x
     ("ddp-powersgd-r1", dict(method="ddp-powersgd", powersgd_rank=1)),
@@ -80,8 +81,11 @@ METHODS: List[Tuple[str, Dict]] = [
     # gradient clipping.
     ("terse-topk-warmup", dict(method="terse", codec="topk:ratio=0.01,ef=1", **_WARMUP)),
     ("terse-randomk-warmup", dict(method="terse", codec="randomk:ratio=0.01,ef=1", **_WARMUP)),
-    ("terse-randomk-10-warmup", dict(method="terse", codec="randomk:ratio=0.1,ef=1",
-                                     **_WARMUP)),
+    # Random-k with plain SGD (no optimizer momentum, which multiplies each released residual).
+    ("terse-randomk-warmup-sgd", dict(method="terse", codec="randomk:ratio=0.01,ef=1",
+                                      momentum=0.0, **_WARMUP)),
+    ("terse-randomk-10-warmup-sgd", dict(method="terse", codec="randomk:ratio=0.1,ef=1",
+                                         momentum=0.0, **_WARMUP)),
     ("terse-dgc-warmup", dict(method="terse", codec="dgc", momentum=0.0, **_WARMUP)),
     ("terse-dgc-warmup-clip", dict(method="terse", codec="dgc", momentum=0.0, clip_norm=5.0,
                                    **_WARMUP)),
@@ -129,7 +133,7 @@ METHODS: List[Tuple[str, Dict]] = [
 ]
 # Floors, not training methods: replicas diverge, accuracy is not measured.
 FLOORS = ("compute-only", "sync-only")
-BASELINES = ("ddp", "ddp-fp16", "ddp-bf16", "ddp-powersgd-r1", "ddp-powersgd-r4",
+BASELINES = ("ddp", "ddp-sgd", "ddp-fp16", "ddp-bf16", "ddp-powersgd-r1", "ddp-powersgd-r4",
              "ddp-powersgd-r8")
 
 # What each model trains for. Fashion-MNIST models: whole epochs with test accuracy every

@@ -65,8 +65,9 @@ struct PlannerOptions {
   // The light tier: codecs the planner may choose besides raw for codec "auto" (specs; "ef=1"
   // variants allowed). Lossy codecs change what training computes, so this is the user's
   // decision. Default: TERSE_PLAN_CODECS (separated by ';' or spaces), else fp16, minmax8 with
-  // error feedback and PowerSGD rank 8, which kept DDP's fp32 accuracy on the training
-  // benchmark (PowerSGD with each weight viewed as its own rows: AllreduceOptions::rows).
+  // error feedback and PowerSGD rank 8 with fp32 or fp16 sums, which kept DDP's fp32 accuracy on
+  // the training benchmark (PowerSGD with each weight viewed as its own rows:
+  // AllreduceOptions::rows).
   // {"none"}: raw only.
   std::vector<std::string> allowed;
   // The heavy tier: codecs the planner may also choose for codec "auto:heavy" (a codec in both

@@ -166,7 +166,8 @@ class TerseHookState:
         With codec ``"auto"`` (or ``"auto:heavy"``, or an Accordion over them): the light tier,
         the codecs the planner may choose from for each parameter (lossy codecs change what
         training computes, so this is yours to decide), e.g. ``["fp16", "powersgd"]``. None:
-        ``TERSE_PLAN_CODECS``, else fp16, minmax8:ef=1 and powersgd:rank=8 (each weight's
+        ``TERSE_PLAN_CODECS``, else fp16, minmax8:ef=1 and powersgd:rank=8 with fp32 or fp16
+        sums (each weight's
         gradient viewed as ``param.shape[0]`` rows, with ``matrix_view``), which kept DDP's
         accuracy on the training benchmark. ``["none"]``: raw only.
     heavy_codecs

@@ -369,7 +369,7 @@ def method_label(config: RunConfig) -> str:
 
 def _method_label(config: RunConfig) -> str:
     if config.method == "ddp":
-        return "DDP fp32"
+        return "DDP fp32" + ("" if config.momentum < 0 else f" (SGD momentum {config.momentum:g})")
     if config.method == "ddp-fp16":
         return "DDP fp16 hook"
     if config.method == "ddp-bf16":

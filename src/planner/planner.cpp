@@ -117,7 +117,8 @@ Planner::Planner(PlannerOptions options) : impl_(std::make_unique<Impl>()) {
   // (docs/planner.md); the heavy tier: those that compress most, at some cost in accuracy.
   if (m.options.allowed.empty()) {
     m.options.allowed =
-        codecs_from_env("TERSE_PLAN_CODECS", {"fp16", "minmax8:ef=1", "powersgd:rank=8"});
+        codecs_from_env("TERSE_PLAN_CODECS", {"fp16", "minmax8:ef=1", "powersgd:rank=8",
+                                              "powersgd:rank=8,wire=fp16"});
   }
   if (m.options.heavy.empty()) {
     m.options.heavy = codecs_from_env("TERSE_PLAN_HEAVY_CODECS", {"onebit:ef=1", "powersgd"});

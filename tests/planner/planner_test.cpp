@@ -718,7 +718,8 @@ TEST(Planner, TiersDefaultToTheCodecsThatKeepAccuracyAndTheHeavyOnes) {
   {
     const ScopedEnv light("TERSE_PLAN_CODECS", nullptr), heavy("TERSE_PLAN_HEAVY_CODECS", nullptr);
     const Planner p{PlannerOptions{}};
-    EXPECT_EQ(p.allowed(), canonical({"fp16", "minmax8:ef=1", "powersgd:rank=8"}));
+    EXPECT_EQ(p.allowed(), canonical({"fp16", "minmax8:ef=1", "powersgd:rank=8",
+                                      "powersgd:rank=8,wire=fp16"}));
     EXPECT_EQ(p.heavy(), canonical({"onebit:ef=1", "powersgd"}));
   }
   {
