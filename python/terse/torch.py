@@ -167,9 +167,8 @@ class TerseHookState:
         the codecs the planner may choose from for each parameter (lossy codecs change what
         training computes, so this is yours to decide), e.g. ``["fp16", "powersgd"]``. None:
         ``TERSE_PLAN_CODECS``, else fp16, minmax8:ef=1 and powersgd:rank=8 with fp32 or fp16
-        sums (each weight's
-        gradient viewed as ``param.shape[0]`` rows, with ``matrix_view``), which kept DDP's
-        accuracy on the training benchmark. ``["none"]``: raw only.
+        sums (each weight's gradient viewed as ``param.shape[0]`` rows, with ``matrix_view``),
+        which kept DDP's accuracy on the training benchmark. ``["none"]``: raw only.
     heavy_codecs
         With codec ``"auto:heavy"`` (or an Accordion over auto): the heavy tier, the codecs the
         planner may choose from as well, e.g. ``["onebit:ef=1"]``. None:
