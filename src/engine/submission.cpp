@@ -142,7 +142,12 @@ Handle Submissions::submit(std::vector<TensorRef> tensors) {
     check_view(t);
     Item it;
     const Codec* codec = nullptr;
-    it.plan = plans_.plan(t.typed.elements, t.options, &codec, t.typed.dtype);
+    try {
+      it.plan = plans_.plan(t.typed.elements, t.options, &codec, t.typed.dtype);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(
+          fmt::format("rank {}: allreduce of tensor '{}': {}", comm_.rank(), t.name, e.what()));
+    }
     if (it.plan.strategy != Strategy::kRaw) {
       it.codec = codec;
       if (codec->traits().multi_round) it.rounds = dynamic_cast<const RoundCodec*>(codec);

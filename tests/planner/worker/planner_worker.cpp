@@ -241,6 +241,19 @@ int scenario_matrix(Communicator& comm) {
     check(std::string(e.what()).find("rows=3") != std::string::npos,
           std::string("unclear error: ") + e.what());
   }
+  // Submitted, on every rank alike: refused naming the rank and the tensor, nothing sent.
+  std::vector<float> x(n, 1.0f);
+  try {
+    engine.allreduce("bad_rows", x, o).wait();
+    check(false, "an allreduce with rows=3 of 2^20 elements was accepted");
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    check(m.find(fmt::format("rank {}: allreduce of tensor 'bad_rows'", comm.rank())) !=
+                  std::string::npos &&
+              m.find("rows=3") != std::string::npos,
+          "unclear error: " + m);
+  }
+  check(x[0] == 1.0f, "a refused allreduce changed its tensor");
   std::printf("OK rank %d matrix\n", comm.rank());
   engine.synchronize();
   return 0;
