@@ -81,6 +81,12 @@ METHODS: List[Tuple[str, Dict]] = [
     # gradient clipping.
     ("terse-topk-warmup", dict(method="terse", codec="topk:ratio=0.01,ef=1", **_WARMUP)),
     ("terse-randomk-warmup", dict(method="terse", codec="randomk:ratio=0.01,ef=1", **_WARMUP)),
+    # The sparsifiers with DGC's momentum correction and factor masking around error feedback
+    # (ef=1,momentum=0.9: the momentum travels in what is sent, the optimizer runs without).
+    ("terse-randomk-mc-warmup", dict(method="terse", codec="randomk:ratio=0.01,ef=1,momentum=0.9",
+                                     momentum=0.0, **_WARMUP)),
+    ("terse-topk-mc-warmup", dict(method="terse", codec="topk:ratio=0.01,ef=1,momentum=0.9",
+                                  momentum=0.0, **_WARMUP)),
     # Random-k with plain SGD (no optimizer momentum, which multiplies each released residual).
     ("terse-randomk-warmup-sgd", dict(method="terse", codec="randomk:ratio=0.01,ef=1",
                                       momentum=0.0, **_WARMUP)),

@@ -52,6 +52,9 @@ class TERSE_API SpecReader {
                      const std::vector<std::string>& allowed);
   // Removes a key from the spec before the codec sees it (used by wrappers such as ef=1).
   bool take_flag(std::string_view key, bool def);
+  // The same for a number, checked as number() checks it (error feedback's momentum=).
+  double take_number(std::string_view key, double def, double lo, double hi,
+                     Ends ends = Ends::kClosed);
 
   // Throws SpecError if the spec holds keys no accessor asked for.
   void finish() const;
@@ -60,6 +63,7 @@ class TERSE_API SpecReader {
 
  private:
   const std::string* find(std::string_view key);
+  void erase(std::string_view key);
   void record(std::string_view key, std::string value, std::string allowed);
 
   Spec spec_;

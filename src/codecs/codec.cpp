@@ -249,7 +249,7 @@ bool valid_name(std::string_view name) {
 }  // namespace
 
 // Defined in error_feedback.cpp.
-std::unique_ptr<Codec> wrap_error_feedback(std::unique_ptr<Codec> inner);
+std::unique_ptr<Codec> wrap_error_feedback(std::unique_ptr<Codec> inner, double momentum);
 
 bool register_codec(CodecInfo info) {
   if (!valid_name(info.name)) {
@@ -303,6 +303,9 @@ std::unique_ptr<Codec> make_codec(std::string_view text) {
   }
   SpecReader reader(spec);
   bool ef = reader.take_flag("ef", false);
+  // Error feedback's momentum correction (with ef=1 only: DGC has a momentum of its own).
+  const double momentum =
+      ef ? reader.take_number("momentum", 0.0, 0.0, 1.0, SpecReader::Ends::kRightOpen) : 0.0;
   std::unique_ptr<Codec> codec = info.make(reader);
   reader.finish();
   if (ef) {
@@ -316,7 +319,7 @@ std::unique_ptr<Codec> make_codec(std::string_view text) {
       throw SpecError(fmt::format("terse: '{}' has error feedback built in; ef=1 would apply it "
                                   "twice", codec->name()));
     }
-    codec = wrap_error_feedback(std::move(codec));
+    codec = wrap_error_feedback(std::move(codec), momentum);
   }
   return codec;
 }

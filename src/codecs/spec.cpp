@@ -173,6 +173,20 @@ bool SpecReader::flag(std::string_view key, bool def) {
 bool SpecReader::take_flag(std::string_view key, bool def) {
   bool v = def;
   if (const std::string* s = find(key)) v = parse_flag(name(), key, *s);
+  erase(key);
+  return v;
+}
+
+double SpecReader::take_number(std::string_view key, double def, double lo, double hi,
+                               Ends ends) {
+  const double v = number(key, def, lo, hi, ends);
+  used_.erase(std::string(key));
+  allowed_.erase(std::string(key));
+  erase(key);
+  return v;
+}
+
+void SpecReader::erase(std::string_view key) {
   auto params = spec_.params();
   params.erase(std::string(key));
   std::string text = spec_.name();
@@ -182,7 +196,6 @@ bool SpecReader::take_flag(std::string_view key, bool def) {
     sep = ',';
   }
   spec_ = Spec::parse(text);
-  return v;
 }
 
 std::string SpecReader::choice(std::string_view key, std::string_view def,

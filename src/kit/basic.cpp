@@ -150,6 +150,29 @@ void Scale(float* HWY_RESTRICT y, size_t n, float a) {
   for (; i < n; ++i) y[i] *= a;
 }
 
+void ScaleAdd(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n, float a) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const auto va = hn::Set(d, a);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, y + i), va, hn::LoadU(d, x + i)), d, y + i);
+  }
+  for (; i < n; ++i) y[i] = y[i] * a + x[i];
+}
+
+void ClearWhere(const float* HWY_RESTRICT mask, float* HWY_RESTRICT y, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const auto zero = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto sent = hn::Ne(hn::LoadU(d, mask + i), zero);
+    hn::StoreU(hn::IfThenZeroElse(sent, hn::LoadU(d, y + i)), d, y + i);
+  }
+  for (; i < n; ++i) y[i] = mask[i] != 0.0f ? 0.0f : y[i];
+}
+
 void DivideTo(const float* x, float divisor, float* out, size_t n) {
   const DF d;
   const size_t N = hn::Lanes(d);
@@ -339,6 +362,8 @@ HWY_EXPORT(Add);
 HWY_EXPORT(Subtract);
 HWY_EXPORT(AddTo);
 HWY_EXPORT(Scale);
+HWY_EXPORT(ScaleAdd);
+HWY_EXPORT(ClearWhere);
 HWY_EXPORT(Difference);
 HWY_EXPORT(DivideTo);
 HWY_EXPORT(CopyFinite);
@@ -401,6 +426,12 @@ void divide_to(std::span<const float> x, float divisor, std::span<float> out) {
   HWY_DYNAMIC_DISPATCH(DivideTo)(x.data(), divisor, out.data(), out.size());
 }
 void scale(std::span<float> y, float a) { HWY_DYNAMIC_DISPATCH(Scale)(y.data(), y.size(), a); }
+void scale_add(std::span<const float> x, std::span<float> y, float a) {
+  HWY_DYNAMIC_DISPATCH(ScaleAdd)(x.data(), y.data(), y.size(), a);
+}
+void clear_where(std::span<const float> mask, std::span<float> y) {
+  HWY_DYNAMIC_DISPATCH(ClearWhere)(mask.data(), y.data(), y.size());
+}
 bool copy_finite(std::span<const float> x, float* out) {
   return HWY_DYNAMIC_DISPATCH(CopyFinite)(x.data(), out, x.size());
 }

@@ -42,6 +42,10 @@ void difference(std::span<const float> x, std::span<const float> y, std::span<fl
 void divide_to(std::span<const float> x, float divisor, std::span<float> out);
 // y *= a
 void scale(std::span<float> y, float a);
+// y = a * y + x (a momentum's update; fused where the target has FMA)
+void scale_add(std::span<const float> x, std::span<float> y, float a);
+// y[i] = 0 wherever mask[i] != 0 (what was sent: momentum factor masking)
+void clear_where(std::span<const float> mask, std::span<float> y);
 // out = x, returning false (out fully written regardless) if x held NaN or Inf.
 bool copy_finite(std::span<const float> x, float* out);
 // y = x (accumulate=false) or y += x (accumulate=true). Returns false if x held NaN or Inf

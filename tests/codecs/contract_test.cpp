@@ -182,6 +182,11 @@ std::vector<ContractCase> all_cases() {
       cases.push_back({info.name + ":ef=1", bound});
     }
   }
+  // Error feedback with DGC's momentum correction, around a sparsifier and a quantizer (the
+  // first encoding of a fresh state is plain error feedback's, so the bounds hold).
+  for (const char* name : {"randomk", "topk", "minmax8"}) {
+    cases.push_back({std::string(name) + ":ef=1,momentum=0.9", bounds().at(name)});
+  }
   return cases;
 }
 
@@ -219,6 +224,39 @@ TEST(CodecRegistry, UnknownNamesAndKeysListWhatIsAllowed) {
   EXPECT_THROW(make_codec("fp16:ef"), SpecError);
   EXPECT_THROW(make_codec("none:ef=1"), SpecError);
   EXPECT_THROW(make_codec("fp16:ef=1,ef=0"), SpecError);
+}
+
+TEST(ErrorFeedbackMomentum, IsErrorFeedbacksParameterCheckedAndCanonical) {
+  const auto c = make_codec("topk:ratio=0.01,momentum=0.9,ef=1");
+  EXPECT_EQ(c->spec(), make_codec("topk:ratio=0.01,ef=1")->spec() + ",momentum=0.9");
+  EXPECT_EQ(make_codec(c->spec())->spec(), c->spec());  // the canonical spec reads back
+  EXPECT_EQ(make_codec("topk:ef=1,momentum=0")->spec(), make_codec("topk:ef=1")->spec());
+  // Its state holds what was not sent, momentum included: auto gathers the payloads.
+  EXPECT_TRUE(c->traits().builtin_feedback);
+  EXPECT_FALSE(make_codec("topk:ef=1")->traits().builtin_feedback);
+  auto message = [](const std::string& spec) -> std::string {
+    try {
+      make_codec(spec);
+    } catch (const SpecError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(message("topk:ef=1,momentum=1").find("momentum=1 is outside [0, 1)"),
+            std::string::npos)
+      << message("topk:ef=1,momentum=1");
+  EXPECT_NE(message("topk:ef=1,momentum=x").find("not a number"), std::string::npos);
+  // Without ef=1 the key is the codec's own: unknown to top-k (the list says what it takes).
+  EXPECT_NE(message("topk:momentum=0.9").find("momentum"), std::string::npos);
+  EXPECT_EQ(make_codec("dgc:momentum=0.5")->name(), "dgc");
+  // A state with momentum does not load into one without, nor the reverse.
+  auto with = c->make_state(100);
+  auto without = make_codec("topk:ratio=0.01,ef=1")->make_state(100);
+  std::vector<std::byte> a, b;
+  with->save(a);
+  without->save(b);
+  EXPECT_THROW(without->load(a), DecodeError);
+  EXPECT_THROW(with->load(b), DecodeError);
 }
 
 }  // namespace

@@ -350,13 +350,16 @@ TEST_P(CodecContract, StateSaveRestoreReproducesNextEncoding) {
 
 // Error feedback (ef=1) keeps exactly what was not sent: input plus old residual equals the
 // decoded value plus the new residual. Its state is: u32 magic, u64 n, u64 inner state size,
-// then the fp32 residual.
+// then the fp32 residual. With momentum=m the input is the momentum u' = m u + x, kept after
+// the residual and cleared wherever the decoded value is not zero (what was sent).
 TEST_P(CodecContract, ErrorFeedbackAccountingIsExact) {
   if (codec->spec().find("ef=1") == std::string::npos) GTEST_SKIP() << "no error feedback";
+  const auto at = codec->spec().find("momentum=");
+  const float m = at == std::string::npos ? 0.0f : std::stof(codec->spec().substr(at + 9));
   auto state = codec->make_state(1000);
   EncodeContext ctx;
   ctx.state = state.get();
-  std::vector<float> residual(1000, 0.0f);
+  std::vector<float> residual(1000, 0.0f), velocity(1000, 0.0f);
   for (int step = 0; step < 4; ++step) {
     ctx.step = step;
     auto x = gradient(1000, 300 + step);
@@ -364,17 +367,30 @@ TEST_P(CodecContract, ErrorFeedbackAccountingIsExact) {
     auto y = decode(*codec, e.span(), x.size());
     std::vector<std::byte> saved;
     state->save(saved);
-    std::vector<float> r_new(1000);
-    ASSERT_GE(saved.size(), 20u + 4000u);
+    std::vector<float> r_new(1000), u_new(1000);
+    ASSERT_GE(saved.size(), 20u + (m > 0 ? 8000u : 4000u));
     std::memcpy(r_new.data(), saved.data() + 20, 4000);
+    if (m > 0) std::memcpy(u_new.data(), saved.data() + 20 + 4000, 4000);
     for (std::size_t i = 0; i < x.size(); ++i) {
-      float t = x[i] + residual[i];
+      const float u = m * velocity[i] + x[i];
+      float t = (m > 0 ? u : x[i]) + residual[i];
       // r' = t - y and y + r' are rounded at the scale of |y|, which exceeds |t| for codecs
-      // that send small elements as +-scale (onebit, tbq, minmax8).
-      ASSERT_NEAR(t, y[i] + r_new[i], 1e-6f * (std::fabs(t) + std::fabs(y[i]) + 1e-6f))
+      // that send small elements as +-scale (onebit, tbq, minmax8), and u at its terms'.
+      ASSERT_NEAR(t, y[i] + r_new[i],
+                  1e-6f * (std::fabs(t) + std::fabs(y[i]) + std::fabs(m * velocity[i]) + 1e-6f))
           << "step " << step;
+      if (m > 0) {
+        if (y[i] != 0.0f) {
+          ASSERT_EQ(u_new[i], 0.0f) << "momentum not cleared where sent, step " << step;
+        } else {
+          // Rounded at the scale of its terms (fused or not, by target).
+          ASSERT_NEAR(u_new[i], u, 1e-6f * (std::fabs(m * velocity[i]) + std::fabs(x[i]) + 1e-6f))
+              << "step " << step;
+        }
+      }
     }
     residual = r_new;
+    velocity = u_new;
   }
 }
 
