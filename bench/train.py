@@ -622,26 +622,27 @@ def plots(table, directory: str, suffix: str = "") -> List[str]:
             continue
         panels = [l for l in links if (l, model) in table]
         # Top row: accuracy against training time; bottom row: against bytes sent.
-        fig, axes = plt.subplots(2, len(panels), figsize=(6 * len(panels), 9.5), squeeze=False)
+        # Room on the right for the legend.
+        fig, axes = plt.subplots(2, len(panels), figsize=(6 * len(panels) + 4, 9.5),
+                                 squeeze=False)
         for column, link in enumerate(panels):
             top, bottom = axes[0][column], axes[1][column]
             for name in names:
                 r = table[(link, model)].get(name)
                 if not r or name in FLOORS or not r["curve"]:
                     continue
-                accuracy = [0.1] + [c["accuracy"] for c in r["curve"]]
-                top.plot([0] + [c["train_seconds"] for c in r["curve"]], accuracy,
-                         styles[name], color=colors[name], label=label_of(name))
+                # The evaluations only (both axes are logarithmic: no point at zero).
+                accuracy = [c["accuracy"] for c in r["curve"]]
+                top.plot([c["train_seconds"] for c in r["curve"]], accuracy, styles[name],
+                         marker=".", color=colors[name], label=label_of(name))
                 sent = curve_bytes(r)
                 if sent:
-                    bottom.plot([0] + sent, accuracy, styles[name], color=colors[name],
+                    bottom.plot(sent, accuracy, styles[name], marker=".", color=colors[name],
                                 label=label_of(name))
             title = f"{spec.description}, {LINK_NAMES.get(link, link)}"
             top.set_xscale("log")  # runs differ by 10x and more in speed
-            top.set_xlim(left=5)
             top.set_xlabel("training time, s (evaluation excluded; log scale)")
             bottom.set_xscale("log")  # and by 100x and more in bytes
-            bottom.set_xlim(left=1e6)
             bottom.set_xlabel("bytes sent per rank (log scale)")
             for ax in (top, bottom):
                 ax.axhline(spec.target_accuracy, color="gray", lw=0.8)
