@@ -110,8 +110,8 @@ METHODS: List[Tuple[str, Dict]] = [
                                   accordion=("topk:ratio=0.01,ef=1", "topk:ratio=0.1,ef=1"),
                                   windows_per_epoch=4)),
     # codec "auto" at its default accuracy tiers (docs/planner.md): the light tier alone (fp16,
-    # minmax8 with error feedback), and Accordion between it and both tiers (adding onebit with
-    # error feedback and PowerSGD) every quarter epoch; and auto among the fastest fixed codecs
+    # minmax8 with error feedback, PowerSGD r8 with fp32 or fp16 sums), and Accordion between it
+    # and both tiers (adding onebit with error feedback and PowerSGD r4) every quarter epoch; and auto among the fastest fixed codecs
     # regardless of accuracy (fp16, onebit with error feedback, PowerSGD rank 4).
     ("terse-auto", dict(method="terse", codec="auto")),
     ("terse-accordion-auto", dict(method="terse", accordion=("auto:heavy", "auto"),
