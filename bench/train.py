@@ -111,8 +111,9 @@ METHODS: List[Tuple[str, Dict]] = [
                                   windows_per_epoch=4)),
     # codec "auto" at its default accuracy tiers (docs/planner.md): the light tier alone (fp16,
     # minmax8 with error feedback, PowerSGD r8 with fp32 or fp16 sums), and Accordion between it
-    # and both tiers (adding onebit with error feedback and PowerSGD r4) every quarter epoch; and auto among the fastest fixed codecs
-    # regardless of accuracy (fp16, onebit with error feedback, PowerSGD rank 4).
+    # and both tiers (adding onebit with error feedback and PowerSGD r4) every quarter epoch;
+    # and auto among the fastest fixed codecs regardless of accuracy (fp16, onebit with error
+    # feedback, PowerSGD rank 4).
     ("terse-auto", dict(method="terse", codec="auto")),
     ("terse-accordion-auto", dict(method="terse", accordion=("auto:heavy", "auto"),
                                   windows_per_epoch=4)),

@@ -376,7 +376,7 @@ class TerseHookState:
         if options is None:
             spec = codec
             rows = 0
-            if spec in ("auto", "auto:heavy"):
+            if spec in _AUTO:
                 # A matrix codec the planner chooses views the gradient as a fixed one would.
                 if self.matrix_view and param.dim() >= 2:
                     rows = param.shape[0]

@@ -369,7 +369,8 @@ def method_label(config: RunConfig) -> str:
 
 def _method_label(config: RunConfig) -> str:
     if config.method == "ddp":
-        return "DDP fp32" + ("" if config.momentum < 0 else f" (SGD momentum {config.momentum:g})")
+        plain = "" if config.momentum < 0 else f" (SGD momentum {config.momentum:g})"
+        return "DDP fp32" + plain
     if config.method == "ddp-fp16":
         return "DDP fp16 hook"
     if config.method == "ddp-bf16":
@@ -563,8 +564,9 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     ``median_step_seconds`` and the medians of its ``forward``/``backward``/``optimizer`` parts,
     ``train_seconds`` (every step, evaluation excluded), ``curve`` (evaluations: step, epoch,
     train_seconds, accuracy, and rank 0's ``wire_bytes`` and ``payload_bytes`` sent so far
-    after the warm-up steps, None where not counted), ``test_accuracy`` (at the end), ``time_to_accuracy`` (the
-    training time of the first evaluation at the model's target, or None),
+    after the warm-up steps, None where not counted), ``test_accuracy`` (at the end),
+    ``time_to_accuracy`` (the training time of the first evaluation at the model's target, or
+    None),
     ``wire_bytes_per_step`` (per rank, mean over ranks, measured on the interface),
     ``payload_bytes_per_step`` (terse's count), ``gradient_bytes``, ``digests``,
     ``replicas_identical`` and, under a codec schedule, ``schedule`` (its final decisions:
