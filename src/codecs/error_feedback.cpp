@@ -36,7 +36,7 @@ class ErrorFeedbackState final : public CodecState {
     w.put(static_cast<std::uint64_t>(residual.size()));
     w.put(static_cast<std::uint64_t>(inner_bytes.size()));
     std::memcpy(w.take(residual.size() * 4).data(), residual.data(), residual.size() * 4);
-    if (momentum) {
+    if (momentum && velocity.size() != 0) {
       std::memcpy(w.take(velocity.size() * 4).data(), velocity.data(), velocity.size() * 4);
     }
     if (!inner_bytes.empty()) {
@@ -70,7 +70,7 @@ class ErrorFeedbackState final : public CodecState {
     }
     if (inner) inner->load(inner_bytes);  // may throw; residual untouched until it succeeds
     std::memcpy(residual.data(), res.data(), n * 4);
-    if (momentum) std::memcpy(velocity.data(), vel.data(), n * 4);
+    if (momentum && n != 0) std::memcpy(velocity.data(), vel.data(), n * 4);
   }
 
   bool adopt(CodecState& previous) override {
@@ -136,7 +136,7 @@ class ErrorFeedbackCodec final : public Codec {
     if (momentum_ > 0) {
       // u' = m u + x, computed aside: the state changes only once encoding succeeded.
       velocity = ctx.scratch().get<float>(Workspace::kWrapperSlot + 1, x.size());
-      std::memcpy(velocity.data(), state->velocity.data(), x.size() * sizeof(float));
+      if (!x.empty()) std::memcpy(velocity.data(), state->velocity.data(), x.size() * 4);
       kit::scale_add(x, velocity, momentum_);
       kit::add_to(velocity, state->residual, corrected);
     } else {
@@ -149,7 +149,7 @@ class ErrorFeedbackCodec final : public Codec {
     inner_->decode_payload(out.first(bytes), state->residual, DecodeMode::kOverwrite);
     if (momentum_ > 0) {
       kit::clear_where(state->residual, velocity);  // factor masking: u = 0 where sent
-      std::memcpy(state->velocity.data(), velocity.data(), x.size() * sizeof(float));
+      if (!x.empty()) std::memcpy(state->velocity.data(), velocity.data(), x.size() * 4);
     }
     kit::difference(corrected, state->residual, state->residual);
     return bytes;
