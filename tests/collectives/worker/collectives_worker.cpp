@@ -1150,6 +1150,26 @@ int all_to_all_matrix(Communicator& comm, Engine& engine) {
   return 0;
 }
 
+// Runs f, which must throw terse::Error on this rank (within `limit` seconds, when given) with
+// every needle in its message; prints the message for the test's log.
+void expect_error(int r, const std::string& what, const std::function<void()>& f,
+                  const std::vector<std::string>& needles, double limit = 0) {
+  std::string error;
+  const auto start = Clock::now();
+  try {
+    f();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  check(!error.empty(), what + ": no error on rank " + std::to_string(r));
+  if (limit > 0) check(seconds < limit, fmt::format("{}: the error took {} s", what, seconds));
+  for (const auto& needle : needles) {
+    check(contains(error, needle), what + ": error lacks '" + needle + "': " + error);
+  }
+  std::printf("EXPECTED-FAILURE rank %d: %s\n", r, error.c_str());
+}
+
 // Errors that every rank must see: NaN in one rank's shard, mismatched first use, counts that
 // disagree. The engine keeps working after each.
 int collective_errors(Communicator& comm, Engine& engine) {
@@ -1157,17 +1177,7 @@ int collective_errors(Communicator& comm, Engine& engine) {
   int cases = 0;
   auto expect = [&](const std::string& what, const std::function<void()>& f,
                     const std::vector<std::string>& needles) {
-    std::string error;
-    try {
-      f();
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    check(!error.empty(), what + ": no error on rank " + std::to_string(r));
-    for (const auto& needle : needles) {
-      check(contains(error, needle), what + ": error lacks '" + needle + "': " + error);
-    }
-    std::printf("EXPECTED-FAILURE rank %d: %s\n", r, error.c_str());
+    expect_error(r, what, f, needles);
     ++cases;
   };
   const std::size_t shard = 5000, at = 4321;
@@ -1287,20 +1297,7 @@ int all_to_all_errors(Communicator& comm, Engine& engine) {
   int cases = 0;
   auto expect = [&](const std::string& what, const std::function<void()>& f,
                     const std::vector<std::string>& needles) {
-    std::string error;
-    const auto start = Clock::now();
-    try {
-      f();
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    check(!error.empty(), what + ": no error on rank " + std::to_string(r));
-    check(seconds < 5.0, fmt::format("{}: the error took {} s", what, seconds));
-    for (const auto& needle : needles) {
-      check(contains(error, needle), what + ": error lacks '" + needle + "': " + error);
-    }
-    std::printf("EXPECTED-FAILURE rank %d: %s\n", r, error.c_str());
+    expect_error(r, what, f, needles, 5.0);
     ++cases;
   };
   // Runs an all_to_all of `per` elements per block (rank 0 expecting `from_bad` more from the
