@@ -27,9 +27,8 @@ struct Calibration;
 //   leaves this one out);
 // - on links the cores pace (engine_link measured) where no more ranks share a machine than it
 //   has cores (ranks_on_host <= cores), the small raw allreduce's cost per byte against 0.8x the
-//   bulk's (engine_beta): undisturbed, 2 ranks on 2 cores copy a 1 MiB allreduce's bytes in the
-//   cache at 0.2-0.6x the bulk's, and probes above 1x ran everything about twice as slow. 4 ranks
-//   on 2 cores range 0.4-1.7x undisturbed: there it is left out.
+//   bulk's (engine_beta): undisturbed, its bytes stay in the cache and cost well below the
+//   bulk's. Where ranks outnumber the cores the two overlap undisturbed: there it is left out.
 double engine_probe_disturbance(const Calibration& c, double link_latency);
 
 // One codec's costs on this machine: seconds for n elements, and encoded bytes for n elements
@@ -93,7 +92,7 @@ struct Calibration {
   LinearFit transport_cpu;
   // Host CPU seconds per message a rank sends (and one it receives) inside the engine: the
   // transport's calls, the thread hand-offs and wake-ups (0: not measured). Measured from the
-  // CPU of the round-latency probes (measure_engine in calibration.cpp).
+  // CPU of the round-latency probes (measure_engine, engine_probes.cpp).
   double cpu_per_message = 0;
   // How much longer than the model's CPU work over the cores an allreduce takes where ranks
   // share the cores and the cores decide (>= 1; 1: not measured, or the cores are not shared,
@@ -135,12 +134,12 @@ struct Calibration {
   bool cores_pace_links() const { return engine_link.points > 0; }
   // Seconds the links take for `bytes` a rank sends in one partition: engine_link where it was
   // measured (the cores pace the links, and a bare exchange's slope, taken out of the cache,
-  // is neither what the engine's copies cost in the cache nor steady: 0.37-1.2 ns/B against
-  // the engine's 0.62-1.04 over 22 loopback calibrations), else bytes * link_beta().
+  // is neither what the engine's copies cost in the cache nor steady), else
+  // bytes * link_beta().
   double link_seconds(double bytes) const;
   // Slowdown with t busy threads per rank (t may be fractional: interpolated); beyond the
   // measured counts it grows linearly. Never below saturation(t): a measurement below it
-  // was disturbed (seen: 1.0, 1.0, 1.14 at 2-4 threads with 2 ranks on 2 cores).
+  // was disturbed.
   double slowdown(double threads) const;
   // What the cores alone impose: ranks_on_host ranks of t compute-bound threads on `cores`
   // CPUs run at min(1, cores / (ranks * t)) of a CPU each, against min(1, cores / ranks) with
