@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "engine/plans.h"
 #include "kit/basic.h"
@@ -13,7 +14,59 @@
 
 namespace terse::engine {
 
+using collectives::Chunks;
+using collectives::Failure;
 using collectives::PartitionContext;
+
+namespace {
+
+std::span<std::byte> bytes_of(const TensorView& v) {
+  return std::span<std::byte>(static_cast<std::byte*>(v.data), v.bytes());
+}
+
+// The first non-finite value of x (fp32 or half values of `dtype`), or x's size in elements.
+std::size_t non_finite(std::span<const std::byte> x, DType dtype) {
+  if (dtype == DType::kFloat32) {
+    return kit::find_non_finite(std::span<const float>(reinterpret_cast<const float*>(x.data()),
+                                                       x.size() / sizeof(float)));
+  }
+  return kit::find_non_finite(
+      std::span<const std::uint16_t>(reinterpret_cast<const std::uint16_t*>(x.data()),
+                                     x.size() / 2),
+      dtype);
+}
+
+// A half tensor's partition staged in fp32, in one buffer from the pool: `in` floats that its
+// values are widened into (exactly, NaN and Inf included), then `out` floats that the
+// strategy writes and that are rounded once into the half result. Every half path of a
+// partition task goes through it, so that all of them widen and round alike.
+class HalfStaging {
+ public:
+  HalfStaging(BufferPool& pool, DType dtype, std::size_t in, std::size_t out)
+      : dtype_(dtype),
+        buffer_(pool.acquire(std::max<std::size_t>((in + out) * sizeof(float), 1))),
+        in_(in),
+        out_(out) {}
+  std::span<float> input() const { return buffer_.as<float>(in_ + out_).first(in_); }
+  std::span<float> output() const { return buffer_.as<float>(in_ + out_).subspan(in_, out_); }
+  // Widens to.size() half values from `from` into `to` (a part of this staging). Returns the
+  // index of the first that is NaN or Inf, or to.size() if all are finite.
+  std::size_t widen(const std::uint16_t* from, std::span<float> to) const {
+    if (kit::widen(dtype_, from, to, false)) return to.size();
+    return kit::find_non_finite(std::span<const std::uint16_t>(from, to.size()), dtype_);
+  }
+  // Rounds `from` (a part of this staging) into `to`; false if a value is not finite there.
+  bool narrow(std::span<const float> from, std::uint16_t* to) const {
+    return kit::narrow(dtype_, from, to);
+  }
+
+ private:
+  DType dtype_;
+  Buffer buffer_;
+  std::size_t in_, out_;
+};
+
+}  // namespace
 
 PartitionTasks::PartitionTasks(Communicator& comm, const EngineOptions& options,
                                BufferPool& buffers, std::atomic<std::uint64_t>& bytes_sent,
@@ -44,58 +97,7 @@ void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace)
     } else if (job.items[task.item].op != Op::kAllreduce) {
       run_collective(task, ctx);
     } else {
-      const Item& it = job.items[task.item];
-      const collectives::Split split(it.ref.typed.elements, task.partitions);
-      ctx.tensor = it.ref.name;
-      ctx.offset = split.begin(task.partition);
-      const DType dtype = it.ref.typed.dtype;
-      Buffer wide;  // a half tensor's partition in fp32: sums and decoded results
-      if (dtype == DType::kFloat32) {
-        ctx.input = split.piece(std::span<const float>(it.ref.data), task.partition);
-        ctx.output = split.piece(result(job, task.item), task.partition);
-      } else {
-        const auto half =
-            split.piece(std::span<const std::uint16_t>(it.ref.typed.half()), task.partition);
-        wide = buffers_.acquire(half.size() * sizeof(float));
-        ctx.output = wide.as<float>(half.size());
-        ctx.input = ctx.output;
-        if (it.rounds != nullptr) {
-          // Round codecs read their input as fp32 arrays: widen it (exactly; NaN and Inf
-          // included, which the codec then reports).
-          kit::widen(dtype, half.data(), ctx.output, false);
-        } else {
-          ctx.half_input = half;
-          ctx.dtype = dtype;
-        }
-      }
-      ctx.divisor = it.ref.options.average ? comm_.size() : 1;
-      ctx.codec = it.codec;
-      ctx.rounds = it.rounds;
-      ctx.states = &it.record->partitions[task.partition];
-      ctx.encode.seed = options_.seed;
-      ctx.encode.step = it.step;
-      ctx.encode.tensor = kit::combine_keys(fnv1a64(it.ref.name), task.partition);
-      ctx.encode.rank = static_cast<std::uint64_t>(comm_.rank());
-      switch (it.plan.strategy) {
-        case Strategy::kRaw:
-          raw_sum(ctx);
-          note_raw_sum(job, task.item, ctx);
-          break;
-        case Strategy::kAllgather: collectives::allgather_allreduce(ctx); break;
-        case Strategy::kSharded: collectives::sharded_allreduce(ctx); break;
-        case Strategy::kRing: collectives::ring_allreduce(ctx); break;
-        case Strategy::kSummable: collectives::summable_allreduce(ctx); break;
-        case Strategy::kAuto:
-        case Strategy::kAllToAll: throw InvalidArgument("engine: not an allreduce strategy");
-      }
-      if (dtype != DType::kFloat32 && !ctx.failure.any()) {
-        // Every rank rounds the same fp32 result the same way.
-        auto out = split.piece(half_result(job, task.item), task.partition);
-        if (!kit::narrow(dtype, ctx.output, out.data())) {
-          throw InvalidArgument(fmt::format("engine: {}: decoded result is not finite",
-                                            ctx.label()));
-        }
-      }
+      run_allreduce(task, ctx);
     }
     if (ctx.failure.any()) {
       std::lock_guard lock(job.mu);
@@ -122,191 +124,234 @@ void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace)
   if (job.remaining.fetch_sub(1) == 1) finish_(task.job);
 }
 
+// An allreduce's partition: piece p of Split(tensor, K), through its strategy.
+void PartitionTasks::run_allreduce(Task& task, PartitionContext& ctx) {
+  Job& job = *task.job;
+  const Item& it = job.items[task.item];
+  const collectives::Split split(it.ref.typed.elements, task.partitions);
+  ctx.tensor = it.ref.name;
+  ctx.offset = split.begin(task.partition);
+  const DType dtype = it.ref.typed.dtype;
+  std::optional<HalfStaging> wide;  // a half tensor's partition in fp32: sums, decoded results
+  if (dtype == DType::kFloat32) {
+    ctx.input = split.piece(std::span<const float>(it.ref.data), task.partition);
+    ctx.output = split.piece(result(job, task.item), task.partition);
+  } else {
+    const auto half =
+        split.piece(std::span<const std::uint16_t>(it.ref.typed.half()), task.partition);
+    wide.emplace(buffers_, dtype, 0, half.size());
+    ctx.output = wide->output();
+    ctx.input = ctx.output;
+    if (it.rounds != nullptr) {
+      // Round codecs read their input as fp32 arrays: widen it (NaN and Inf included, which
+      // the codec then reports).
+      wide->widen(half.data(), ctx.output);
+    } else {
+      ctx.half_input = half;
+      ctx.dtype = dtype;
+    }
+  }
+  ctx.divisor = it.ref.options.average ? comm_.size() : 1;
+  ctx.codec = it.codec;
+  ctx.rounds = it.rounds;
+  ctx.states = &it.record->partitions[task.partition];
+  ctx.encode.seed = options_.seed;
+  ctx.encode.step = it.step;
+  ctx.encode.tensor = kit::combine_keys(fnv1a64(it.ref.name), task.partition);
+  ctx.encode.rank = static_cast<std::uint64_t>(comm_.rank());
+  switch (it.plan.strategy) {
+    case Strategy::kRaw:
+      raw_sum(ctx);
+      note_raw_sum(job, task.item, ctx);
+      break;
+    case Strategy::kAllgather: collectives::allgather_allreduce(ctx); break;
+    case Strategy::kSharded: collectives::sharded_allreduce(ctx); break;
+    case Strategy::kRing: collectives::ring_allreduce(ctx); break;
+    case Strategy::kSummable: collectives::summable_allreduce(ctx); break;
+    case Strategy::kAuto:
+    case Strategy::kAllToAll: throw InvalidArgument("engine: not an allreduce strategy");
+  }
+  if (wide && !ctx.failure.any()) {
+    // Every rank rounds the same fp32 result the same way.
+    auto out = split.piece(half_result(job, task.item), task.partition);
+    if (!wide->narrow(ctx.output, out.data())) {
+      throw InvalidArgument(fmt::format("engine: {}: decoded result is not finite", ctx.label()));
+    }
+  }
+}
+
 // A reduce_scatter's, all_gather's or all_to_all's partition: partition p of a shard (or of each
 // block) is Split(shard, K)'s piece p, so that every rank's pieces line up.
 void PartitionTasks::run_collective(Task& task, PartitionContext& ctx) {
-  using collectives::Chunks;
-  using collectives::Failure;
   const Job& job = *task.job;
   const Item& it = job.items[task.item];
-  const int n = comm_.size(), r = comm_.rank();
   const int p = task.partition;
-  const std::size_t k = static_cast<std::size_t>(task.partitions);
-  const DType dtype = it.ref.typed.dtype;
-  const std::size_t eb = element_bytes(dtype);
-  const bool raw = it.plan.strategy == Strategy::kRaw;
   ctx.tensor = fmt::format("{} of {}", op_name(it.op), it.ref.name);
-  ctx.divisor = it.ref.options.average ? n : 1;
+  ctx.divisor = it.ref.options.average ? comm_.size() : 1;
   ctx.codec = it.codec;
   ctx.states = &it.record->partitions[p];
   ctx.encode.seed = options_.seed;
   ctx.encode.step = it.step;
   ctx.encode.tensor = kit::combine_keys(fnv1a64(it.ref.name), p);
-  ctx.encode.rank = static_cast<std::uint64_t>(r);
-  auto bytes_of = [](const TensorView& v) {
-    return std::span<std::byte>(static_cast<std::byte*>(v.data), v.bytes());
-  };
-  // The first non-finite value of x (fp32 or half values of `dtype`), or x's size.
-  auto non_finite = [&](std::span<const std::byte> x) {
-    if (dtype == DType::kFloat32) {
-      return kit::find_non_finite(std::span<const float>(
-          reinterpret_cast<const float*>(x.data()), x.size() / sizeof(float)));
-    }
-    return kit::find_non_finite(std::span<const std::uint16_t>(
-                                    reinterpret_cast<const std::uint16_t*>(x.data()),
-                                    x.size() / 2),
-                                dtype);
-  };
+  ctx.encode.rank = static_cast<std::uint64_t>(comm_.rank());
   switch (it.op) {
-    case Op::kReduceScatter: {
-      const std::size_t shard = it.output.elements;
-      const collectives::Split split(shard, k);
-      if (dtype == DType::kFloat32) {
-        ctx.input = std::span<const float>(it.ref.data);  // failures name input elements
-        collectives::reduce_scatter(ctx, it.plan.strategy,
-                                    Chunks::strided(shard, split.begin(p), split.size(p), n),
-                                    split.piece(it.output.floats(), p));
-        break;
-      }
-      // A half tensor: the partition's N pieces widened (exactly, NaN and Inf included) into
-      // fp32 scratch, the shard reduced there and rounded once into the output.
-      const std::size_t m = split.size(p);
-      Buffer wide = buffers_.acquire(std::max<std::size_t>((n + 1) * m * sizeof(float), 1));
-      std::span<float> pieces = wide.as<float>((n + 1) * m).first(n * m);
-      std::span<float> sum = wide.as<float>((n + 1) * m).subspan(n * m, m);
-      const auto half = std::span<const std::uint16_t>(it.ref.typed.half());
-      for (int j = 0; j < n; ++j) {
-        kit::widen(dtype, half.data() + j * shard + split.begin(p), pieces.subspan(j * m, m),
-                   false);
-      }
-      ctx.input = pieces;
-      std::uint16_t* to = it.output.half().data() + split.begin(p);
-      auto round = [&] {
-        if (ctx.failure.any() || kit::narrow(dtype, sum, to)) return;
-        // A sum beyond the format's range; every rank learns it in the status round.
-        const std::size_t bad = kit::find_non_finite(std::span<const std::uint16_t>(to, m), dtype);
-        ctx.failure.merge({Failure::kSumNotFinite, r, r * m + bad, {}});
-      };
-      collectives::reduce_scatter(ctx, it.plan.strategy, Chunks::strided(m, 0, m, n), sum,
-                                  round);
-      if (m > 0 && (ctx.failure.kind == Failure::kInputNotFinite ||
-                    ctx.failure.kind == Failure::kSumNotFinite)) {
-        // Failure indices are the scratch's (piece j at j * m): every rank maps them back to the
-        // tensor's the same way.
-        const std::uint64_t at = ctx.failure.index;
-        ctx.failure.index = at / m * shard + split.begin(p) + at % m;
-      }
-      break;
-    }
-    case Op::kAllGather: {
-      const std::size_t shard = it.ref.typed.elements;
-      const collectives::Split split(shard, k);
-      const Chunks chunks = Chunks::strided(shard, split.begin(p), split.size(p), n);
-      ctx.offset = split.begin(p);  // failures name shard elements
-      if (raw) {
-        const auto in = bytes_of(it.ref.typed).subspan(split.begin(p) * eb, split.size(p) * eb);
-        const auto out = bytes_of(it.output);
-        auto piece = [&](int j) { return out.subspan(chunks.begin(j) * eb, chunks.size(j) * eb); };
-        collectives::all_gather_bytes(ctx, in, piece);
-        // Every rank scans the same bytes: all fail or none.
-        for (int j = 0; j < n; ++j) {
-          const std::size_t bad = non_finite(piece(j));
-          if (bad < chunks.size(j)) {
-            ctx.failure.merge({Failure::kInputNotFinite, j, split.begin(p) + bad, {}});
-          }
-        }
-      } else if (dtype == DType::kFloat32) {
-        ctx.input = split.piece(std::span<const float>(it.ref.data), p);
-        collectives::all_gather(ctx, chunks, it.output.floats());
-      } else {
-        // A half shard is encoded from its own values; every rank decodes into fp32 scratch and
-        // rounds each value once.
-        const std::size_t size = split.size(p);
-        Buffer wide = buffers_.acquire(std::max<std::size_t>(size * n * sizeof(float), 1));
-        std::span<float> decoded = wide.as<float>(size * n);
-        ctx.input = decoded.first(size);  // its size only: the codec reads half_input
-        ctx.half_input =
-            split.piece(std::span<const std::uint16_t>(it.ref.typed.half()), p);
-        ctx.dtype = dtype;
-        const Chunks local = Chunks::strided(size, 0, size, n);
-        collectives::all_gather(ctx, local, decoded);
-        if (!ctx.failure.any()) {
-          for (int j = 0; j < n; ++j) {
-            std::uint16_t* to = it.output.half().data() + chunks.begin(j);
-            if (!kit::narrow(dtype, local.piece(decoded, j), to)) {
-              throw InvalidArgument(fmt::format("engine: {}: decoded result is not finite",
-                                                ctx.label()));
-            }
-          }
-        }
-      }
-      break;
-    }
-    case Op::kAllToAll: {
-      collectives::AllToAllBlocks b;
-      std::size_t send_at = 0, recv_at = 0;
-      for (int q = 0; q < n; ++q) {
-        const collectives::Split s(it.send_counts[q], k), t(it.recv_counts[q], k);
-        b.send_begin.push_back(send_at + s.begin(p));
-        b.send_size.push_back(s.size(p));
-        b.recv_begin.push_back(recv_at + t.begin(p));
-        b.recv_size.push_back(t.size(p));
-        send_at += it.send_counts[q];
-        recv_at += it.recv_counts[q];
-      }
-      if (raw) {
-        const auto in = bytes_of(it.ref.typed);
-        for (int q = 0; q < n; ++q) {  // our own input's values (the peers scan theirs)
-          const std::size_t bad = non_finite(in.subspan(b.send_begin[q] * eb, b.send_size[q] * eb));
-          if (bad < b.send_size[q]) {
-            ctx.failure.merge({Failure::kInputNotFinite, r, b.send_begin[q] + bad, {}});
-          }
-        }
-        collectives::all_to_all_bytes(ctx, b, in, bytes_of(it.output), eb);
-      } else if (dtype == DType::kFloat32) {
-        ctx.input = std::span<const float>(it.ref.data);
-        collectives::all_to_all(ctx, b, it.output.floats());
-      } else {
-        // Half blocks: this partition's widened into fp32 scratch, the received ones decoded into
-        // fp32 scratch and rounded once. Non-finite input is found in the tensor's own values
-        // first, so that the error names the tensor's element (the encoder then sends failures).
-        collectives::AllToAllBlocks local = b;
-        std::size_t sends = 0, recvs = 0;
-        for (int q = 0; q < n; ++q) {
-          local.send_begin[q] = sends;
-          local.recv_begin[q] = recvs;
-          sends += b.send_size[q];
-          recvs += b.recv_size[q];
-        }
-        Buffer wide = buffers_.acquire(std::max<std::size_t>((sends + recvs) * sizeof(float), 1));
-        std::span<float> in = wide.as<float>(sends + recvs).first(sends);
-        std::span<float> out = wide.as<float>(sends + recvs).subspan(sends, recvs);
-        const std::uint16_t* from = it.ref.typed.half().data();
-        for (int q = 0; q < n; ++q) {
-          const auto block = in.subspan(local.send_begin[q], b.send_size[q]);
-          if (!kit::widen(dtype, from + b.send_begin[q], block, false)) {
-            const std::size_t bad = kit::find_non_finite(
-                std::span<const std::uint16_t>(from + b.send_begin[q], b.send_size[q]), dtype);
-            ctx.failure.merge({Failure::kInputNotFinite, r, b.send_begin[q] + bad, {}});
-          }
-        }
-        ctx.input = in;
-        collectives::all_to_all(ctx, local, out);
-        if (!ctx.failure.any()) {
-          std::uint16_t* to = it.output.half().data();
-          for (int q = 0; q < n; ++q) {
-            if (!kit::narrow(dtype, out.subspan(local.recv_begin[q], b.recv_size[q]),
-                             to + b.recv_begin[q])) {
-              throw InvalidArgument(fmt::format("engine: {}: a decoded block from rank {} is not "
-                                                "finite in {}",
-                                                ctx.label(), q, to_string(dtype)));
-            }
-          }
-        }
-      }
-      break;
-    }
+    case Op::kReduceScatter: run_reduce_scatter(task, ctx); break;
+    case Op::kAllGather: run_all_gather(task, ctx); break;
+    case Op::kAllToAll: run_all_to_all(task, ctx); break;
     case Op::kAllreduce: break;
+  }
+}
+
+void PartitionTasks::run_reduce_scatter(const Task& task, PartitionContext& ctx) {
+  const Item& it = task.job->items[task.item];
+  const int n = comm_.size(), r = comm_.rank(), p = task.partition;
+  const DType dtype = it.ref.typed.dtype;
+  const std::size_t shard = it.output.elements;
+  const collectives::Split split(shard, static_cast<std::size_t>(task.partitions));
+  if (dtype == DType::kFloat32) {
+    ctx.input = std::span<const float>(it.ref.data);  // failures name input elements
+    collectives::reduce_scatter(ctx, it.plan.strategy,
+                                Chunks::strided(shard, split.begin(p), split.size(p), n),
+                                split.piece(it.output.floats(), p));
+    return;
+  }
+  // A half tensor: the partition's N pieces widened into the staging's input, the shard reduced
+  // into its output and rounded once into the result.
+  const std::size_t m = split.size(p);
+  HalfStaging wide(buffers_, dtype, n * m, m);
+  const auto half = std::span<const std::uint16_t>(it.ref.typed.half());
+  for (int j = 0; j < n; ++j) {
+    wide.widen(half.data() + j * shard + split.begin(p), wide.input().subspan(j * m, m));
+  }
+  ctx.input = wide.input();
+  std::uint16_t* to = it.output.half().data() + split.begin(p);
+  auto round = [&] {
+    if (ctx.failure.any() || wide.narrow(wide.output(), to)) return;
+    // A sum beyond the format's range; every rank learns it in the status round.
+    const std::size_t bad = kit::find_non_finite(std::span<const std::uint16_t>(to, m), dtype);
+    ctx.failure.merge({Failure::kSumNotFinite, r, r * m + bad, {}});
+  };
+  collectives::reduce_scatter(ctx, it.plan.strategy, Chunks::strided(m, 0, m, n), wide.output(),
+                              round);
+  if (m > 0 && (ctx.failure.kind == Failure::kInputNotFinite ||
+                ctx.failure.kind == Failure::kSumNotFinite)) {
+    // Failure indices are the staging's (piece j at j * m): every rank maps them back to the
+    // tensor's the same way.
+    const std::uint64_t at = ctx.failure.index;
+    ctx.failure.index = at / m * shard + split.begin(p) + at % m;
+  }
+}
+
+void PartitionTasks::run_all_gather(const Task& task, PartitionContext& ctx) {
+  const Item& it = task.job->items[task.item];
+  const int n = comm_.size(), p = task.partition;
+  const DType dtype = it.ref.typed.dtype;
+  const std::size_t eb = element_bytes(dtype);
+  const std::size_t shard = it.ref.typed.elements;
+  const collectives::Split split(shard, static_cast<std::size_t>(task.partitions));
+  const Chunks chunks = Chunks::strided(shard, split.begin(p), split.size(p), n);
+  ctx.offset = split.begin(p);  // failures name shard elements
+  if (it.plan.strategy == Strategy::kRaw) {
+    const auto in = bytes_of(it.ref.typed).subspan(split.begin(p) * eb, split.size(p) * eb);
+    const auto out = bytes_of(it.output);
+    auto piece = [&](int j) { return out.subspan(chunks.begin(j) * eb, chunks.size(j) * eb); };
+    collectives::all_gather_bytes(ctx, in, piece);
+    // Every rank scans the same bytes: all fail or none.
+    for (int j = 0; j < n; ++j) {
+      const std::size_t bad = non_finite(piece(j), dtype);
+      if (bad < chunks.size(j)) {
+        ctx.failure.merge({Failure::kInputNotFinite, j, split.begin(p) + bad, {}});
+      }
+    }
+    return;
+  }
+  if (dtype == DType::kFloat32) {
+    ctx.input = split.piece(std::span<const float>(it.ref.data), p);
+    collectives::all_gather(ctx, chunks, it.output.floats());
+    return;
+  }
+  // A half shard is encoded from its own values; every rank decodes into the staging's output
+  // and rounds each value once.
+  const std::size_t size = split.size(p);
+  HalfStaging wide(buffers_, dtype, 0, size * n);
+  ctx.input = wide.output().first(size);  // its size only: the codec reads half_input
+  ctx.half_input = split.piece(std::span<const std::uint16_t>(it.ref.typed.half()), p);
+  ctx.dtype = dtype;
+  const Chunks local = Chunks::strided(size, 0, size, n);
+  collectives::all_gather(ctx, local, wide.output());
+  if (ctx.failure.any()) return;
+  for (int j = 0; j < n; ++j) {
+    if (!wide.narrow(local.piece(wide.output(), j), it.output.half().data() + chunks.begin(j))) {
+      throw InvalidArgument(fmt::format("engine: {}: decoded result is not finite", ctx.label()));
+    }
+  }
+}
+
+void PartitionTasks::run_all_to_all(const Task& task, PartitionContext& ctx) {
+  const Item& it = task.job->items[task.item];
+  const int n = comm_.size(), r = comm_.rank(), p = task.partition;
+  const std::size_t k = static_cast<std::size_t>(task.partitions);
+  const DType dtype = it.ref.typed.dtype;
+  const std::size_t eb = element_bytes(dtype);
+  collectives::AllToAllBlocks b;
+  std::size_t send_at = 0, recv_at = 0;
+  for (int q = 0; q < n; ++q) {
+    const collectives::Split s(it.send_counts[q], k), t(it.recv_counts[q], k);
+    b.send_begin.push_back(send_at + s.begin(p));
+    b.send_size.push_back(s.size(p));
+    b.recv_begin.push_back(recv_at + t.begin(p));
+    b.recv_size.push_back(t.size(p));
+    send_at += it.send_counts[q];
+    recv_at += it.recv_counts[q];
+  }
+  if (it.plan.strategy == Strategy::kRaw) {
+    const auto in = bytes_of(it.ref.typed);
+    for (int q = 0; q < n; ++q) {  // our own input's values (the peers scan theirs)
+      const std::size_t bad =
+          non_finite(in.subspan(b.send_begin[q] * eb, b.send_size[q] * eb), dtype);
+      if (bad < b.send_size[q]) {
+        ctx.failure.merge({Failure::kInputNotFinite, r, b.send_begin[q] + bad, {}});
+      }
+    }
+    collectives::all_to_all_bytes(ctx, b, in, bytes_of(it.output), eb);
+    return;
+  }
+  if (dtype == DType::kFloat32) {
+    ctx.input = std::span<const float>(it.ref.data);
+    collectives::all_to_all(ctx, b, it.output.floats());
+    return;
+  }
+  // Half blocks: this partition's widened into the staging's input, the received ones decoded
+  // into its output and rounded once. Non-finite input is found in the tensor's own values
+  // first, so that the error names the tensor's element (the encoder then sends failures).
+  collectives::AllToAllBlocks local = b;
+  std::size_t sends = 0, recvs = 0;
+  for (int q = 0; q < n; ++q) {
+    local.send_begin[q] = sends;
+    local.recv_begin[q] = recvs;
+    sends += b.send_size[q];
+    recvs += b.recv_size[q];
+  }
+  HalfStaging wide(buffers_, dtype, sends, recvs);
+  const std::uint16_t* from = it.ref.typed.half().data();
+  for (int q = 0; q < n; ++q) {
+    const std::size_t bad = wide.widen(from + b.send_begin[q],
+                                       wide.input().subspan(local.send_begin[q], b.send_size[q]));
+    if (bad < b.send_size[q]) {
+      ctx.failure.merge({Failure::kInputNotFinite, r, b.send_begin[q] + bad, {}});
+    }
+  }
+  ctx.input = wide.input();
+  collectives::all_to_all(ctx, local, wide.output());
+  if (ctx.failure.any()) return;
+  std::uint16_t* to = it.output.half().data();
+  for (int q = 0; q < n; ++q) {
+    if (!wide.narrow(wide.output().subspan(local.recv_begin[q], b.recv_size[q]),
+                     to + b.recv_begin[q])) {
+      throw InvalidArgument(fmt::format("engine: {}: a decoded block from rank {} is not "
+                                        "finite in {}",
+                                        ctx.label(), q, to_string(dtype)));
+    }
   }
 }
 

@@ -33,7 +33,11 @@ class PartitionTasks {
 
  private:
   void run_fused(Task& task, collectives::PartitionContext& ctx);
+  void run_allreduce(Task& task, collectives::PartitionContext& ctx);
   void run_collective(Task& task, collectives::PartitionContext& ctx);
+  void run_reduce_scatter(const Task& task, collectives::PartitionContext& ctx);
+  void run_all_gather(const Task& task, collectives::PartitionContext& ctx);
+  void run_all_to_all(const Task& task, collectives::PartitionContext& ctx);
   void raw_sum(collectives::PartitionContext& ctx);
   static void note_raw_sum(Job& job, int item, const collectives::PartitionContext& ctx);
   static void note_span(Job& job, int item, std::int64_t begin);
