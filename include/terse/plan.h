@@ -37,8 +37,9 @@ enum class Operation {
   kAllreduce,      // strategies raw, allgather, sharded, ring, summable
   kReduceScatter,  // raw, alltoall, sharded, ring, summable
   kAllGather,      // raw, allgather
+  kAllToAll,       // raw, alltoall; not planned: the cost model and the planner refuse it
 };
-// "allreduce", "reduce_scatter", "all_gather".
+// "allreduce", "reduce_scatter", "all_gather", "all_to_all".
 TERSE_API std::string_view to_string(Operation op);
 
 // The engine's default for EngineOptions::gather_bytes (engine.h says what it does); the

@@ -37,6 +37,7 @@ std::string_view to_string(Operation op) {
     case Operation::kAllreduce: return "allreduce";
     case Operation::kReduceScatter: return "reduce_scatter";
     case Operation::kAllGather: return "all_gather";
+    case Operation::kAllToAll: return "all_to_all";
   }
   return "?";
 }

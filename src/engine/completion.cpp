@@ -186,11 +186,11 @@ std::exception_ptr Completion::failure_error(const Job& job) const {
                   ? fmt::format("rank {} received a payload it could not decode", f.origin)
                   : f.detail;
   }
-  const Op op = job.failure_item < 0 ? Op::kAllreduce : job.items[job.failure_item].op;
-  const std::string msg =
-      fmt::format("rank {}: {} of {} failed on every rank{}: {}", comm_.rank(), op_name(op), what,
-                  op == Op::kAllreduce ? outcome() : " (the output may hold partial results)",
-                  cause);
+  const Operation op =
+      job.failure_item < 0 ? Operation::kAllreduce : job.items[job.failure_item].op;
+  const std::string msg = fmt::format(
+      "rank {}: {} of {} failed on every rank{}: {}", comm_.rank(), to_string(op), what,
+      op == Operation::kAllreduce ? outcome() : " (the output may hold partial results)", cause);
   if (f.kind == Failure::kBadPayload) return std::make_exception_ptr(DecodeError(msg));
   if (f.kind == Failure::kCountMismatch) return std::make_exception_ptr(MismatchError(msg));
   return std::make_exception_ptr(InvalidArgument(msg));
@@ -200,7 +200,7 @@ std::exception_ptr Completion::failure_error(const Job& job) const {
 void Completion::check_raw_sums(const Job& job) const {
   for (std::size_t i = 0; i < job.items.size(); ++i) {
     const Item& it = job.items[i];
-    if (it.plan.strategy != Strategy::kRaw || it.op != Op::kAllreduce) continue;
+    if (it.plan.strategy != Strategy::kRaw || it.op != Operation::kAllreduce) continue;
     std::span<float> sum = result(job, static_cast<int>(i));
     const std::size_t bad = it.plan.fused ? kit::find_non_finite(sum) : it.not_finite;
     if (bad >= sum.size()) continue;

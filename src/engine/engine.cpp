@@ -210,21 +210,21 @@ Handle Engine::allreduce_group(std::vector<TensorRef> tensors) {
 
 Handle Engine::reduce_scatter(std::string name, TensorView input, TensorView output,
                               CollectiveOptions options) {
-  return impl_->submissions.submit_collective(engine::Op::kReduceScatter, std::move(name), input,
+  return impl_->submissions.submit_collective(Operation::kReduceScatter, std::move(name), input,
                                               output, {}, {}, options);
 }
 
 Handle Engine::all_gather(std::string name, TensorView input, TensorView output,
                           CollectiveOptions options) {
-  return impl_->submissions.submit_collective(engine::Op::kAllGather, std::move(name), input,
-                                              output, {}, {}, options);
+  return impl_->submissions.submit_collective(Operation::kAllGather, std::move(name), input, output,
+                                              {}, {}, options);
 }
 
 Handle Engine::all_to_all(std::string name, TensorView input,
                           std::span<const std::size_t> send_counts, TensorView output,
                           std::span<const std::size_t> recv_counts, CollectiveOptions options) {
   return impl_->submissions.submit_collective(
-      engine::Op::kAllToAll, std::move(name), input, output,
+      Operation::kAllToAll, std::move(name), input, output,
       std::vector<std::size_t>(send_counts.begin(), send_counts.end()),
       std::vector<std::size_t>(recv_counts.begin(), recv_counts.end()), options);
 }

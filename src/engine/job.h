@@ -29,15 +29,10 @@ using collectives::kMaxPartitions;
 
 struct TensorRecord;
 
-// The operation of a submission.
-enum class Op : std::uint8_t { kAllreduce, kReduceScatter, kAllGather, kAllToAll };
-// "allreduce", "reduce_scatter", "all_gather", "all_to_all".
-const char* op_name(Op op);
-// The planner's operation of a submission's (all_to_all has none: codec "auto" is refused).
-Operation planner_operation(Op op);
+// The operation of a submission: terse::Operation (terse/plan.h), all_to_all included.
 
 struct Item {
-  Op op = Op::kAllreduce;
+  Operation op = Operation::kAllreduce;
   TensorRef ref;  // reduce_scatter, all_gather, all_to_all: ref.typed is the input
   // reduce_scatter, all_gather, all_to_all: the output, and the counts of an all_to_all.
   TensorView output;

@@ -94,7 +94,7 @@ void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace)
     if (task.item < 0) {
       ctx.tensor = fmt::format("fused group of {} tensors", job.fused.size());
       run_fused(task, ctx);
-    } else if (job.items[task.item].op != Op::kAllreduce) {
+    } else if (job.items[task.item].op != Operation::kAllreduce) {
       run_collective(task, ctx);
     } else {
       run_allreduce(task, ctx);
@@ -186,7 +186,7 @@ void PartitionTasks::run_collective(Task& task, PartitionContext& ctx) {
   const Job& job = *task.job;
   const Item& it = job.items[task.item];
   const int p = task.partition;
-  ctx.tensor = fmt::format("{} of {}", op_name(it.op), it.ref.name);
+  ctx.tensor = fmt::format("{} of {}", to_string(it.op), it.ref.name);
   ctx.divisor = it.ref.options.average ? comm_.size() : 1;
   ctx.codec = it.codec;
   ctx.states = &it.record->partitions[p];
@@ -195,10 +195,10 @@ void PartitionTasks::run_collective(Task& task, PartitionContext& ctx) {
   ctx.encode.tensor = kit::combine_keys(fnv1a64(it.ref.name), p);
   ctx.encode.rank = static_cast<std::uint64_t>(comm_.rank());
   switch (it.op) {
-    case Op::kReduceScatter: run_reduce_scatter(task, ctx); break;
-    case Op::kAllGather: run_all_gather(task, ctx); break;
-    case Op::kAllToAll: run_all_to_all(task, ctx); break;
-    case Op::kAllreduce: break;
+    case Operation::kReduceScatter: run_reduce_scatter(task, ctx); break;
+    case Operation::kAllGather: run_all_gather(task, ctx); break;
+    case Operation::kAllToAll: run_all_to_all(task, ctx); break;
+    case Operation::kAllreduce: break;
   }
 }
 

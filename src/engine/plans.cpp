@@ -132,28 +132,28 @@ TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** c
   return p;
 }
 
-TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t shard,
+TensorPlan Plans::plan_collective(Operation op, const std::string& name, std::size_t shard,
                                   std::size_t total, const CollectiveOptions& o,
                                   const Codec** codec_out, DType dtype) const {
-  const char* what = op_name(op);
+  const std::string_view what = to_string(op);
   auto refuse = [&](const std::string& why) {
     return InvalidArgument(fmt::format("rank {}: {} of tensor '{}': {}", comm_.rank(), what, name,
                                        why));
   };
   if (const auto tier = auto_tier(o.codec)) {
-    if (op == Op::kAllToAll) {
+    if (op == Operation::kAllToAll) {
       throw refuse(fmt::format("codec {} is not supported for all_to_all (the planner prices "
                                "allreduce, reduce_scatter and all_gather); name a codec",
                                o.codec));
     }
     // A restriction the operation has no strategy for is refused as a fixed codec's would be.
-    if (op == Op::kReduceScatter && o.strategy == Strategy::kAllgather) {
+    if (op == Operation::kReduceScatter && o.strategy == Strategy::kAllgather) {
       throw refuse(
           "strategy allgather has no reduce-scatter; use raw (codec none), alltoall, "
           "sharded, ring or summable");
     }
-    if (op == Op::kAllGather && o.strategy != Strategy::kAuto && o.strategy != Strategy::kRaw &&
-        o.strategy != Strategy::kAllgather) {
+    if (op == Operation::kAllGather && o.strategy != Strategy::kAuto &&
+        o.strategy != Strategy::kRaw && o.strategy != Strategy::kAllgather) {
       throw refuse(fmt::format("strategy {} does not apply; use raw (codec none) or allgather",
                                to_string(o.strategy)));
     }
@@ -165,7 +165,7 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
     if (total > 0) {  // an empty tensor has nothing to plan: raw
       TensorPlan decided;
       try {
-        decided = decide_auto(total, o.strategy, o.partitions, *tier, planner_operation(op));
+        decided = decide_auto(total, o.strategy, o.partitions, *tier, op);
       } catch (const InvalidArgument& e) {
         throw refuse(e.what());  // a restriction no allowed codec can use
       }
@@ -188,7 +188,7 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
   p.strategy = o.strategy;
   std::string allowed;
   switch (op) {
-    case Op::kReduceScatter:
+    case Operation::kReduceScatter:
       if (p.strategy == Strategy::kAuto) p.strategy = identity ? Strategy::kRaw : Strategy::kAllToAll;
       allowed = "raw (codec none), alltoall, sharded, ring or summable";
       if (p.strategy == Strategy::kAllgather || p.strategy == Strategy::kAuto) {
@@ -210,9 +210,10 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
         return plan_collective(op, name, shard, total, own, codec_out, dtype);
       }
       break;
-    case Op::kAllGather:
-    case Op::kAllToAll: {
-      const Strategy compressed = op == Op::kAllGather ? Strategy::kAllgather : Strategy::kAllToAll;
+    case Operation::kAllGather:
+    case Operation::kAllToAll: {
+      const Strategy compressed =
+          op == Operation::kAllGather ? Strategy::kAllgather : Strategy::kAllToAll;
       if (p.strategy == Strategy::kAuto) p.strategy = identity ? Strategy::kRaw : compressed;
       if (p.strategy != Strategy::kRaw && p.strategy != compressed) {
         throw refuse(fmt::format("strategy {} does not apply; use raw (codec none) or {}",
@@ -220,7 +221,7 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
       }
       break;
     }
-    case Op::kAllreduce: throw refuse("not a collective of its own");
+    case Operation::kAllreduce: throw refuse("not a collective of its own");
   }
   if (p.strategy == Strategy::kRaw && !identity) {
     throw refuse(fmt::format("strategy raw sends the values as they are and cannot use codec {}",
@@ -231,12 +232,12 @@ TensorPlan Plans::plan_collective(Op op, const std::string& name, std::size_t sh
   }
   std::size_t k = o.partitions;
   if (k == 0) {
-    k = op == Op::kAllToAll
+    k = op == Operation::kAllToAll
             ? 1
             : (total * sizeof(float) + options_.partition_bytes - 1) / options_.partition_bytes;
   }
   // Partition boundaries within a shard fall on multiples of 64 elements.
-  if (op != Op::kAllToAll) {
+  if (op != Operation::kAllToAll) {
     k = std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, (shard + 63) / 64));
   }
   p.partitions = static_cast<int>(std::clamp<std::size_t>(k, 1, kMaxPartitions));
@@ -285,23 +286,23 @@ TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
   return plan(n, chosen, codec_out, dtype);
 }
 
-void Plans::before_collective(Op op, std::size_t total, const CollectiveOptions& o) {
+void Plans::before_collective(Operation op, std::size_t total, const CollectiveOptions& o) {
   const auto tier = auto_tier(o.codec);
-  if (!tier || op == Op::kAllToAll || total == 0) return;
-  const Planner::Use use{total, threads_, o.strategy, o.partitions, *tier, planner_operation(op)};
+  if (!tier || op == Operation::kAllToAll || total == 0) return;
+  const Planner::Use use{total, threads_, o.strategy, o.partitions, *tier, op};
   planner().before_submission(comm_, std::span(&use, 1));
 }
 
 Planner::Use Plans::use_of(const Item& it) const {
   const AllreduceOptions& o = it.ref.options;
   const Tier tier = auto_tier(o.codec).value_or(Tier::kLight);
-  if (it.op == Op::kAllreduce) {
+  if (it.op == Operation::kAllreduce) {
     return {it.ref.typed.elements, threads_, o.strategy, o.partitions, tier,
             Operation::kAllreduce};
   }
   // A collective's size is the larger of input and output (N shards).
   return {std::max(it.ref.typed.elements, it.output.elements), threads_, o.strategy, o.partitions,
-          tier, planner_operation(it.op)};
+          tier, it.op};
 }
 
 void Plans::before_submission(const std::vector<TensorRef>& tensors) {

@@ -78,15 +78,15 @@ class Plans {
   // per shard (all_to_all: unused) and `total` elements in the larger of input and output.
   // Throws InvalidArgument naming the rank, tensor and operation for options it cannot honour.
   // Codec "auto" (reduce_scatter and all_gather) asks the planner, as plan() does.
-  TensorPlan plan_collective(Op op, const std::string& name, std::size_t shard, std::size_t total,
-                             const CollectiveOptions& o, const Codec** codec_out,
+  TensorPlan plan_collective(Operation op, const std::string& name, std::size_t shard,
+                             std::size_t total, const CollectiveOptions& o, const Codec** codec_out,
                              DType dtype) const;
 
   // Before a submission is planned: lets the planner re-check its decisions, a collective at
   // the same point on every rank (ranks submit the same sequence). Under the submission order.
   void before_submission(const std::vector<TensorRef>& tensors);
   // The same before a reduce_scatter or all_gather with codec "auto" of `total` elements.
-  void before_collective(Op op, std::size_t total, const CollectiveOptions& o);
+  void before_collective(Operation op, std::size_t total, const CollectiveOptions& o);
 
   // ---- per-tensor records ----
 

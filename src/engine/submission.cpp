@@ -26,58 +26,39 @@ std::string config_of(const TensorRef& t, const TensorPlan& p) {
                      t.options.average ? "average" : "sum");
 }
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::kAllreduce: return "allreduce";
-    case Op::kReduceScatter: return "reduce_scatter";
-    case Op::kAllGather: return "all_gather";
-    case Op::kAllToAll: return "all_to_all";
-  }
-  return "?";
-}
-
-Operation planner_operation(Op op) {
-  switch (op) {
-    case Op::kReduceScatter: return Operation::kReduceScatter;
-    case Op::kAllGather: return Operation::kAllGather;
-    case Op::kAllreduce:
-    case Op::kAllToAll: break;
-  }
-  return Operation::kAllreduce;
-}
-
 std::string record_key(const Item& it) {
-  if (it.op == Op::kAllreduce) return it.ref.name;
-  return fmt::format("{}:{}", op_name(it.op), it.ref.name);
+  if (it.op == Operation::kAllreduce) return it.ref.name;
+  return fmt::format("{}:{}", to_string(it.op), it.ref.name);
 }
 
 // Rank-independent (it is compared across ranks): an all_to_all's counts are not part of it.
 std::string config_of(const Item& it) {
-  if (it.op == Op::kAllreduce) return config_of(it.ref, it.plan);
+  if (it.op == Operation::kAllreduce) return config_of(it.ref, it.plan);
   const DType d = it.ref.typed.dtype;
   std::string values;
   switch (it.op) {
-    case Op::kReduceScatter:
-      values = fmt::format("{} of {} {} values per shard", op_name(it.op), it.output.elements,
+    case Operation::kReduceScatter:
+      values = fmt::format("{} of {} {} values per shard", to_string(it.op), it.output.elements,
                            to_string(d));
       break;
-    case Op::kAllGather:
-      values = fmt::format("{} of {} {} values per shard", op_name(it.op), it.ref.typed.elements,
+    case Operation::kAllGather:
+      values = fmt::format("{} of {} {} values per shard", to_string(it.op), it.ref.typed.elements,
                            to_string(d));
       break;
-    default: values = fmt::format("{} of {} blocks", op_name(it.op), to_string(d));
+    default: values = fmt::format("{} of {} blocks", to_string(it.op), to_string(d));
   }
   return fmt::format("{}, codec {}, strategy {}, {} partition{}{}", values, it.plan.codec,
                      to_string(it.plan.strategy), it.plan.partitions,
                      it.plan.partitions == 1 ? "" : "s",
-                     it.op != Op::kReduceScatter    ? ""
-                     : it.ref.options.average ? ", average"
-                                              : ", sum");
+                     it.op != Operation::kReduceScatter ? ""
+                     : it.ref.options.average           ? ", average"
+                                                        : ", sum");
 }
 
 bool fusable(const Item& it, const EngineOptions& options) {
-  return it.op == Op::kAllreduce && it.plan.strategy == Strategy::kRaw && it.ref.options.average &&
-         it.ref.typed.dtype == DType::kFloat32 && it.ref.data.size_bytes() <= options.fuse_bytes;
+  return it.op == Operation::kAllreduce && it.plan.strategy == Strategy::kRaw &&
+         it.ref.options.average && it.ref.typed.dtype == DType::kFloat32 &&
+         it.ref.data.size_bytes() <= options.fuse_bytes;
 }
 
 namespace {
@@ -167,11 +148,11 @@ Handle Submissions::submit(std::vector<TensorRef> tensors) {
   return dispatch(job);
 }
 
-Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
+Handle Submissions::submit_collective(Operation op, std::string name, TensorView input,
                                       TensorView output, std::vector<std::size_t> send_counts,
                                       std::vector<std::size_t> recv_counts,
                                       const CollectiveOptions& options) {
-  const char* what = op_name(op);
+  const std::string_view what = to_string(op);
   const int n = comm_.size(), r = comm_.rank();
   auto invalid = [&](const std::string& why) {
     return InvalidArgument(fmt::format("rank {}: {} of tensor '{}': {}", r, what, name, why));
@@ -187,7 +168,7 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
   }
   std::size_t shard = 0, total = 0;
   switch (op) {
-    case Op::kReduceScatter:
+    case Operation::kReduceScatter:
       if (input.elements != static_cast<std::size_t>(n) * output.elements) {
         throw invalid(fmt::format("input has {} elements and output {}: input must hold {} ranks "
                                   "x the output's {} ({})",
@@ -197,7 +178,7 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
       shard = output.elements;
       total = input.elements;
       break;
-    case Op::kAllGather:
+    case Operation::kAllGather:
       if (output.elements != static_cast<std::size_t>(n) * input.elements) {
         throw invalid(fmt::format("input has {} elements and output {}: output must hold {} "
                                   "ranks x the input's {} ({})",
@@ -207,7 +188,7 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
       shard = input.elements;
       total = output.elements;
       break;
-    case Op::kAllToAll: {
+    case Operation::kAllToAll: {
       if (send_counts.size() != static_cast<std::size_t>(n) ||
           recv_counts.size() != static_cast<std::size_t>(n)) {
         throw invalid(fmt::format("{} send_counts and {} recv_counts for {} ranks; give one per "
@@ -231,11 +212,11 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
       total = std::max(input.elements, output.elements);
       break;
     }
-    case Op::kAllreduce: throw invalid("not a collective of its own");
+    case Operation::kAllreduce: throw invalid("not a collective of its own");
   }
 
   std::lock_guard order(order_mu_);
-  const bool planned = auto_tier(options.codec).has_value() && op != Op::kAllToAll;
+  const bool planned = auto_tier(options.codec).has_value() && op != Operation::kAllToAll;
   if (planned) {
     // The planner's first plan and its exchanges are collectives: before any rank reaches one,
     // the ranks check that all of them asked for "auto" here (a rank that named a codec instead
@@ -244,9 +225,9 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
         fmt::format("'{}': {} of {} {} values per shard, codec {}, strategy {}, partitions {}{}\n",
                     name, what, shard, to_string(input.dtype), options.codec,
                     to_string(options.strategy), options.partitions,
-                    op != Op::kReduceScatter ? ""
-                    : options.average        ? ", average"
-                                             : ", sum");
+                    op != Operation::kReduceScatter ? ""
+                    : options.average               ? ", average"
+                                                    : ", sum");
     if (!auto_checked_.contains(request)) {
       verify(request,
              fmt::format("{} of '{}' (first-use check of codec {})", what, name, options.codec));
@@ -268,7 +249,7 @@ Handle Submissions::submit_collective(Op op, std::string name, TensorView input,
   it.ref.options.codec = options.codec;
   it.ref.options.strategy = options.strategy;
   it.ref.options.partitions = options.partitions;
-  it.ref.options.average = op == Op::kReduceScatter && options.average;
+  it.ref.options.average = op == Operation::kReduceScatter && options.average;
   it.output = output;
   it.send_counts = std::move(send_counts);
   it.recv_counts = std::move(recv_counts);
@@ -323,7 +304,7 @@ void Submissions::lay_out(Job& job) const {
     staging += job.items[i].ref.typed.elements;
   }
   for (auto& it : job.items) {
-    if (it.plan.fused || !options_.keep_input_on_error || it.op != Op::kAllreduce) continue;
+    if (it.plan.fused || !options_.keep_input_on_error || it.op != Operation::kAllreduce) continue;
     it.staging = staging;
     it.staged = true;
     staging += staged_floats(it);
@@ -380,8 +361,8 @@ void Submissions::verify(const std::vector<Item>& items) {
   for (const auto& it : items) {
     text += fmt::format("'{}': {}\n", it.ref.name, config_of(it));
   }
-  verify(text, items.size() == 1 ? fmt::format("{} of '{}' (first-use check)", op_name(items[0].op),
-                                               items[0].ref.name)
+  verify(text, items.size() == 1 ? fmt::format("{} of '{}' (first-use check)",
+                                               to_string(items[0].op), items[0].ref.name)
                                  : fmt::format("'{}' and {} more (first-use check)",
                                                items[0].ref.name, items.size() - 1));
 }

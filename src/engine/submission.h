@@ -41,7 +41,7 @@ class Submissions {
   Handle submit(std::vector<TensorRef> tensors);
 
   // Checks, plans and queues a reduce_scatter, all_gather or all_to_all (Engine's promises).
-  Handle submit_collective(Op op, std::string name, TensorView input, TensorView output,
+  Handle submit_collective(Operation op, std::string name, TensorView input, TensorView output,
                            std::vector<std::size_t> send_counts,
                            std::vector<std::size_t> recv_counts, const CollectiveOptions& options);
 

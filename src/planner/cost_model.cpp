@@ -134,6 +134,10 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
   if (ranks < 1 || threads < 1) {
     throw InvalidArgument(fmt::format("cost model: {} ranks, {} threads", ranks, threads));
   }
+  if (op == Operation::kAllToAll) {
+    throw InvalidArgument(
+        "cost model: all_to_all is not priced (allreduce, reduce_scatter and all_gather are)");
+  }
   const bool raw = codec_spec == "none";
   if (raw != (strategy == Strategy::kRaw)) {
     throw InvalidArgument(

@@ -35,8 +35,8 @@ class CostModel {
   // questions) with codec spec (canonical; "none" for raw), strategy (not kAuto) and K
   // partitions, run by an engine with `threads` worker threads. With op, a reduce-scatter of n
   // floats of input or an all-gather of n floats of output (n/ranks a shard, K partitions of
-  // each shard). Throws InvalidArgument for a codec the calibration does not hold or a
-  // strategy it cannot use for op.
+  // each shard). Throws InvalidArgument for a codec the calibration does not hold, a
+  // strategy it cannot use for op, or op all_to_all (not priced: the planner does not plan it).
   Prediction predict(std::size_t n, std::string_view codec, Strategy strategy, int partitions,
                      int ranks, int threads, Operation op = Operation::kAllreduce) const;
 
