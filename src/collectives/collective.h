@@ -300,7 +300,7 @@ inline bool gathers(std::size_t elements, int ranks, std::size_t gather_bytes) {
   return ranks > 1 && static_cast<std::size_t>(ranks - 1) * elements * sizeof(float) <= gather_bytes;
 }
 // The same sum gathered: one message step (index), every rank's whole input to every other rank,
-// summed in rank order; for small messages (see raw.cpp).
+// summed in rank order; for small messages (see allreduce/raw.cpp).
 void raw_gather(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
                 std::uint32_t index, int divisor);
 void allgather_allreduce(PartitionContext& ctx);
@@ -313,7 +313,7 @@ void gather_sum(PartitionContext& ctx, std::span<const float> input, std::span<f
 void summable_ring(PartitionContext& ctx, std::span<const float> input, std::span<float> output,
                    std::uint32_t first_index);
 // A multi-round codec (ctx.rounds): each round's sum on a ring (summable) or gathered
-// (allgather); see rounds.cpp.
+// (allgather); see allreduce/rounds.cpp.
 void rounds_allreduce(PartitionContext& ctx, bool gather);
 void sharded_allreduce(PartitionContext& ctx);
 void ring_allreduce(PartitionContext& ctx);

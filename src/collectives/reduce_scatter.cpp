@@ -1,6 +1,6 @@
 // reduce-scatter: rank j ends with the sum over ranks of chunk j (its shard),
 // divided when averaging. The compressed strategies are the reduce-scatter
-// halves of the allreduce ones (sharded.cpp, ring.cpp, summable.cpp); raw sends
+// halves of the allreduce ones (allreduce/: sharded.cpp, ring.cpp, summable.cpp); raw sends
 // each fp32 chunk once, straight to its owner, which sums the N of them in rank
 // order, ((x_0 + x_1) + x_2) + ..., as the raw gather does: one message step,
 // (N-1)/N of the partition sent per rank, the same result as the exact-order
