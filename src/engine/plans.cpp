@@ -256,8 +256,10 @@ Planner& Plans::planner() const {
     po.raw_partition_bytes = options_.partition_bytes;
     planner_ = std::make_shared<Planner>(std::move(po));
   }
-  // Calibration times allreduces through a probe engine of its own.
+  // Calibration times allreduces through a probe engine of its own; the model prices this
+  // engine's raw partitions as it sends them.
   PlannerAccess::set_allreduce_probe(*planner_, make_allreduce_probe);
+  PlannerAccess::set_gather_bytes(*planner_, options_.gather_bytes);
   return *planner_;
 }
 

@@ -1,6 +1,6 @@
 // The cost model: predicted time of one allreduce per strategy, from the calibration.
 // docs/planner.md derives these formulas from each strategy's message schedule (the header
-// comments of src/collectives/*.cpp) and the engine's pipeline.
+// comments of src/collectives/allreduce/*.cpp) and the engine's pipeline.
 //
 // One partition of m floats, N ranks, chunks or shards of s = m/N floats, e(x) encoded bytes:
 //   raw        L = 2(N-1)  W = 2(N-1)*4s        C = (N-1)*add(s) + div(s)
@@ -128,6 +128,54 @@ Prediction CostModel::pipeline(const PartitionCost& p, int parts, int threads) c
   return out;
 }
 
+// A multi-round codec's one partition (the whole tensor): its encode() fit (all rounds and
+// finish()) and the division, then each round's sum, gathered or on a ring.
+CostModel::PartitionCost CostModel::rounds_partition(const RoundCodec& rounds, const CodecCosts& k,
+                                                     bool gathered, std::size_t n,
+                                                     int ranks) const {
+  const Calibration& c = calibration_;
+  const double N = ranks;
+  const double whole = static_cast<double>(n);
+  PartitionCost p;
+  p.cpu = piece_cost(k.encode, whole, whole) + piece_cost(c.divide, whole, whole);
+  for (int r = 0; r < rounds.rounds() && ranks > 1; ++r) {
+    if (gathered) {
+      // Each round's whole contribution to every other rank, as the wire codec's payload or
+      // exact fp32 (4 bytes an element and a header); every rank decodes and adds N of them.
+      const std::size_t cr = rounds.round_elements(r, n);
+      const Codec* wire = rounds.round_wire(r, n);
+      const CodecCosts* w = wire != nullptr ? c.find(wire->spec()) : nullptr;
+      p.rounds += 1;
+      p.messages += N - 1;
+      static const std::unique_ptr<Codec> exact = make_codec("none");
+      p.bytes += (N - 1) * static_cast<double>((wire != nullptr ? wire : exact.get())
+                                                   ->max_encoded_bytes(cr));
+      p.cpu += w != nullptr ? w->encode(cr) + w->decode(cr) + (N - 1) * w->accumulate(cr)
+                            : (N - 1) * c.add(static_cast<double>(cr));
+      continue;
+    }
+    const double chunk = largest_piece(static_cast<double>(rounds.round_elements(r, n)), N);
+    if (const Codec* wire = rounds.round_wire(r, n); wire != nullptr) {
+      // The summable ring on the wire codec: N - 1 steps and the final exchange. Its CPU is the
+      // wire codec's calibrated cost, or the raw ring's adds where it has none.
+      p.rounds += N;
+      p.messages += 2 * (N - 1);
+      p.bytes += 2 * (N - 1) *
+                 static_cast<double>(wire->max_encoded_bytes(static_cast<std::size_t>(chunk)));
+      const CodecCosts* w = c.find(wire->spec());
+      p.cpu += w != nullptr
+                   ? N * w->encode(chunk) + (N - 1) * w->combine(chunk) + N * w->decode(chunk)
+                   : (N - 1) * c.add(chunk);
+      continue;
+    }
+    p.rounds += 2 * (N - 1);
+    p.messages += 2 * (N - 1);
+    p.bytes += 2 * (N - 1) * 4 * chunk;
+    p.cpu += (N - 1) * c.add(chunk);
+  }
+  return p;
+}
+
 Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strategy strategy,
                               int partitions, int ranks, int threads, Operation op) const {
   const Calibration& c = calibration_;
@@ -198,21 +246,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       break;
     case Strategy::kAllgather:
       if (rounds != nullptr) {
-        // Each round's whole contribution to every other rank, as the wire codec's payload or
-        // exact fp32 (4 bytes an element and a header); every rank decodes and adds N of them.
-        p.cpu = enc(m) + div(m);
-        for (int r = 0; r < rounds->rounds() && ranks > 1; ++r) {
-          const std::size_t cr = rounds->round_elements(r, n);
-          const Codec* wire = rounds->round_wire(r, n);
-          const CodecCosts* w = wire != nullptr ? c.find(wire->spec()) : nullptr;
-          p.rounds += 1;
-          p.messages += N - 1;
-          static const std::unique_ptr<Codec> exact = make_codec("none");
-          p.bytes += (N - 1) * static_cast<double>((wire != nullptr ? wire : exact.get())
-                                                       ->max_encoded_bytes(cr));
-          p.cpu += w != nullptr ? w->encode(cr) + w->decode(cr) + (N - 1) * w->accumulate(cr)
-                                : (N - 1) * c.add(static_cast<double>(cr));
-        }
+        p = rounds_partition(*rounds, *k, true, n, ranks);
         break;
       }
       p.rounds = ranks > 1 ? 1 : 0;
@@ -234,27 +268,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       break;
     case Strategy::kSummable:
       if (rounds != nullptr) {
-        p.cpu = enc(m) + div(m);
-        for (int r = 0; r < rounds->rounds() && ranks > 1; ++r) {
-          const double chunk = largest_piece(static_cast<double>(rounds->round_elements(r, n)), N);
-          if (const Codec* wire = rounds->round_wire(r, n); wire != nullptr) {
-            // The summable ring on the wire codec: N - 1 steps and the final exchange. Its CPU
-            // is the wire codec's calibrated cost, or the raw ring's adds where it has none.
-            p.rounds += N;
-            p.messages += 2 * (N - 1);
-            p.bytes += 2 * (N - 1) *
-                       static_cast<double>(wire->max_encoded_bytes(static_cast<std::size_t>(chunk)));
-            const CodecCosts* w = c.find(wire->spec());
-            p.cpu += w != nullptr ? N * w->encode(chunk) + (N - 1) * w->combine(chunk) +
-                                        N * w->decode(chunk)
-                                  : (N - 1) * c.add(chunk);
-            continue;
-          }
-          p.rounds += 2 * (N - 1);
-          p.messages += 2 * (N - 1);
-          p.bytes += 2 * (N - 1) * 4 * chunk;
-          p.cpu += (N - 1) * c.add(chunk);
-        }
+        p = rounds_partition(*rounds, *k, false, n, ranks);
         break;
       }
       p.rounds = ranks > 1 ? N : 0;

@@ -16,6 +16,7 @@
 namespace terse {
 
 class Codec;
+class RoundCodec;
 
 namespace planner {
 
@@ -51,6 +52,10 @@ class CostModel {
   // A reduce-scatter's or all-gather's partition (k: the codec's costs, null for raw).
   Prediction predict_collective(std::size_t n, const CodecCosts* k, Strategy strategy,
                                 int partitions, int ranks, int threads, Operation op) const;
+  // A multi-round codec's partition: its rounds' sums gathered (strategy allgather) or on
+  // rings (summable).
+  PartitionCost rounds_partition(const RoundCodec& rounds, const CodecCosts& k, bool gathered,
+                                 std::size_t n, int ranks) const;
   // K partitions of cost p on `threads` workers, then the host's CPU bound.
   Prediction pipeline(const PartitionCost& p, int parts, int threads) const;
 

@@ -204,6 +204,12 @@ void PlannerAccess::set_recheck_interval(Planner& planner, int interval) {
   planner.impl_->recheck_interval = interval;
 }
 
+void PlannerAccess::set_gather_bytes(Planner& planner, std::size_t bytes) {
+  std::lock_guard lock(planner.impl_->mu);
+  planner.impl_->gather_bytes = bytes;
+  if (planner.impl_->model) planner.impl_->model->set_gather_bytes(bytes);
+}
+
 void Planner::Impl::ensure_calibrated(Communicator& comm) {
   MakeAllreduceProbe probe_maker;
   {
@@ -272,6 +278,7 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
   }
   std::lock_guard lock(mu);
   model = std::make_unique<CostModel>(std::move(c));
+  model->set_gather_bytes(gather_bytes);
 }
 
 PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy strategy,

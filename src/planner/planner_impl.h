@@ -48,6 +48,7 @@ struct Planner::Impl {
   int recheck_interval;
   CalibrationOptions calibration_options;
   MakeAllreduceProbe make_probe;
+  std::size_t gather_bytes = kDefaultGatherBytes;  // the engine's (PlannerAccess::set_gather_bytes)
 
   mutable std::mutex mu;
   std::unique_ptr<CostModel> model;
@@ -80,6 +81,10 @@ struct PlannerAccess {
   static void set_partitions(Planner& planner, std::vector<int> partitions);
   // Planned submissions between re-checks (0: none).
   static void set_recheck_interval(Planner& planner, int interval);
+  // The EngineOptions::gather_bytes of the engine that plans with it, which its cost model
+  // prices raw partitions with (default kDefaultGatherBytes); the engine sets it before its
+  // first plan().
+  static void set_gather_bytes(Planner& planner, std::size_t bytes);
   static Planner::Impl& impl(Planner& planner) { return *planner.impl_; }
   static const Planner::Impl& impl(const Planner& planner) { return *planner.impl_; }
 };
