@@ -28,6 +28,7 @@
 #include "terse/engine.h"
 #include "terse/error.h"
 #include "terse/spec.h"
+#include "terse/testing/gradient.h"
 
 namespace terse::tools {
 namespace {
@@ -112,12 +113,9 @@ void run_rank(const Options& opt) {
 
   // A gradient-like input, different on every rank: normal values with rare large outliers.
   auto input = touched<float>(n), data = touched<float>(n);
-  {
-    std::mt19937_64 gen(1000 + r);
-    std::normal_distribution<float> normal(0.0f, 1e-3f);
-    for (auto& v : input) v = normal(gen);
-    for (std::size_t i = r; i < n; i += 9973) input[i] *= 50.0f;
-  }
+  testing::GradientShape shape = testing::kBenchmarkGradient;
+  shape.first_outlier = static_cast<std::size_t>(r);
+  testing::fill_gradient(input.all(), 1000 + r, shape);
   if (r == 0) {
     fmt::print("terse bench allreduce: {} ranks, {} floats ({:.1f} MB) fp32, median of {} runs{}\n",
                n_ranks, n, n * 4 / 1e6, opt.reps,

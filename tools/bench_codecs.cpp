@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "kit/basic.h"  // kit::narrow: the half inputs, as the engine rounds them
 #include "terse/codec.h"
+#include "terse/testing/gradient.h"
 
 namespace terse::tools {
 namespace {
@@ -56,10 +57,7 @@ void run(const Options& opt) {
 
   // A gradient-like input: normal values with a few large outliers.
   auto x = touched<float>(n);
-  std::mt19937_64 gen(42);
-  std::normal_distribution<float> normal(0.0f, 1e-3f);
-  for (auto& v : x) v = normal(gen);
-  for (std::size_t i = 0; i < n; i += 9973) x[i] *= 50.0f;
+  testing::fill_gradient(x.all(), 42, testing::kBenchmarkGradient);
   const DType dtype = opt.dtype == "float16"    ? DType::kFloat16
                       : opt.dtype == "bfloat16" ? DType::kBFloat16
                                                 : DType::kFloat32;

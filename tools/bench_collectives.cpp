@@ -33,6 +33,7 @@
 #include "terse/communicator.h"
 #include "terse/engine.h"
 #include "terse/error.h"
+#include "terse/testing/gradient.h"
 #include "units.h"
 
 namespace terse::tools {
@@ -157,11 +158,7 @@ void run_rank(const Options& opt) {
       const std::size_t in_n = op == "all_gather" ? shard : total;
       const std::size_t out_n = op == "reduce_scatter" ? shard : total;
       auto input = touched<float>(in_n), output = touched<float>(std::max(out_n, total));
-      {
-        std::mt19937_64 gen(1000 + r);
-        std::normal_distribution<float> normal(0.0f, 1e-3f);
-        for (auto& v : input) v = normal(gen);
-      }
+      testing::fill_gradient(input.all(), 1000 + r, testing::kNormalGradient);
       const std::vector<std::size_t> counts(n_ranks, shard);
       double gloo_median = 0, best_fixed = 0;
       std::string best_label;

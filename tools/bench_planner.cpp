@@ -39,6 +39,7 @@
 #include "terse/engine.h"
 #include "terse/error.h"
 #include "terse/planner.h"
+#include "terse/testing/gradient.h"
 #include "units.h"
 
 namespace terse::tools {
@@ -116,12 +117,9 @@ void run_rank(const Options& opt) {
   for (const auto& size_text : opt.sizes) {
     const std::size_t n = parse_size(size_text) / sizeof(float);
     auto input = touched<float>(n), data = touched<float>(n);
-    {
-      std::mt19937_64 gen(1000 + r);
-      std::normal_distribution<float> normal(0.0f, 1e-3f);
-      for (auto& v : input) v = normal(gen);
-      for (std::size_t i = r; i < n; i += 9973) input[i] *= 50.0f;
-    }
+    testing::GradientShape shape = testing::kBenchmarkGradient;
+    shape.first_outlier = static_cast<std::size_t>(r);
+    testing::fill_gradient(input.all(), 1000 + r, shape);
     const PlanDecision d = planner->decide(n, n_ranks, threads);
     const double fastest = d.ranked.front().predicted.seconds;
     // Codec "auto" first explores what the model cannot tell apart (planner/explorer.h)

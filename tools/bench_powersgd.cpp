@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "kit/blas.h"  // the BLAS calls PowerSGD makes, timed alone
 #include "terse/codec.h"
+#include "terse/testing/gradient.h"
 
 namespace terse::tools {
 namespace {
@@ -79,8 +80,7 @@ void run(const Options& opt) {
     Shape sh = parse_shape(text);
     const std::size_t n = sh.rows * sh.cols;
     auto x = touched<float>(n), y = touched<float>(n);
-    std::normal_distribution<float> grad(0.0f, 1e-3f);
-    for (auto& v : x) v = grad(gen);
+    testing::fill_gradient(x.all(), 1, testing::kNormalGradient);
     for (int rank : opt.ranks) {
       auto codec = make_codec(fmt::format("powersgd:rank={},rows={}", rank, sh.rows));
       auto* rc = dynamic_cast<const RoundCodec*>(codec.get());

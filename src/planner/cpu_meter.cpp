@@ -11,7 +11,6 @@
 #include <barrier>
 #include <functional>
 #include <memory>
-#include <random>
 #include <thread>
 
 #include "kit/basic.h"
@@ -21,6 +20,7 @@
 #include "planner/measuring.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
+#include "terse/testing/gradient.h"
 
 namespace terse::planner {
 
@@ -28,12 +28,7 @@ namespace {
 
 // A gradient-like input: normal values with rare large outliers (the benchmarks' input).
 std::vector<float> gradient(std::size_t n) {
-  std::vector<float> x(n);
-  std::mt19937_64 gen(7);
-  std::normal_distribution<float> normal(0.0f, 1e-3f);
-  for (auto& v : x) v = normal(gen);
-  for (std::size_t i = 0; i < n; i += 9973) x[i] *= 50.0f;
-  return x;
+  return testing::synthetic_gradient(n, 7, testing::kBenchmarkGradient);
 }
 
 // Median seconds of f over at least 5 runs and 3 ms (at most 60 runs), after one warm-up, each

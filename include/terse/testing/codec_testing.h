@@ -10,17 +10,17 @@
 #include <vector>
 
 #include "terse/codec.h"
+#include "terse/testing/gradient.h"
 
 namespace terse::testing {
 
-// Normal values with scale `sigma` and every 97th element 50x larger, like a gradient.
+// Normal values with scale `sigma` and every 97th element 50x larger, like a gradient
+// (terse/testing/gradient.h).
 inline std::vector<float> gradient(std::size_t n, std::uint64_t seed = 1, float sigma = 1e-2f) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> x(n);
-  for (auto& v : x) v = normal(gen);
-  for (std::size_t i = 0; i < n; i += 97) x[i] *= 50.0f;
-  return x;
+  GradientShape shape;
+  shape.sigma = sigma;
+  shape.outlier_every = 97;
+  return synthetic_gradient(n, seed, shape);
 }
 
 // An encoding: header and payload.
