@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "transport/communicator_impl.h"
+#include "transport/scheduling.h"
 
 namespace terse {
 
