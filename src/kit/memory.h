@@ -32,8 +32,8 @@ using Bytes = std::unique_ptr<std::byte[], FreeBytes>;
 // handed back to the hypervisor (free page reporting), so the kernel's next use of it, a socket
 // buffer included, faults it in again from the host. A job that switches configurations (the
 // planner exploring, a benchmark) frees and allocates large blocks over and over; at 256 MiB
-// that churn made allreduces 2-4x slower than the same configuration run steadily (stops 34
-// and 38, docs/planner.md). A block of at least kHugePage bytes is therefore mapped memory
+// that churn made allreduces several times slower than the same configuration run steadily.
+// A block of at least kHugePage bytes is therefore mapped memory
 // of its own, and when freed it is kept, up to retained_budget() bytes in all, for any later
 // request of that size or another: a kept block of the same rounded size, else the head of
 // the smallest larger one, else kept blocks moved (mremap, no copy) into one new block, as
