@@ -93,8 +93,9 @@ struct Communicator::Impl {
   bool stopping = false;                                         // under live_mutex
   std::unique_ptr<gloo::transport::UnboundBuffer> all_sentinel;  // under live_mutex
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> peer_sentinel;
-  std::vector<transport::Clock::time_point> closed_at;  // per peer, when the watchdog saw its pair fail
-  std::vector<std::string> closed_error;     // and Gloo's error; both under live_mutex
+  // Per peer, when the watchdog saw its pair fail, and Gloo's error; both under live_mutex.
+  std::vector<transport::Clock::time_point> closed_at;
+  std::vector<std::string> closed_error;
 
   // Failure notices. A rank that fails tells every peer, before it closes its connections, which
   // rank's failure it follows and the first message about it, so that a peer whose connection
