@@ -37,6 +37,7 @@
 #include "planner/planner_impl.h"  // PlannerAccess: a planner from a given calibration
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 #include "terse/planner.h"
 #include "units.h"
@@ -75,24 +76,24 @@ std::string label_of(const TensorPlan& p) {
 }
 
 void run_rank(const Options& opt) {
-  std::shared_ptr<Communicator> comm = Communicator::from_env();
+  std::shared_ptr<Communicator> comm =
+      Communicator::from_env(communicator_options_from_environment());
   const int r = comm->rank(), n_ranks = comm->size();
+  EngineOptions eo;
+  eo.threads = opt.threads;
+  eo = engine_options_from_environment(eo);
+  const int threads = eo.threads > 0 ? eo.threads : kDefaultEngineThreads;
   PlannerOptions po;
   po.allowed = opt.codecs;
   po.heavy = {"none"};  // it measures codec "auto", the light tier: no need to calibrate more
   po.cache_path = opt.cache;
-  std::shared_ptr<Planner> planner = std::make_shared<Planner>(po);
+  std::shared_ptr<Planner> planner =
+      std::make_shared<Planner>(planner_options_from_environment(po));
   if (!opt.partitions.empty()) PlannerAccess::set_partitions(*planner, opt.partitions);
   PlannerAccess::set_recheck_interval(*planner, 0);  // the benchmark compares the first choice
-  PlannerAccess::set_allreduce_probe(*planner, make_allreduce_probe);
-  EngineOptions eo;
-  eo.threads = opt.threads;
+  PlannerAccess::set_allreduce_probe(*planner, allreduce_probes(threads));
   eo.planner = planner;
   Engine engine(comm, eo);
-  const int threads = opt.threads > 0 ? opt.threads : [] {
-    const char* v = std::getenv("TERSE_THREADS");
-    return v != nullptr && *v != '\0' ? std::atoi(v) : 4;
-  }();
   const Calibration& cal = PlannerAccess::calibration(*planner, *comm);
   if (r == 0) {
     fmt::print(

@@ -26,7 +26,7 @@
 //
 // Collective calls: every rank makes them, at the same point of its sequence of submissions.
 // - The constructor: the ranks agree on each one's share of its machine's cores (below), and,
-//   with TERSE_TRACE set, measure their clock offsets to rank 0.
+//   with a trace_directory, measure their clock offsets to rank 0.
 // - allreduce, allreduce_group, reduce_scatter, all_gather and all_to_all on a tensor's first
 //   use (or a change of its options): the call returns once every rank has submitted it and
 //   the descriptions agree. With codec "auto",
@@ -47,12 +47,14 @@
 // makes the same sequence.
 //
 // What an engine changes in its process: it starts its worker threads and a completion thread
-// (under SCHED_BATCH; TERSE_SCHED=normal opts out), and it lowers OpenBLAS's process-wide thread
-// count to a rank's share of its machine's cores (a machine's cores over its ranks, the least
-// over all ranks; left alone when OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS is
-// set), so that ranks sharing a machine do not oversubscribe it in PowerSGD's products, and
-// every rank computes them with the same count (their last bits can depend on it). The count
-// it found is restored when the last engine of the process is destroyed.
+// (under SCHED_BATCH; ProcessOptions::batch_scheduling, TERSE_SCHED=normal, opts out), and it
+// lowers OpenBLAS's process-wide thread count to a rank's share of its machine's cores (a
+// machine's cores over its ranks, the least over all ranks; left alone where
+// ProcessOptions::blas_threads_chosen: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or
+// OMP_NUM_THREADS set, terse/environment.h), so that ranks sharing a machine do not
+// oversubscribe it in PowerSGD's products, and every rank computes them with the same count
+// (their last bits can depend on it). The count it found is restored when the last engine of
+// the process is destroyed.
 #pragma once
 
 #include <chrono>
@@ -71,6 +73,7 @@
 #include "terse/error.h"
 #include "terse/export.h"
 #include "terse/plan.h"
+#include "terse/planner.h"
 
 namespace terse {
 
@@ -157,7 +160,8 @@ class TERSE_API Handle {
 struct EngineOptions {
   // Seed shared by all ranks for stochastic codecs (the same on every rank).
   std::uint64_t seed = 0;
-  // Worker threads running partition tasks; 0: TERSE_THREADS, else 4.
+  // Worker threads running partition tasks; 0 (or less): kDefaultEngineThreads.
+  // engine_options_from_environment: TERSE_THREADS (terse/environment.h).
   int threads = 0;
   // Raw tensors of a group up to this many bytes are fused into one message.
   std::size_t fuse_bytes = std::size_t{1} << 20;
@@ -169,11 +173,13 @@ struct EngineOptions {
   std::size_t gather_bytes = kDefaultGatherBytes;
   // Target bytes per partition when AllreduceOptions::partitions is 0.
   std::size_t partition_bytes = std::size_t{8} << 20;
-  // Optional per-stage event sink (encode, send, recv, decode, merge, wait). Without one,
-  // TERSE_TRACE=DIR makes the engine record its own and write DIR/rank-R.json at destruction,
-  // with its clock offset to rank 0 measured at construction (then a collective: set it on
-  // every rank); `terse trace merge DIR` makes one timeline of them.
+  // Optional per-stage event sink (encode, send, recv, decode, merge, wait). Without one, a
+  // trace_directory DIR makes the engine record its own and write DIR/rank-R.json at
+  // destruction, with its clock offset to rank 0 measured at construction (then a collective:
+  // set it on every rank); `terse trace merge DIR` makes one timeline of them. TERSE_TRACE=DIR
+  // sets trace_directory (engine_options_from_environment).
   std::shared_ptr<Tracer> tracer;
+  std::string trace_directory;
   // Stage results and write the user's tensors only after a submission succeeded, so that a
   // failed submission leaves them unchanged (one more copy of every tensor).
   bool keep_input_on_error = false;
@@ -183,12 +189,17 @@ struct EngineOptions {
   // round, periodic re-checks) is a collective: every rank calibrates or agrees on the cached
   // calibration, or exchanges measured times.
   std::shared_ptr<Planner> planner;
+  // The options of the planner the engine makes when `planner` is null (the environment's, from
+  // engine_options_from_environment: TERSE_PLAN_*).
+  PlannerOptions planner_options;
 };
+
+inline constexpr int kDefaultEngineThreads = 4;
 
 class TERSE_API Engine {
  public:
-  // A collective (see above). Throws InvalidArgument for a null communicator, partition_bytes
-  // below 4096 or a TERSE_THREADS that is not a number of threads.
+  // A collective (see above). Throws InvalidArgument for a null communicator or partition_bytes
+  // below 4096.
   explicit Engine(std::shared_ptr<Communicator> comm, EngineOptions options = {});
   // Waits for every submitted task (each bounded by the timeout), completes their handles, then
   // stops the threads.
@@ -279,7 +290,7 @@ class TERSE_API Engine {
   void load_state(std::span<const std::byte> bytes);
 
   Communicator& communicator();
-  // The options the engine runs with (as given; a tracer from TERSE_TRACE filled in).
+  // The options the engine runs with (as given; the tracer of a trace_directory filled in).
   const EngineOptions& options() const;
   int rank() const;
   int size() const;

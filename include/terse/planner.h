@@ -64,26 +64,28 @@ TERSE_API std::string_view auto_codec(Tier tier);
 struct PlannerOptions {
   // The light tier: codecs the planner may choose besides raw for codec "auto" (specs; "ef=1"
   // variants allowed). Lossy codecs change what training computes, so this is the user's
-  // decision. Default: TERSE_PLAN_CODECS (separated by ';' or spaces), else fp16, minmax8 with
-  // error feedback and PowerSGD rank 8 with fp32 or fp16 sums, which kept DDP's fp32 accuracy on
-  // the training benchmark (PowerSGD with each weight viewed as its own rows:
-  // AllreduceOptions::rows).
-  // {"none"}: raw only.
+  // decision. Empty: fp16, minmax8 with error feedback and PowerSGD rank 8 with fp32 or fp16
+  // sums, which kept DDP's fp32 accuracy on the training benchmark (PowerSGD with each weight
+  // viewed as its own rows: AllreduceOptions::rows). {"none"}: raw only.
   std::vector<std::string> allowed;
   // The heavy tier: codecs the planner may also choose for codec "auto:heavy" (a codec in both
-  // lists is light). Default: TERSE_PLAN_HEAVY_CODECS, else onebit with error feedback and
-  // PowerSGD (rank 4). {"none"}: no heavy codec ("auto:heavy" then plans as "auto").
+  // lists is light). Empty: onebit with error feedback and PowerSGD (rank 4). {"none"}: no heavy
+  // codec ("auto:heavy" then plans as "auto"). terse/environment.h: TERSE_PLAN_CODECS and
+  // TERSE_PLAN_HEAVY_CODECS fill in either list.
   std::vector<std::string> heavy;
   // A compressed plan must be this much faster than the best raw plan (relative) to be chosen,
   // predicted and measured alike: predictions err, and raw is exact.
   double min_gain = 0.05;
-  // Calibration cache: "" for ~/.cache/terse/calibration-HOST-nN.json ($XDG_CACHE_HOME
-  // respected); "-" for none (calibrate every time).
+  // Calibration cache: "" for cache_directory/calibration-HOST-nN.json; "-" for none (calibrate
+  // every time).
   std::string cache_path;
+  // The default cache's directory; empty: /tmp/terse. The environment's
+  // (planner_options_from_environment): $XDG_CACHE_HOME/terse, else ~/.cache/terse.
+  std::string cache_directory;
   // Exploration budget: seconds of expected run time that exploring one tensor size may spend
   // on its contenders (0: no exploration, the model's choice stands). The choice and the best
   // raw plan (where it is expected within 1.5x of the choice) run a first round even where it
-  // costs more. TERSE_PLAN_EXPLORE sets it.
+  // costs more. TERSE_PLAN_EXPLORE sets it (terse/environment.h).
   double explore_seconds = 2.0;
   // Print the calibration and every decision on rank 0 (TERSE_PLAN_LOG=1 sets it).
   bool log = false;

@@ -251,12 +251,12 @@ Planner& Plans::planner() const {
   if (options_.planner) {
     planner_ = options_.planner;
   } else {
-    PlannerOptions po;  // raw also at this engine's own partitioning
+    PlannerOptions po = options_.planner_options;  // raw also at this engine's own partitioning
     po.raw_partition_bytes = options_.partition_bytes;
     planner_ = std::make_shared<Planner>(std::move(po));
   }
   // Calibration times allreduces through a probe engine of its own.
-  PlannerAccess::set_allreduce_probe(*planner_, make_allreduce_probe);
+  PlannerAccess::set_allreduce_probe(*planner_, allreduce_probes(threads_));
   return *planner_;
 }
 

@@ -259,18 +259,11 @@ Calibration Calibration::from_json(std::string_view text) {
   }
 }
 
-std::string default_calibration_path(int world_size) {
-  std::string base;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    base = x;
-  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-    base = std::string(h) + "/.cache";
-  } else {
-    base = "/tmp";
-  }
+std::string default_calibration_path(int world_size, const std::string& directory) {
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
-  return fmt::format("{}/terse/calibration-{}-n{}.json", base, host, world_size);
+  return fmt::format("{}/calibration-{}-n{}.json", directory.empty() ? "/tmp/terse" : directory,
+                     host, world_size);
 }
 
 // ---- agreement across ranks -----------------------------------------------------------------
@@ -579,13 +572,6 @@ double time_op(const std::function<void()>& f, const std::function<void()>& prep
 
 constexpr int kSlowdownThreads = 4;  // the engine's default worker count
 constexpr int kProbePartitions = 8;
-
-// The engine's worker threads as it resolves them by default (TERSE_THREADS, else 4).
-int engine_threads() {
-  const char* v = std::getenv("TERSE_THREADS");
-  const int t = v != nullptr ? std::atoi(v) : 0;
-  return t >= 1 && t <= 256 ? t : 4;
-}
 
 // Memory the size of several of the largest tensors measured, zeroed, as huge pages where the
 // kernel offers them (first touches of 4 KiB pages would dominate otherwise; kit/memory.h).
@@ -923,7 +909,7 @@ constexpr double kImplausibleSmallShare = 0.8;
 // Each figure is the median over runs of the slowest rank's time. Returns what
 // measure_engine_beta does: whether the links paced its raw allreduce.
 bool measure_engine(Communicator& comm, Calibration& c, AllreduceProbe& probe) {
-  const int threads = engine_threads();
+  const int threads = probe.threads();
   constexpr std::size_t kPiece = 1024;
   std::vector<float> x(kProbePartitions * kPiece, 1.0f);
   TensorPlan raw1, gather, raw8;
@@ -1086,8 +1072,8 @@ bool measure_engine_beta(Communicator& comm, Calibration& c, AllreduceProbe& pro
   constexpr int kSeries = 3, kReps = 3, kSmallReps = 5;
   Runs small_runs, bulk;
   for (int series = 0; series < kSeries; ++series) {
-    time_runs(small_runs, "calibration-small", small, raw, 1 + engine_threads(), kSmallReps);
-    time_runs(bulk, "calibration-bulk", elements, raw, series == 0 ? 1 + engine_threads() : 1,
+    time_runs(small_runs, "calibration-small", small, raw, 1 + probe.threads(), kSmallReps);
+    time_runs(bulk, "calibration-bulk", elements, raw, series == 0 ? 1 + probe.threads() : 1,
               kReps);
   }
   const double measured = planner::median(planner::agree_max(comm, bulk.wall));
@@ -1102,7 +1088,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c, AllreduceProbe& pro
   CostModel model(no_bytes);
   model.set_gather_bytes(0);
   auto predict = [&](std::size_t n_elements) {
-    return model.predict(n_elements, "none", Strategy::kRaw, 1, n, engine_threads());
+    return model.predict(n_elements, "none", Strategy::kRaw, 1, n, probe.threads());
   };
   const Prediction other = predict(elements);
   const double bytes = per_float * static_cast<double>(elements);
@@ -1192,7 +1178,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c, AllreduceProbe& pro
   model_now.set_gather_bytes(0);
   const double model_cpu = model_now
                                .predict(elements, codec->spec, Strategy::kSharded,
-                                        kHostProbePartitions, n, engine_threads())
+                                        kHostProbePartitions, n, probe.threads())
                                .host_cpu;
   // Two series of runs, the lesser factor kept: a burst of work from outside the job during
   // one raises its wall time and not the job's CPU (2 ranks on loopback: the wall over
@@ -1202,7 +1188,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c, AllreduceProbe& pro
   c.host_efficiency = 0;
   for (int series = 0; series < kHostSeries; ++series) {
     Runs host;
-    time_runs(host, "calibration-host", elements, compressed, 1 + engine_threads(),
+    time_runs(host, "calibration-host", elements, compressed, 1 + probe.threads(),
               kCompressedReps);
     const double wall = planner::median(planner::agree_max(comm, host.wall));
     const double cpu = planner::agree_median(comm, {planner::median(std::move(host.cpu))})[0];

@@ -45,30 +45,6 @@ constexpr double kRecheckThreshold = 0.25;
 // first ones, the same runs on every rank (a median needs no more).
 constexpr std::size_t kMaxObservations = 256;
 
-// A codec list from the environment variable `name`, else `fallback`.
-std::vector<std::string> codecs_from_env(const char* name, std::vector<std::string> fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  // Specs hold commas ("onebit:ef=1,scale=max"), so the list is separated by ';' or spaces.
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char* p = v;; ++p) {
-    if (*p == '\0' || *p == ';' || *p == ' ') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-      if (*p == '\0') break;
-    } else {
-      cur += *p;
-    }
-  }
-  return out;
-}
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream f(path);
   if (!f) return {};
@@ -116,13 +92,9 @@ Planner::Planner(PlannerOptions options) : impl_(std::make_unique<Impl>()) {
   // The light tier: the codecs that kept DDP's fp32 accuracy on the training benchmark
   // (docs/planner.md); the heavy tier: those that compress most, at some cost in accuracy.
   if (m.options.allowed.empty()) {
-    m.options.allowed =
-        codecs_from_env("TERSE_PLAN_CODECS", {"fp16", "minmax8:ef=1", "powersgd:rank=8",
-                                              "powersgd:rank=8,wire=fp16"});
+    m.options.allowed = {"fp16", "minmax8:ef=1", "powersgd:rank=8", "powersgd:rank=8,wire=fp16"};
   }
-  if (m.options.heavy.empty()) {
-    m.options.heavy = codecs_from_env("TERSE_PLAN_HEAVY_CODECS", {"onebit:ef=1", "powersgd"});
-  }
+  if (m.options.heavy.empty()) m.options.heavy = {"onebit:ef=1", "powersgd"};
   // Canonical specs, each once, raw left out (it is always a candidate); a codec in both lists
   // is light.
   auto add = [&m](const std::vector<std::string>& specs, std::vector<std::string>& out) {
@@ -137,10 +109,7 @@ Planner::Planner(PlannerOptions options) : impl_(std::make_unique<Impl>()) {
   };
   add(m.options.allowed, m.allowed);
   add(m.options.heavy, m.heavy);
-  if (env_flag("TERSE_PLAN_LOG")) m.options.log = true;
-  if (const char* v = std::getenv("TERSE_PLAN_EXPLORE"); v != nullptr && *v != '\0') {
-    m.options.explore_seconds = std::max(0.0, std::atof(v));  // 0: off
-  }
+  m.options.explore_seconds = std::max(0.0, m.options.explore_seconds);  // 0: off
   m.recheck_interval = kRecheckInterval;
   m.calibration_options.codecs = m.allowed;
   m.calibration_options.codecs.insert(m.calibration_options.codecs.end(), m.heavy.begin(),
@@ -217,7 +186,9 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
         "probe (use codec \"auto\" through an Engine)");
   }
   const std::string path =
-      options.cache_path.empty() ? default_calibration_path(comm.size()) : options.cache_path;
+      options.cache_path.empty()
+          ? default_calibration_path(comm.size(), options.cache_directory)
+          : options.cache_path;
   const bool log = options.log && comm.rank() == 0;
   // Use the cache only if every rank holds the same usable one; otherwise every rank measures.
   std::string text = path == "-" ? std::string() : read_file(path);

@@ -29,6 +29,7 @@
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 
 namespace terse {
@@ -717,7 +718,7 @@ TEST(Planner, TiersDefaultToTheCodecsThatKeepAccuracyAndTheHeavyOnes) {
   };
   {
     const ScopedEnv light("TERSE_PLAN_CODECS", nullptr), heavy("TERSE_PLAN_HEAVY_CODECS", nullptr);
-    const Planner p{PlannerOptions{}};
+    const Planner p{planner_options_from_environment()};
     EXPECT_EQ(p.allowed(), canonical({"fp16", "minmax8:ef=1", "powersgd:rank=8",
                                       "powersgd:rank=8,wire=fp16"}));
     EXPECT_EQ(p.heavy(), canonical({"onebit:ef=1", "powersgd"}));
@@ -725,7 +726,7 @@ TEST(Planner, TiersDefaultToTheCodecsThatKeepAccuracyAndTheHeavyOnes) {
   {
     const ScopedEnv light("TERSE_PLAN_CODECS", "bf16"),
         heavy("TERSE_PLAN_HEAVY_CODECS", "topk:ratio=0.01,ef=1;onebit:ef=1");
-    const Planner p{PlannerOptions{}};
+    const Planner p{planner_options_from_environment()};
     EXPECT_EQ(p.allowed(), canonical({"bf16"}));
     EXPECT_EQ(p.heavy(), canonical({"topk:ratio=0.01,ef=1", "onebit:ef=1"}));
   }
@@ -945,7 +946,7 @@ TEST(Calibration, MeasuresMultiRoundCodecs) {
   CalibrationOptions co;
   co.codecs = {"fp16", "powersgd"};
   co.codec_max_elements = std::size_t{1} << 16;
-  const Calibration c = calibrate_local(co, 4, 1, make_allreduce_probe);
+  const Calibration c = calibrate_local(co, 4, 1, allreduce_probes(kDefaultEngineThreads));
   const CodecCosts* k = c.find(make_codec("powersgd")->spec());
   ASSERT_NE(k, nullptr);
   EXPECT_TRUE(k->multi_round);
@@ -998,7 +999,9 @@ TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
   EXPECT_EQ(back.add(8192), c.add(8192));
   EXPECT_THROW(Calibration::from_json("{}"), DecodeError);
   EXPECT_THROW(Calibration::from_json("not json"), DecodeError);
-  EXPECT_NE(default_calibration_path(3).find("-n3.json"), std::string::npos);
+  EXPECT_NE(default_calibration_path(3, "").find("/tmp/terse/calibration-"), std::string::npos);
+  EXPECT_NE(default_calibration_path(3, "/c").find("/c/calibration-"), std::string::npos);
+  EXPECT_NE(default_calibration_path(3, "").find("-n3.json"), std::string::npos);
 }
 
 // ---- re-checks (one rank: the exchange is local) ---------------------------------------------
