@@ -219,12 +219,13 @@ void run_rank(const Options& opt) {
         if (automatic) {
           // Until the planner has settled (calibration was the first call's).
           int runs = 0;
-          while (planner->exploring(total, threads, Strategy::kAuto, 0, Tier::kLight, operation) &&
+          while (planner::exploring(
+                     *planner, {total, threads, Strategy::kAuto, 0, Tier::kLight, operation}) &&
                  ++runs < 1000) {
             once();
           }
-          chosen = plan_key(
-              planner->plan(*comm, total, threads, Strategy::kAuto, 0, Tier::kLight, operation));
+          chosen = plan_key(planner::plan(
+              *planner, *comm, {total, threads, Strategy::kAuto, 0, Tier::kLight, operation}));
         }
         std::vector<double> times;
         const auto before = engine.bytes_sent();

@@ -152,7 +152,7 @@ void run_rank(const Options& opt) {
       engine.allreduce(explore_name, data, auto_options).wait();
       ++explored;
       // A guard only: sequential halving of five contenders runs at most 320 allreduces.
-    } while (planner->exploring(n, threads) && explored < 1000);
+    } while (planner::exploring(*planner, {n, threads}) && explored < 1000);
     const TensorPlan settled = engine.plan(n, auto_options);
     // What exploration measured of each contender (the agreed times it settled on), to set
     // against this benchmark's own timing of the same configurations.

@@ -72,50 +72,12 @@
 #include "terse/dtype.h"
 #include "terse/error.h"
 #include "terse/export.h"
+#include "terse/options.h"
 #include "terse/plan.h"
-#include "terse/planner.h"
 
 namespace terse {
 
-class Planner;
-class Tracer;
 struct HandleAccess;
-
-struct AllreduceOptions {
-  // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...), "auto" or "auto:heavy": the
-  // planner's choice of raw or a codec of the light tier (auto) or of either tier (auto:heavy),
-  // strategy and K (include/terse/planner.h); a strategy or partitions given with "auto"
-  // restrict its search.
-  std::string codec = "none";
-  Strategy strategy = Strategy::kAuto;
-  // Partitions K (1 .. 256); 0 lets the engine choose from the tensor's size.
-  int partitions = 0;
-  // Divide the sum by the number of ranks (DDP's convention); false leaves the sum.
-  bool average = true;
-  // The tensor's rows as a matrix (a weight's first dimension; 0: not given). With "auto", a
-  // matrix codec the planner chooses (PowerSGD) views the tensor as rows x n/rows instead of
-  // its most nearly square default, as an explicit "powersgd:rows=R" would. It must divide the
-  // tensor's elements. A codec named explicitly takes its own rows= parameter instead.
-  std::size_t rows = 0;
-};
-
-// Options of reduce_scatter, all_gather and all_to_all (see Engine::reduce_scatter).
-struct CollectiveOptions {
-  // A codec spec ("none", "minmax8", "onebit:ef=1", ...), or for reduce_scatter and all_gather
-  // "auto" or "auto:heavy": the planner's choice of raw or a codec of the tier, strategy and K
-  // for this operation and size (include/terse/planner.h; a strategy or partitions given with
-  // it restrict the search), as for an allreduce. all_to_all refuses them (InvalidArgument).
-  std::string codec = "none";
-  // reduce_scatter: raw (codec none), alltoall (the default for codecs), sharded, ring,
-  // summable. all_gather: raw (codec none) or allgather. all_to_all: raw (codec none) or
-  // alltoall. auto picks the first valid one.
-  Strategy strategy = Strategy::kAuto;
-  // Partitions K (1 .. 256), pipelined as an allreduce's; 0 lets the engine choose from the
-  // size (all_to_all: 1, since the ranks' sizes differ and K must agree).
-  int partitions = 0;
-  // reduce_scatter only: divide the sum by the number of ranks.
-  bool average = true;
-};
 
 // One tensor of a submission. `data` is read as this rank's contribution and overwritten with
 // the result; it must stay valid and untouched until the submission completes.
@@ -156,45 +118,6 @@ class TERSE_API Handle {
   explicit Handle(std::shared_ptr<State> state) : state_(std::move(state)) {}
   std::shared_ptr<State> state_;
 };
-
-struct EngineOptions {
-  // Seed shared by all ranks for stochastic codecs (the same on every rank).
-  std::uint64_t seed = 0;
-  // Worker threads running partition tasks; 0 (or less): kDefaultEngineThreads.
-  // engine_options_from_environment: TERSE_THREADS (terse/environment.h).
-  int threads = 0;
-  // Raw tensors of a group up to this many bytes are fused into one message.
-  std::size_t fuse_bytes = std::size_t{1} << 20;
-  // A raw partition (or fused message) is gathered instead of ringed when (ranks - 1) times its
-  // bytes is at most this: one message step instead of 2(N-1), for at most this many bytes
-  // sent per rank; every rank sums the N inputs in rank order. 0 always rings. The default
-  // bounds the extra bytes against a ring, (N-1)(N-2)/N of the message, below 16 KiB (1.3 ms at
-  // 100 Mbit/s) for 2N-3 message steps saved. The planner's cost model assumes the default.
-  std::size_t gather_bytes = kDefaultGatherBytes;
-  // Target bytes per partition when AllreduceOptions::partitions is 0.
-  std::size_t partition_bytes = std::size_t{8} << 20;
-  // Optional per-stage event sink (encode, send, recv, decode, merge, wait). Without one, a
-  // trace_directory DIR makes the engine record its own and write DIR/rank-R.json at
-  // destruction, with its clock offset to rank 0 measured at construction (then a collective:
-  // set it on every rank); `terse trace merge DIR` makes one timeline of them. TERSE_TRACE=DIR
-  // sets trace_directory (engine_options_from_environment).
-  std::shared_ptr<Tracer> tracer;
-  std::string trace_directory;
-  // Stage results and write the user's tensors only after a submission succeeded, so that a
-  // failed submission leaves them unchanged (one more copy of every tensor).
-  bool keep_input_on_error = false;
-  // Decides codec "auto" (include/terse/planner.h). Without one, the first "auto" tensor makes
-  // the engine create one with default PlannerOptions. With "auto", the first plan (and the
-  // submissions at which the planner exchanges measured times: the end of each exploration
-  // round, periodic re-checks) is a collective: every rank calibrates or agrees on the cached
-  // calibration, or exchanges measured times.
-  std::shared_ptr<Planner> planner;
-  // The options of the planner the engine makes when `planner` is null (the environment's, from
-  // engine_options_from_environment: TERSE_PLAN_*).
-  PlannerOptions planner_options;
-};
-
-inline constexpr int kDefaultEngineThreads = 4;
 
 class TERSE_API Engine {
  public:

@@ -22,9 +22,8 @@
 #include <optional>
 
 #include "terse/communicator.h"
-#include "terse/engine.h"
 #include "terse/export.h"
-#include "terse/planner.h"
+#include "terse/options.h"
 
 namespace terse {
 

@@ -19,6 +19,7 @@
 #include "kit/hash.h"
 #include "planner/exchange.h"
 #include "planner/planner_impl.h"
+#include "planner/protocol.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
@@ -247,7 +248,16 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
 
 PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy strategy,
                              int partitions, Tier tier, Operation op) const {
-  const Impl& m = *impl_;
+  return planner::decide(*this, {n, threads, strategy, partitions, tier, op}, ranks);
+}
+
+PlanDecision planner::decide(const Planner& self, const Use& use, int ranks) {
+  const std::size_t n = use.n, raw_partition_bytes = use.raw_partition_bytes;
+  const int threads = use.threads, partitions = use.partitions;
+  const Strategy strategy = use.strategy;
+  const Tier tier = use.tier;
+  const Operation op = use.op;
+  const Planner::Impl& m = PlannerAccess::impl(self);
   std::lock_guard lock(m.mu);
   if (!m.model) throw InvalidArgument("planner: not calibrated yet");
   PlanDecision d;
@@ -268,9 +278,8 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   }
   // Raw also at the engine's own partitioning (raw_partition_bytes), where K is the planner's.
   std::vector<int> raw_ks = ks;
-  if (partitions <= 0 && m.options.raw_partition_bytes > 0) {
-    const std::size_t own =
-        (n * sizeof(float) + m.options.raw_partition_bytes - 1) / m.options.raw_partition_bytes;
+  if (partitions <= 0 && raw_partition_bytes > 0) {
+    const std::size_t own = (n * sizeof(float) + raw_partition_bytes - 1) / raw_partition_bytes;
     const int c =
         planner::clamp_partitions(static_cast<int>(std::min<std::size_t>(own, 1 << 20)), split);
     if (std::find(raw_ks.begin(), raw_ks.end(), c) == raw_ks.end()) raw_ks.push_back(c);
@@ -381,17 +390,19 @@ void Planner::Impl::log_decision(const PlanDecision& d, int rank, const char* wh
                PlanDecision::expected(c) > 0 ? d.raw_seconds / PlanDecision::expected(c) : 0.0);
 }
 
-TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strategy strategy,
-                         int partitions, Tier tier, Operation op) {
-  Impl& m = *impl_;
+TensorPlan planner::plan(Planner& self, Communicator& comm, const Use& use) {
+  const std::size_t n = use.n;
+  const Tier tier = use.tier;
+  const Operation op = use.op;
+  Planner::Impl& m = PlannerAccess::impl(self);
   m.ensure_calibrated(comm);
-  const Impl::Key key{n, threads, strategy, partitions, tier, op};
+  const Planner::Impl::Key key = Planner::Impl::key_of(use);
   {
     std::lock_guard lock(m.mu);
     auto it = m.decisions.find(key);
     if (it != m.decisions.end()) return it->second.chosen.plan;
   }
-  PlanDecision d = decide(n, comm.size(), threads, strategy, partitions, tier, op);
+  PlanDecision d = decide(self, use, comm.size());
   m.log_decision(d, comm.rank(), tier == Tier::kHeavy ? "plan auto:heavy" : "plan");
   std::lock_guard lock(m.mu);
   if (d.contenders.size() > 1) {
@@ -411,10 +422,10 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
   return m.decisions.insert_or_assign(key, std::move(d)).first->second.chosen.plan;
 }
 
-bool Planner::exploring(std::size_t n, int threads, Strategy strategy, int partitions,
-                        Tier tier, Operation op) const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->exploring.count(Impl::Key{n, threads, strategy, partitions, tier, op}) > 0;
+bool planner::exploring(const Planner& self, const Use& use) {
+  const Planner::Impl& m = PlannerAccess::impl(self);
+  std::lock_guard lock(m.mu);
+  return m.exploring.count(Planner::Impl::key_of(use)) > 0;
 }
 
 int Planner::Impl::advance_explorations(
@@ -476,14 +487,17 @@ int Planner::Impl::advance_explorations(
   return changed;
 }
 
-void Planner::observe(std::size_t n, const TensorPlan& plan, double seconds, Operation op) {
-  std::lock_guard lock(impl_->mu);
-  auto& v = impl_->observed[{n, planner::run_key(op, plan)}];
+void planner::observe(Planner& self, std::size_t n, const TensorPlan& plan, double seconds,
+                      Operation op) {
+  Planner::Impl& m = PlannerAccess::impl(self);
+  std::lock_guard lock(m.mu);
+  auto& v = m.observed[{n, planner::run_key(op, plan)}];
   if (v.size() < kMaxObservations) v.push_back(seconds);
 }
 
-int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
-  Impl& m = *impl_;
+int planner::before_submission(Planner& self, Communicator& comm, std::span<const Use> uses) {
+  using Impl = Planner::Impl;
+  Impl& m = PlannerAccess::impl(self);
   std::string mine;
   bool recheck = false;
   // Once the exchange (if any) has settled what it could: each size still explored that this
@@ -492,7 +506,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
   auto count_uses = [&] {
     std::map<Impl::Key, int> count;
     for (const auto& u : uses) {
-      const Impl::Key key{u.n, u.threads, u.strategy, u.partitions, u.tier, u.op};
+      const Impl::Key key = Impl::key_of(u);
       if (m.exploring.count(key) > 0) ++count[key];
     }
     int switched = 0;

@@ -96,7 +96,7 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
     TensorPlan plan;
     std::vector<PlanCandidate> contenders;
     std::uint64_t step = 0;
-    for (; step < 3 || planner.exploring(n, kThreads); ++step) {
+    for (; step < 3 || planner::exploring(planner, {n, kThreads}); ++step) {
       check(step < 400, fmt::format("{}: still exploring after 400 steps", name));
       const std::uint64_t key = kit::combine_keys(fnv1a64(name), step);
       std::vector<float> x(n);
@@ -496,7 +496,7 @@ int scenario_collectives(Communicator& comm) {
       for (std::size_t i = 0; i < total; ++i) x[i] = value(r, key, i);
       engine.reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(y)), o).wait();
       const TensorPlan p =
-          planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, rs);
+          planner::plan(*planner, comm, {total, kThreads, Strategy::kAuto, 0, Tier::kLight, rs});
       comm.barrier("fixed");
       fixed
           .reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(z)),
@@ -520,7 +520,7 @@ int scenario_collectives(Communicator& comm) {
       std::vector<float> in(x.begin(), x.begin() + shard), out(total), out2(total);
       engine.all_gather(name, TensorView(std::span(in)), TensorView(std::span(out)), o).wait();
       const TensorPlan g =
-          planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, ag);
+          planner::plan(*planner, comm, {total, kThreads, Strategy::kAuto, 0, Tier::kLight, ag});
       comm.barrier("fixed");
       fixed
           .all_gather(name, TensorView(std::span(in)), TensorView(std::span(out2)),
@@ -576,7 +576,8 @@ int scenario_collectives(Communicator& comm) {
       o.codec = "auto";
       std::vector<float> x(total), y(total);
       std::uint64_t step = 0;
-      for (; step < 3 || planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight, op);
+      for (; step < 3 ||
+             planner::exploring(*planner, {total, kThreads, Strategy::kAuto, 0, Tier::kLight, op});
            ++step) {
         check(step < 400, name + ": still exploring after 400 steps");
         for (std::size_t i = 0; i < total; ++i) x[i] = value(r, step, i);
@@ -603,10 +604,11 @@ int scenario_collectives(Communicator& comm) {
             fmt::format("{}: contender {} was explored but not measured", name, plan_key(c.plan)));
       }
       check(contenders.size() > 1, name + ": nothing to explore");
-      settled += fmt::format(
-          "{} {} after {} steps\n", name,
-          plan_key(planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, op)),
-          step);
+      settled +=
+          fmt::format("{} {} after {} steps\n", name,
+                      plan_key(planner::plan(
+                          *planner, comm, {total, kThreads, Strategy::kAuto, 0, Tier::kLight, op})),
+                      step);
     }
     engine.synchronize();
   }
@@ -654,8 +656,8 @@ int scenario_collective_mismatch(Communicator& comm) {
     }
   }
   // The communicator is still usable, and the planner was never asked.
-  check(!planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight,
-                            Operation::kReduceScatter),
+  check(!planner::exploring(*planner, {total, kThreads, Strategy::kAuto, 0, Tier::kLight,
+                                        Operation::kReduceScatter}),
         "the planner was asked");
   comm.barrier("after");
   std::printf("OK rank %d collective_mismatch\n", comm.rank());
