@@ -253,9 +253,6 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
 
 PlanDecision planner::decide(const Planner& self, const Use& use, int ranks) {
   const std::size_t n = use.n, raw_partition_bytes = use.raw_partition_bytes;
-  const int threads = use.threads, partitions = use.partitions;
-  const Strategy strategy = use.strategy;
-  const Tier tier = use.tier;
   const Operation op = use.op;
   const Planner::Impl& m = PlannerAccess::impl(self);
   std::lock_guard lock(m.mu);
@@ -268,8 +265,8 @@ PlanDecision planner::decide(const Planner& self, const Use& use, int ranks) {
   const std::size_t split =
       op == Operation::kAllreduce ? n : n / static_cast<std::size_t>(std::max(ranks, 1));
   std::vector<int> ks;
-  if (partitions > 0) {
-    ks.push_back(planner::clamp_partitions(partitions, split));
+  if (use.partitions > 0) {
+    ks.push_back(planner::clamp_partitions(use.partitions, split));
   } else {
     for (int k : m.partitions) {
       const int c = planner::clamp_partitions(k, split);
@@ -278,21 +275,21 @@ PlanDecision planner::decide(const Planner& self, const Use& use, int ranks) {
   }
   // Raw also at the engine's own partitioning (raw_partition_bytes), where K is the planner's.
   std::vector<int> raw_ks = ks;
-  if (partitions <= 0 && raw_partition_bytes > 0) {
+  if (use.partitions <= 0 && raw_partition_bytes > 0) {
     const std::size_t own = (n * sizeof(float) + raw_partition_bytes - 1) / raw_partition_bytes;
     const int c =
         planner::clamp_partitions(static_cast<int>(std::min<std::size_t>(own, 1 << 20)), split);
     if (std::find(raw_ks.begin(), raw_ks.end(), c) == raw_ks.end()) raw_ks.push_back(c);
   }
   auto consider = [&](const std::string& spec, Strategy s, bool whole) {
-    if (strategy != Strategy::kAuto && strategy != s) return;
-    if (whole && partitions > 1) return;
+    if (use.strategy != Strategy::kAuto && use.strategy != s) return;
+    if (whole && use.partitions > 1) return;
     for (int k : whole ? std::vector<int>{1} : s == Strategy::kRaw ? raw_ks : ks) {
       PlanCandidate c;
       c.plan.codec = spec;
       c.plan.strategy = s;
       c.plan.partitions = k;
-      c.predicted = m.model->predict(n, spec, s, k, ranks, threads, op);
+      c.predicted = m.model->predict(n, spec, s, k, ranks, use.threads, op);
       if (auto it = m.measured.find({n, planner::run_key(op, c.plan)}); it != m.measured.end()) {
         c.measured = it->second;
       }
@@ -301,7 +298,7 @@ PlanDecision planner::decide(const Planner& self, const Use& use, int ranks) {
   };
   consider("none", Strategy::kRaw, false);
   std::vector<std::string> codecs = m.allowed;
-  if (tier == Tier::kHeavy) codecs.insert(codecs.end(), m.heavy.begin(), m.heavy.end());
+  if (use.tier == Tier::kHeavy) codecs.insert(codecs.end(), m.heavy.begin(), m.heavy.end());
   for (const auto& spec : codecs) {
     const CodecCosts& k = *m.model->calibration().find(spec);
     if (op != Operation::kAllreduce) {
@@ -346,7 +343,7 @@ PlanDecision planner::decide(const Planner& self, const Use& use, int ranks) {
   }
   if (d.ranked.empty()) {
     throw InvalidArgument(fmt::format("planner: no allowed codec can use strategy {} in {}",
-                                      to_string(strategy), to_string(op)));
+                                      to_string(use.strategy), to_string(op)));
   }
   // Stable: equal times keep the order above (raw first, then the light tier's list, then the
   // heavy tier's).
