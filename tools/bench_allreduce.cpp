@@ -26,6 +26,7 @@
 #include "units.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 #include "terse/spec.h"
 #include "terse/testing/gradient.h"
@@ -96,11 +97,14 @@ std::vector<Config> configs(const Options& opt) {
 }
 
 void run_rank(const Options& opt) {
-  Bootstrap boot = bootstrap_from_env(default_timeout());
-  std::shared_ptr<Communicator> comm = Communicator::create(boot.rank, boot.size, boot.store);
+  const CommunicatorOptions comm_options = communicator_options_from_environment();
+  Bootstrap boot = bootstrap_from_env(comm_options.timeout.count() > 0 ? comm_options.timeout
+                                                                       : default_timeout());
+  std::shared_ptr<Communicator> comm =
+      Communicator::create(boot.rank, boot.size, boot.store, comm_options);
   // Gloo's algorithms run on connections of their own, so that neither side inherits the
   // other's socket state (Gloo resizes SO_SNDBUF per message size).
-  CommunicatorOptions gloo_options;
+  CommunicatorOptions gloo_options = comm_options;
   gloo_options.prefix = "gloo-baseline";
   std::shared_ptr<Communicator> gloo_comm =
       Communicator::create(boot.rank, boot.size, boot.store, gloo_options);
@@ -109,7 +113,7 @@ void run_rank(const Options& opt) {
   const double rate = opt.link.empty() ? 0 : parse_rate(opt.link);
   EngineOptions eo;
   eo.threads = opt.threads;
-  Engine engine(comm, eo);
+  Engine engine(comm, engine_options_from_environment(eo));
 
   // A gradient-like input, different on every rank: normal values with rare large outliers.
   auto input = touched<float>(n), data = touched<float>(n);

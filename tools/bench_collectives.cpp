@@ -32,6 +32,7 @@
 #include "planner/planner_impl.h"  // PlannerAccess: no re-checks while timing
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 #include "terse/testing/gradient.h"
 #include "units.h"
@@ -102,9 +103,12 @@ std::vector<Config> configs(const std::string& op, const Options& opt) {
 }
 
 void run_rank(const Options& opt) {
-  Bootstrap boot = bootstrap_from_env(default_timeout());
-  std::shared_ptr<Communicator> comm = Communicator::create(boot.rank, boot.size, boot.store);
-  CommunicatorOptions gloo_options;
+  const CommunicatorOptions comm_options = communicator_options_from_environment();
+  Bootstrap boot = bootstrap_from_env(comm_options.timeout.count() > 0 ? comm_options.timeout
+                                                                       : default_timeout());
+  std::shared_ptr<Communicator> comm =
+      Communicator::create(boot.rank, boot.size, boot.store, comm_options);
+  CommunicatorOptions gloo_options = comm_options;
   gloo_options.prefix = "gloo-baseline";
   std::shared_ptr<Communicator> gloo_comm =
       Communicator::create(boot.rank, boot.size, boot.store, gloo_options);
@@ -113,18 +117,16 @@ void run_rank(const Options& opt) {
   const double rate = opt.link.empty() ? 0 : parse_rate(opt.link);
   EngineOptions eo;
   eo.threads = opt.threads;
+  eo = engine_options_from_environment(eo);
   PlannerOptions po;
-  const char* env_codecs = std::getenv("TERSE_PLAN_CODECS");
-  if (env_codecs == nullptr || *env_codecs == '\0') po.allowed = table_codecs(opt);
   po.heavy = {"none"};  // the auto row is codec "auto": the light tier alone
+  po = planner_options_from_environment(po);
+  if (po.allowed.empty()) po.allowed = table_codecs(opt);  // TERSE_PLAN_CODECS where set
   auto planner = std::make_shared<Planner>(po);
   PlannerAccess::set_recheck_interval(*planner, 0);  // no exchanges among the timed runs
   eo.planner = planner;
   Engine engine(comm, eo);
-  const int threads = opt.threads > 0 ? opt.threads : [] {
-    const char* v = std::getenv("TERSE_THREADS");
-    return v != nullptr && *v != '\0' ? std::atoi(v) : 4;
-  }();
+  const int threads = eo.threads > 0 ? eo.threads : kDefaultEngineThreads;
   const std::vector<std::string> ops =
       opt.ops.empty() ? std::vector<std::string>{"reduce_scatter", "all_gather", "all_to_all"}
                       : opt.ops;
@@ -214,12 +216,13 @@ void run_rank(const Options& opt) {
         if (automatic) {
           // Until the planner has settled (calibration was the first call's).
           int runs = 0;
-          while (planner->exploring(total, threads, Strategy::kAuto, 0, Tier::kLight, operation) &&
+          while (planner::exploring(
+                     *planner, {total, threads, Strategy::kAuto, 0, Tier::kLight, operation}) &&
                  ++runs < 1000) {
             once();
           }
-          chosen = plan_key(
-              planner->plan(*comm, total, threads, Strategy::kAuto, 0, Tier::kLight, operation));
+          chosen = plan_key(planner::plan(
+              *planner, *comm, {total, threads, Strategy::kAuto, 0, Tier::kLight, operation}));
         }
         std::vector<double> times;
         const auto before = engine.bytes_sent();

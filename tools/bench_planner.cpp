@@ -37,6 +37,7 @@
 #include "planner/planner_impl.h"  // PlannerAccess: a planner from a given calibration
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 #include "terse/planner.h"
 #include "terse/testing/gradient.h"
@@ -76,24 +77,24 @@ std::string label_of(const TensorPlan& p) {
 }
 
 void run_rank(const Options& opt) {
-  std::shared_ptr<Communicator> comm = Communicator::from_env();
+  std::shared_ptr<Communicator> comm =
+      Communicator::from_env(communicator_options_from_environment());
   const int r = comm->rank(), n_ranks = comm->size();
+  EngineOptions eo;
+  eo.threads = opt.threads;
+  eo = engine_options_from_environment(eo);
+  const int threads = eo.threads > 0 ? eo.threads : kDefaultEngineThreads;
   PlannerOptions po;
   po.allowed = opt.codecs;
   po.heavy = {"none"};  // it measures codec "auto", the light tier: no need to calibrate more
   po.cache_path = opt.cache;
-  std::shared_ptr<Planner> planner = std::make_shared<Planner>(po);
+  std::shared_ptr<Planner> planner =
+      std::make_shared<Planner>(planner_options_from_environment(po));
   if (!opt.partitions.empty()) PlannerAccess::set_partitions(*planner, opt.partitions);
   PlannerAccess::set_recheck_interval(*planner, 0);  // the benchmark compares the first choice
-  PlannerAccess::set_allreduce_probe(*planner, make_allreduce_probe);
-  EngineOptions eo;
-  eo.threads = opt.threads;
+  PlannerAccess::set_allreduce_probe(*planner, allreduce_probes(threads));
   eo.planner = planner;
   Engine engine(comm, eo);
-  const int threads = opt.threads > 0 ? opt.threads : [] {
-    const char* v = std::getenv("TERSE_THREADS");
-    return v != nullptr && *v != '\0' ? std::atoi(v) : 4;
-  }();
   const Calibration& cal = PlannerAccess::calibration(*planner, *comm);
   if (r == 0) {
     fmt::print(
@@ -149,7 +150,7 @@ void run_rank(const Options& opt) {
       engine.allreduce(explore_name, data, auto_options).wait();
       ++explored;
       // A guard only: sequential halving of five contenders runs at most 320 allreduces.
-    } while (planner->exploring(n, threads) && explored < 1000);
+    } while (planner::exploring(*planner, {n, threads}) && explored < 1000);
     const TensorPlan settled = engine.plan(n, auto_options);
     // What exploration measured of each contender (the agreed times it settled on), to set
     // against this benchmark's own timing of the same configurations.

@@ -19,6 +19,7 @@
 #include "launch.h"
 #include "planner/calibration.h"  // Calibration records: this command prints and writes them
 #include "terse/communicator.h"
+#include "terse/environment.h"
 #include "terse/planner.h"
 
 namespace terse::tools {
@@ -107,18 +108,22 @@ void print(const Calibration& c, const std::string& path) {
 }
 
 void run_rank(const Options& opt) {
-  std::shared_ptr<Communicator> comm = Communicator::from_env();
+  std::shared_ptr<Communicator> comm =
+      Communicator::from_env(communicator_options_from_environment());
   PlannerOptions po;
   po.allowed = opt.codecs;
   po.heavy = opt.heavy;
+  po = planner_options_from_environment(po);
   const Planner defaults(po);  // resolves the default codec lists and checks the specs
+  const int threads = engine_options_from_environment().threads;
   CalibrationOptions co;
   co.codecs = defaults.allowed();
   for (const auto& spec : defaults.heavy()) co.codecs.push_back(spec);
   co.codec_max_elements = opt.max_elements;
   co.quiet = false;
-  const Calibration c = calibrate(*comm, co, make_allreduce_probe);
-  const std::string path = opt.out.empty() ? default_calibration_path(comm->size()) : opt.out;
+  const Calibration c = calibrate(*comm, co, allreduce_probes(threads));
+  const std::string path =
+      opt.out.empty() ? default_calibration_path(comm->size(), po.cache_directory) : opt.out;
   std::error_code ec;
   // Every rank writes its own machine's cache (the same agreed numbers); the last rename wins.
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 
 namespace terse::tools {
@@ -49,6 +50,10 @@ int main(int argc, char** argv) {
   }
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
   try {
+    // The environment's process-wide settings (TERSE_SCHED, TERSE_RETAIN_MB, the BLAS's
+    // threads) before any thread or buffer of terse; each command reads the rest where it makes
+    // its communicators, planners and engines.
+    terse::set_process_options(terse::process_options_from_environment());
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

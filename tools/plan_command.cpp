@@ -26,6 +26,7 @@
 #include "planner/cost_model.h"  // per-candidate predictions, beside the measured times
 #include "planner/planner_impl.h"  // PlannerAccess: a planner from a given calibration
 #include "terse/codec.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 #include "terse/planner.h"
 #include "units.h"
@@ -221,6 +222,7 @@ void run(const Options& opt) {
   PlannerOptions po;
   po.allowed = opt.codecs;
   po.heavy = opt.heavy;
+  po = planner_options_from_environment(po);
   const Planner defaults(po);  // resolves the codec lists
 
   // CPU costs: a calibration file (from `terse calibrate`), else measured here and now.
@@ -237,7 +239,8 @@ void run(const Options& opt) {
     CalibrationOptions co;
     co.codecs = defaults.allowed();
     for (const auto& spec : defaults.heavy()) co.codecs.push_back(spec);
-    cal = calibrate_local(co, opt.ranks, opt.ranks_per_host, make_allreduce_probe);
+    cal = calibrate_local(co, opt.ranks, opt.ranks_per_host,
+                          allreduce_probes(engine_options_from_environment().threads));
     source =
         fmt::format("measured now, {} rank(s) per host on {} cores", cal.ranks_on_host, cal.cores);
   }

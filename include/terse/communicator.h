@@ -72,11 +72,12 @@ TERSE_API std::shared_ptr<Store> make_prefix_store(std::string prefix,
                                                    std::shared_ptr<Store> store);
 
 struct CommunicatorOptions {
-  // Bound on every wait, including connecting. Zero means: TERSE_TIMEOUT (seconds, may be
-  // fractional) from the environment, else 60 s.
+  // Bound on every wait, including connecting. Zero means 60 s (default_timeout).
+  // communicator_options_from_environment sets it from TERSE_TIMEOUT (terse/environment.h).
   std::chrono::milliseconds timeout{0};
-  // Network interface whose address this rank binds and advertises. Empty means:
-  // TERSE_IFNAME, else GLOO_SOCKET_IFNAME, else `hostname` below.
+  // Network interface whose address this rank binds and advertises. Empty means `hostname`
+  // below. communicator_options_from_environment sets it from TERSE_IFNAME, else
+  // GLOO_SOCKET_IFNAME.
   std::string interface;
   // Host name or address to bind when no interface is named. Empty means this machine's host
   // name, resolved as Gloo does (falls back to 127.0.0.1 if it cannot be bound).
@@ -135,6 +136,9 @@ class TERSE_API Communicator {
   // Bootstraps from torchrun's environment (see bootstrap_from_env). A process may call it any
   // number of times, with communicators alive or not: each call is a collective, and the n-th
   // call with a prefix on every rank meets the others' n-th under a key prefix of its own.
+  // Only the bootstrap comes from the environment: the options are as given (pass
+  // communicator_options_from_environment() for TERSE_TIMEOUT and TERSE_IFNAME,
+  // terse/environment.h).
   static std::unique_ptr<Communicator> from_env(CommunicatorOptions options = {});
 
   // Closes every connection. Requests must be finished (or destroyed) first. Peers still
@@ -214,7 +218,8 @@ TERSE_API Bootstrap bootstrap_from_env(std::chrono::milliseconds timeout);
 // the same connections (they use Gloo's slots, which terse's tags never collide with).
 TERSE_API std::shared_ptr<gloo::Context> gloo_context(Communicator& comm);
 
-// The timeout CommunicatorOptions{} resolves to: TERSE_TIMEOUT seconds, else 60 s.
+// The timeout CommunicatorOptions{} resolves to: 60 s (the environment's, TERSE_TIMEOUT, is
+// communicator_options_from_environment().timeout).
 TERSE_API std::chrono::milliseconds default_timeout();
 
 }  // namespace terse

@@ -26,7 +26,7 @@
 //
 // Collective calls: every rank makes them, at the same point of its sequence of submissions.
 // - The constructor: the ranks agree on each one's share of its machine's cores (below), and,
-//   with TERSE_TRACE set, measure their clock offsets to rank 0.
+//   with a trace_directory, measure their clock offsets to rank 0.
 // - allreduce, allreduce_group, reduce_scatter, all_gather and all_to_all on a tensor's first
 //   use (or a change of its options): the call returns once every rank has submitted it and
 //   the descriptions agree. With codec "auto",
@@ -47,12 +47,14 @@
 // makes the same sequence.
 //
 // What an engine changes in its process: it starts its worker threads and a completion thread
-// (under SCHED_BATCH; TERSE_SCHED=normal opts out), and it lowers OpenBLAS's process-wide thread
-// count to a rank's share of its machine's cores (a machine's cores over its ranks, the least
-// over all ranks; left alone when OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS is
-// set), so that ranks sharing a machine do not oversubscribe it in PowerSGD's products, and
-// every rank computes them with the same count (their last bits can depend on it). The count
-// it found is restored when the last engine of the process is destroyed.
+// (under SCHED_BATCH; ProcessOptions::batch_scheduling, TERSE_SCHED=normal, opts out), and it
+// lowers OpenBLAS's process-wide thread count to a rank's share of its machine's cores (a
+// machine's cores over its ranks, the least over all ranks; left alone where
+// ProcessOptions::blas_threads_chosen: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or
+// OMP_NUM_THREADS set, terse/environment.h), so that ranks sharing a machine do not
+// oversubscribe it in PowerSGD's products, and every rank computes them with the same count
+// (their last bits can depend on it). The count it found is restored when the last engine of
+// the process is destroyed.
 #pragma once
 
 #include <chrono>
@@ -70,49 +72,12 @@
 #include "terse/dtype.h"
 #include "terse/error.h"
 #include "terse/export.h"
+#include "terse/options.h"
 #include "terse/plan.h"
 
 namespace terse {
 
-class Planner;
-class Tracer;
 struct HandleAccess;
-
-struct AllreduceOptions {
-  // A codec spec ("none", "onebit:ef=1", "topk:ratio=0.01", ...), "auto" or "auto:heavy": the
-  // planner's choice of raw or a codec of the light tier (auto) or of either tier (auto:heavy),
-  // strategy and K (include/terse/planner.h); a strategy or partitions given with "auto"
-  // restrict its search.
-  std::string codec = "none";
-  Strategy strategy = Strategy::kAuto;
-  // Partitions K (1 .. 256); 0 lets the engine choose from the tensor's size.
-  int partitions = 0;
-  // Divide the sum by the number of ranks (DDP's convention); false leaves the sum.
-  bool average = true;
-  // The tensor's rows as a matrix (a weight's first dimension; 0: not given). With "auto", a
-  // matrix codec the planner chooses (PowerSGD) views the tensor as rows x n/rows instead of
-  // its most nearly square default, as an explicit "powersgd:rows=R" would. It must divide the
-  // tensor's elements. A codec named explicitly takes its own rows= parameter instead.
-  std::size_t rows = 0;
-};
-
-// Options of reduce_scatter, all_gather and all_to_all (see Engine::reduce_scatter).
-struct CollectiveOptions {
-  // A codec spec ("none", "minmax8", "onebit:ef=1", ...), or for reduce_scatter and all_gather
-  // "auto" or "auto:heavy": the planner's choice of raw or a codec of the tier, strategy and K
-  // for this operation and size (include/terse/planner.h; a strategy or partitions given with
-  // it restrict the search), as for an allreduce. all_to_all refuses them (InvalidArgument).
-  std::string codec = "none";
-  // reduce_scatter: raw (codec none), alltoall (the default for codecs), sharded, ring,
-  // summable. all_gather: raw (codec none) or allgather. all_to_all: raw (codec none) or
-  // alltoall. auto picks the first valid one.
-  Strategy strategy = Strategy::kAuto;
-  // Partitions K (1 .. 256), pipelined as an allreduce's; 0 lets the engine choose from the
-  // size (all_to_all: 1, since the ranks' sizes differ and K must agree).
-  int partitions = 0;
-  // reduce_scatter only: divide the sum by the number of ranks.
-  bool average = true;
-};
 
 // One tensor of a submission. `data` is read as this rank's contribution and overwritten with
 // the result; it must stay valid and untouched until the submission completes.
@@ -154,41 +119,10 @@ class TERSE_API Handle {
   std::shared_ptr<State> state_;
 };
 
-struct EngineOptions {
-  // Seed shared by all ranks for stochastic codecs (the same on every rank).
-  std::uint64_t seed = 0;
-  // Worker threads running partition tasks; 0: TERSE_THREADS, else 4.
-  int threads = 0;
-  // Raw tensors of a group up to this many bytes are fused into one message.
-  std::size_t fuse_bytes = std::size_t{1} << 20;
-  // A raw partition (or fused message) is gathered instead of ringed when (ranks - 1) times its
-  // bytes is at most this: one message step instead of 2(N-1), for at most this many bytes
-  // sent per rank; every rank sums the N inputs in rank order. 0 always rings. The default
-  // bounds the extra bytes against a ring, (N-1)(N-2)/N of the message, below 16 KiB (1.3 ms at
-  // 100 Mbit/s) for 2N-3 message steps saved. The planner's cost model assumes the default.
-  std::size_t gather_bytes = kDefaultGatherBytes;
-  // Target bytes per partition when AllreduceOptions::partitions is 0.
-  std::size_t partition_bytes = std::size_t{8} << 20;
-  // Optional per-stage event sink (encode, send, recv, decode, merge, wait). Without one,
-  // TERSE_TRACE=DIR makes the engine record its own and write DIR/rank-R.json at destruction,
-  // with its clock offset to rank 0 measured at construction (then a collective: set it on
-  // every rank); `terse trace merge DIR` makes one timeline of them.
-  std::shared_ptr<Tracer> tracer;
-  // Stage results and write the user's tensors only after a submission succeeded, so that a
-  // failed submission leaves them unchanged (one more copy of every tensor).
-  bool keep_input_on_error = false;
-  // Decides codec "auto" (include/terse/planner.h). Without one, the first "auto" tensor makes
-  // the engine create one with default PlannerOptions. With "auto", the first plan (and the
-  // submissions at which the planner exchanges measured times: the end of each exploration
-  // round, periodic re-checks) is a collective: every rank calibrates or agrees on the cached
-  // calibration, or exchanges measured times.
-  std::shared_ptr<Planner> planner;
-};
-
 class TERSE_API Engine {
  public:
-  // A collective (see above). Throws InvalidArgument for a null communicator, partition_bytes
-  // below 4096 or a TERSE_THREADS that is not a number of threads.
+  // A collective (see above). Throws InvalidArgument for a null communicator or partition_bytes
+  // below 4096.
   explicit Engine(std::shared_ptr<Communicator> comm, EngineOptions options = {});
   // Waits for every submitted task (each bounded by the timeout), completes their handles, then
   // stops the threads.
@@ -279,7 +213,7 @@ class TERSE_API Engine {
   void load_state(std::span<const std::byte> bytes);
 
   Communicator& communicator();
-  // The options the engine runs with (as given; a tracer from TERSE_TRACE filled in).
+  // The options the engine runs with (as given; the tracer of a trace_directory filled in).
   const EngineOptions& options() const;
   int rank() const;
   int size() const;

@@ -17,14 +17,18 @@
 //   o.codec = "auto";
 //   engine.allreduce("grad", data, o).wait();  // the first call calibrates (a collective)
 //
+// The engine asks a planner what to run and tells it what that took (its protocol is
+// internal: src/planner/protocol.h); users set PlannerOptions (terse/options.h), hand the
+// planner to an engine, and may ask decide() what-if questions.
+//
 // Promises:
-// - Thread safety: every member may be called from any thread; the collectives below from one
-//   thread at a time, in the same order on every rank.
-// - Collectives: the first plan() on a communicator (calibration, or agreement on a cached
-//   one) and before_submission() at the points where it exchanges measured times. Every rank
-//   must call them at the same points with the same arguments, which an engine does when its
-//   ranks submit the same sequence. decide(), observe(), exploring(), calibrated(),
-//   allowed() and heavy() are local.
+// - Thread safety: every member may be called from any thread; the engine's collectives below
+//   from one thread at a time, in the same order on every rank.
+// - Collectives: the engine's first plan of codec "auto" on a communicator (calibration, or
+//   agreement on a cached one) and the submissions at which the planner exchanges measured
+//   times. Every rank must make them at the same points with the same arguments, which an
+//   engine does when its ranks submit the same sequence. decide(), calibrated(), allowed()
+//   and heavy() are local.
 // - Agreement: decisions are a deterministic function of numbers every rank agrees on
 //   (exchanged through the communicator), so every rank settles on the same plan at the same
 //   submission.
@@ -43,8 +47,9 @@
 #include <string_view>
 #include <vector>
 
-#include "terse/plan.h"
 #include "terse/export.h"
+#include "terse/options.h"
+#include "terse/plan.h"
 
 namespace terse {
 
@@ -60,40 +65,6 @@ enum class Tier { kLight, kHeavy };
 TERSE_API std::optional<Tier> auto_tier(std::string_view codec);
 // "auto" or "auto:heavy".
 TERSE_API std::string_view auto_codec(Tier tier);
-
-struct PlannerOptions {
-  // The light tier: codecs the planner may choose besides raw for codec "auto" (specs; "ef=1"
-  // variants allowed). Lossy codecs change what training computes, so this is the user's
-  // decision. Default: TERSE_PLAN_CODECS (separated by ';' or spaces), else fp16, minmax8 with
-  // error feedback and PowerSGD rank 8 with fp32 or fp16 sums, which kept DDP's fp32 accuracy on
-  // the training benchmark (PowerSGD with each weight viewed as its own rows:
-  // AllreduceOptions::rows).
-  // {"none"}: raw only.
-  std::vector<std::string> allowed;
-  // The heavy tier: codecs the planner may also choose for codec "auto:heavy" (a codec in both
-  // lists is light). Default: TERSE_PLAN_HEAVY_CODECS, else onebit with error feedback and
-  // PowerSGD (rank 4). {"none"}: no heavy codec ("auto:heavy" then plans as "auto").
-  std::vector<std::string> heavy;
-  // A compressed plan must be this much faster than the best raw plan (relative) to be chosen,
-  // predicted and measured alike: predictions err, and raw is exact.
-  double min_gain = 0.05;
-  // Calibration cache: "" for ~/.cache/terse/calibration-HOST-nN.json ($XDG_CACHE_HOME
-  // respected); "-" for none (calibrate every time).
-  std::string cache_path;
-  // Exploration budget: seconds of expected run time that exploring one tensor size may spend
-  // on its contenders (0: no exploration, the model's choice stands). The choice and the best
-  // raw plan (where it is expected within 1.5x of the choice) run a first round even where it
-  // costs more. TERSE_PLAN_EXPLORE sets it.
-  double explore_seconds = 2.0;
-  // Print the calibration and every decision on rank 0 (TERSE_PLAN_LOG=1 sets it).
-  bool log = false;
-
-  // Most clients should leave this alone: an engine that makes its planner sets it.
-  // Raw is also tried at the engine's own partitioning, one partition per this many bytes
-  // (EngineOptions::partition_bytes), so the settled raw plan is never worse than the raw
-  // plan the job would run without the planner. 0: not tried.
-  std::size_t raw_partition_bytes = std::size_t{8} << 20;
-};
 
 // The predicted time of one allreduce and where it goes (seconds, per rank).
 struct Prediction {
@@ -136,7 +107,7 @@ struct PlanDecision {
 
 class TERSE_API Planner {
  public:
-  // A planner that calibrates (or loads the cache) on its first plan() through a communicator.
+  // A planner that calibrates (or loads the cache) on an engine's first plan of codec "auto".
   explicit Planner(PlannerOptions options = {});
   ~Planner();
   Planner(const Planner&) = delete;
@@ -147,8 +118,10 @@ class TERSE_API Planner {
   // than kAuto/0 restrict the search to them; `tier` says which codecs it may choose (the
   // light tier's, or both tiers'). op: the collective (n: its input for a reduce-scatter, its
   // output for an all-gather, a multiple of ranks); only the strategies it has are candidates,
-  // and its decisions and measured times are its own. Needs a calibration (after the first
-  // plan(), or a planner made with one).
+  // and its decisions and measured times are its own. Raw is also tried at the engine's default
+  // partitioning (kDefaultPartitionBytes a partition); an engine's own plans use its own
+  // EngineOptions::partition_bytes. Needs a calibration (after an engine's first plan, or a
+  // planner made with one).
   PlanDecision decide(std::size_t n, int ranks, int threads, Strategy strategy = Strategy::kAuto,
                       int partitions = 0, Tier tier = Tier::kLight,
                       Operation op = Operation::kAllreduce) const;
@@ -161,46 +134,9 @@ class TERSE_API Planner {
   // Whether a calibration is held (local).
   bool calibrated() const;
 
-  // ---- called by the engine -------------------------------------------------------------
-
-  // What the engine does with n floats now (while a size is explored, its current contender).
-  // Collective on the first call (calibration, or agreement on a cached one). Each tier decides
-  // and explores a size apart from the other.
-  TensorPlan plan(Communicator& comm, std::size_t n, int threads,
-                  Strategy strategy = Strategy::kAuto, int partitions = 0,
-                  Tier tier = Tier::kLight, Operation op = Operation::kAllreduce);
-
-  // The engine reports the wall time of a planned collective of n floats (first task start to
-  // last task end on this rank). Local and cheap.
-  void observe(std::size_t n, const TensorPlan& plan, double seconds,
-               Operation op = Operation::kAllreduce);
-
-  // Called by the engine before each submission that has planned tensors (at the same points
-  // on every rank), with the plan() arguments of its planned tensors. Where an explored size
-  // has finished a round, and at a periodic re-check, it exchanges the observations (a
-  // collective) and agrees on measured times; explorations move on or settle, and decisions
-  // whose measured time is far off their expectation are dropped, to be decided again. Then
-  // each explored size that this submission uses moves on to its next contender. Returns the
-  // number of sizes whose plan changed.
-  struct Use {
-    std::size_t n = 0;
-    int threads = 0;
-    Strategy strategy = Strategy::kAuto;
-    int partitions = 0;
-    Tier tier = Tier::kLight;
-    Operation op = Operation::kAllreduce;
-  };
-  int before_submission(Communicator& comm, std::span<const Use> uses = {});
-
-  // Whether a size's plan is still being explored (local, the same on every rank). While it
-  // is, the engine keeps each contender's codec state; once settled, it drops the losers'.
-  bool exploring(std::size_t n, int threads, Strategy strategy = Strategy::kAuto,
-                 int partitions = 0, Tier tier = Tier::kLight,
-                 Operation op = Operation::kAllreduce) const;
+  struct Impl;  // src/planner/planner_impl.h: calibration, cost model, explorations
 
  private:
-  // The internals (src/planner/planner_impl.h): calibration, cost model, explorations.
-  struct Impl;
   friend struct PlannerAccess;
   std::unique_ptr<Impl> impl_;
 };

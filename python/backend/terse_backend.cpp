@@ -50,6 +50,7 @@
 
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 
 namespace terse::backend {
@@ -217,13 +218,15 @@ class TerseBackend : public c10d::Backend {
     CommunicatorOptions comm_options;
     comm_options.timeout = milliseconds(static_cast<std::int64_t>(options_.timeout_seconds * 1000));
     comm_options.prefix = "terse-backend-engine";
+    comm_options = communicator_options_from_environment(std::move(comm_options));
     std::shared_ptr<Communicator> engine_comm =
         Communicator::create(rank, size, terse_store, comm_options);
     comm_options.prefix = "terse-backend-bytes";
     bytes_ = Communicator::create(rank, size, terse_store, comm_options);
     EngineOptions engine_options;
     engine_options.threads = options_.threads;
-    engine_ = std::make_unique<Engine>(std::move(engine_comm), engine_options);
+    engine_ = std::make_unique<Engine>(std::move(engine_comm),
+                                       engine_options_from_environment(engine_options));
     worker_ = std::thread([this] { run(); });
   }
 
@@ -759,6 +762,7 @@ PYBIND11_MODULE(_backend, m) {
   using terse::backend::BackendOptions;
   using terse::backend::TerseBackend;
   py::module_::import("torch.distributed");
+  terse::set_process_options(terse::process_options_from_environment());
   py::class_<TerseBackend, c10d::Backend, c10::intrusive_ptr<TerseBackend>>(m, "TerseBackend")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::string codec, std::string all_gather_codec,

@@ -34,6 +34,7 @@
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 #include "terse/planner.h"
 
@@ -52,9 +53,14 @@ milliseconds to_timeout(std::optional<double> seconds) {
   }
   return milliseconds(static_cast<std::int64_t>(std::ceil(*seconds * 1000)));
 }
+// The environment's timeout (TERSE_TIMEOUT), else default_timeout().
+milliseconds environment_timeout() {
+  const milliseconds t = communicator_options_from_environment().timeout;
+  return t.count() > 0 ? t : default_timeout();
+}
 milliseconds resolved_timeout(std::optional<double> seconds) {
   const milliseconds t = to_timeout(seconds);
-  return t.count() > 0 ? t : default_timeout();
+  return t.count() > 0 ? t : environment_timeout();
 }
 double to_seconds(milliseconds t) { return static_cast<double>(t.count()) / 1000.0; }
 
@@ -225,7 +231,8 @@ class PyEngine {
     std::unique_ptr<Engine> engine;
     {
       py::gil_scoped_release release;
-      engine = std::make_unique<Engine>(std::move(comm), options);
+      engine =
+          std::make_unique<Engine>(std::move(comm), engine_options_from_environment(options));
     }
     engine_ = share_releasing_gil(std::move(engine));
     open_engines().insert(this);
@@ -474,7 +481,7 @@ void bind(py::module_& m) {
       },
       "Names of the collective strategies (docs/design.md explains their costs).");
   m.def(
-      "default_timeout", [] { return to_seconds(default_timeout()); },
+      "default_timeout", [] { return to_seconds(environment_timeout()); },
       "Seconds every wait is bounded by when no timeout is given: TERSE_TIMEOUT, else 60.");
 
   // ---- stores -------------------------------------------------------------------------------
@@ -550,7 +557,7 @@ void bind(py::module_& m) {
     o.interface = std::move(interface);
     o.hostname = std::move(hostname);
     o.prefix = std::move(prefix);
-    return o;
+    return communicator_options_from_environment(std::move(o));
   };
   py::class_<Communicator, std::shared_ptr<Communicator>>(
       m, "Communicator",
@@ -659,7 +666,7 @@ void bind(py::module_& m) {
                PlannerOptions po;
                po.allowed = std::move(auto_codecs);
                po.heavy = std::move(heavy_codecs);
-               o.planner = std::make_shared<Planner>(std::move(po));
+               o.planner = std::make_shared<Planner>(planner_options_from_environment(po));
              }
              return o;
            }),
@@ -969,4 +976,8 @@ void bind(py::module_& m) {
 }  // namespace
 }  // namespace terse::python
 
-PYBIND11_MODULE(_C, m) { terse::python::bind(m); }
+PYBIND11_MODULE(_C, m) {
+  // The environment's process-wide settings, before any thread or buffer of terse.
+  terse::set_process_options(terse::process_options_from_environment());
+  terse::python::bind(m);
+}

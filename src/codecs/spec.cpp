@@ -115,14 +115,19 @@ double SpecReader::number(std::string_view key, double def, double lo, double hi
     if (ec == std::errc::result_out_of_range && p == e) {
       // Beyond a double's range: overflow is as good as infinite, underflow as good as zero.
       const bool overflow = std::isinf(std::strtod(s->c_str(), nullptr));
-      throw SpecError(fmt::format("terse: codec '{}': {}={} is {}", name(), key, *s,
-                                  overflow ? "not finite" : "too close to 0 to represent"));
+      throw SpecError(fmt::format("terse: codec '{}': {}={} is {}; allowed: a number in {}",
+                                  name(), key, *s,
+                                  overflow ? "not finite" : "too close to 0 to represent",
+                                  interval(lo, hi, ends)));
     }
     if (ec != std::errc() || p != e || std::isnan(v)) {
-      throw SpecError(fmt::format("terse: codec '{}': {}={} is not a number", name(), key, *s));
+      throw SpecError(fmt::format("terse: codec '{}': {}={} is not a number; allowed: a number "
+                                  "in {}",
+                                  name(), key, *s, interval(lo, hi, ends)));
     }
     if (std::isinf(v)) {
-      throw SpecError(fmt::format("terse: codec '{}': {}={} is not finite", name(), key, *s));
+      throw SpecError(fmt::format("terse: codec '{}': {}={} is not finite; allowed: a number in {}",
+                                  name(), key, *s, interval(lo, hi, ends)));
     }
   }
   if (!inside(v, lo, hi, ends)) {
@@ -143,7 +148,9 @@ std::int64_t SpecReader::integer(std::string_view key, std::int64_t def, std::in
     const char* e = b + s->size();
     auto [p, ec] = std::from_chars(b, e, v);
     if (ec != std::errc() || p != e) {
-      throw SpecError(fmt::format("terse: codec '{}': {}={} is not an integer", name(), key, *s));
+      throw SpecError(fmt::format(
+          "terse: codec '{}': {}={} is not an integer; allowed: an integer in [{}, {}]", name(),
+          key, *s, lo, hi));
     }
   }
   if (v < lo || v > hi) {

@@ -10,8 +10,8 @@ namespace {
 
 class EngineProbe final : public AllreduceProbe {
  public:
-  explicit EngineProbe(Communicator& comm)
-      : engine_(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), options()) {}
+  EngineProbe(Communicator& comm, int threads)
+      : engine_(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), options(threads)) {}
   ~EngineProbe() override { engine_.synchronize(); }
 
   void allreduce(const std::string& name, std::span<float> x, const TensorPlan& plan) override {
@@ -21,10 +21,15 @@ class EngineProbe final : public AllreduceProbe {
     o.partitions = plan.partitions;
     engine_.allreduce(name, x, o).wait();
   }
+  int threads() const override {
+    const int t = engine_.options().threads;
+    return t > 0 ? t : kDefaultEngineThreads;
+  }
 
  private:
-  static EngineOptions options() {
+  static EngineOptions options(int threads) {
     EngineOptions eo;
+    eo.threads = threads;
     eo.tracer = std::make_shared<TraceRecorder>();  // a probe: not TERSE_TRACE's timeline
     eo.gather_bytes = 0;                            // raw probes on the ring
     return eo;
@@ -34,8 +39,12 @@ class EngineProbe final : public AllreduceProbe {
 
 }  // namespace
 
-std::unique_ptr<AllreduceProbe> make_allreduce_probe(Communicator& comm) {
-  return std::make_unique<EngineProbe>(comm);
+std::unique_ptr<AllreduceProbe> make_allreduce_probe(Communicator& comm, int threads) {
+  return std::make_unique<EngineProbe>(comm, threads);
+}
+
+MakeAllreduceProbe allreduce_probes(int threads) {
+  return [threads](Communicator& comm) { return make_allreduce_probe(comm, threads); };
 }
 
 }  // namespace terse

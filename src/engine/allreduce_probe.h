@@ -9,8 +9,11 @@
 
 namespace terse {
 
-// A probe running on its own engine over `comm` (borrowed: it must outlive the probe), with a
-// private tracer and raw partitions always on the ring. A collective, as making an engine is.
-std::unique_ptr<AllreduceProbe> make_allreduce_probe(Communicator& comm);
+// A probe running on its own engine of `threads` worker threads (0: the engine's default) over
+// `comm` (borrowed: it must outlive the probe), with a private tracer and raw partitions always
+// on the ring. A collective, as making an engine is.
+std::unique_ptr<AllreduceProbe> make_allreduce_probe(Communicator& comm, int threads);
+// A maker of such probes, for PlannerAccess::set_allreduce_probe and calibrate().
+MakeAllreduceProbe allreduce_probes(int threads);
 
 }  // namespace terse

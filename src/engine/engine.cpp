@@ -62,18 +62,6 @@ using engine::TensorRecord;
 
 namespace {
 
-int env_threads() {
-  const char* v = std::getenv("TERSE_THREADS");
-  if (v == nullptr || *v == '\0') return 4;
-  char* end = nullptr;
-  long t = std::strtol(v, &end, 10);
-  if (end == v || *end != '\0' || t < 1 || t > 256) {
-    throw InvalidArgument(
-        fmt::format("TERSE_THREADS='{}' is not a number of threads in 1..256", v));
-  }
-  return static_cast<int>(t);
-}
-
 const std::shared_ptr<Communicator>& checked(const std::shared_ptr<Communicator>& comm) {
   if (!comm) throw InvalidArgument("engine: no communicator");
   return comm;
@@ -86,17 +74,16 @@ EngineOptions checked(EngineOptions options) {
   return options;
 }
 
-// TERSE_TRACE=DIR without a tracer of the caller's: the engine records its own trace and writes
-// DIR/rank-R.json when destroyed, with its clock offset to rank 0 (for `terse trace merge`)
-// measured at construction, a collective (launchers give every rank the same environment).
+// A trace_directory DIR without a tracer of the caller's: the engine records its own trace and
+// writes DIR/rank-R.json when destroyed, with its clock offset to rank 0 (for `terse trace
+// merge`) measured at construction, a collective (launchers give every rank the same
+// environment, which sets it: TERSE_TRACE).
 class EnvTrace {
  public:
   EnvTrace(Communicator& comm, EngineOptions& options) : comm_(comm) {
-    if (options.tracer) return;
-    const char* dir = std::getenv("TERSE_TRACE");
-    if (dir == nullptr || *dir == '\0') return;
+    if (options.tracer || options.trace_directory.empty()) return;
     recorder_ = std::make_shared<TraceRecorder>();
-    dir_ = dir;
+    dir_ = options.trace_directory;
     options.tracer = recorder_;
     offset_ = measure_clock_offset(comm);
   }
@@ -150,7 +137,7 @@ class BlasShare {
 }  // namespace
 
 // The members are built in the order of the constructor's checks and collectives (communicator
-// and options, the trace clock, the BLAS share, TERSE_THREADS), then the parts. ~Engine stops
+// and options, the trace clock, the BLAS share, the threads), then the parts. ~Engine stops
 // the threads before any member is destroyed.
 struct TERSE_HIDDEN Engine::Impl {
   Impl(const std::shared_ptr<Communicator>& c, EngineOptions o)
@@ -158,7 +145,7 @@ struct TERSE_HIDDEN Engine::Impl {
         options(checked(std::move(o))),
         env_trace(*comm, options),
         blas(*comm),
-        threads(options.threads > 0 ? options.threads : env_threads()),
+        threads(options.threads > 0 ? options.threads : kDefaultEngineThreads),
         plans(*comm, options, threads, [this] { completion.wait_idle(); }),
         completion(*comm, options,
                    [this](const engine::Job& job, bool ok) { plans.release(job, ok); }),

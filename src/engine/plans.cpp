@@ -7,6 +7,7 @@
 
 #include "engine/allreduce_probe.h"
 #include "planner/planner_impl.h"
+#include "planner/protocol.h"
 #include "terse/error.h"
 #include "terse/spec.h"
 
@@ -252,13 +253,11 @@ Planner& Plans::planner() const {
   if (options_.planner) {
     planner_ = options_.planner;
   } else {
-    PlannerOptions po;  // raw also at this engine's own partitioning
-    po.raw_partition_bytes = options_.partition_bytes;
-    planner_ = std::make_shared<Planner>(std::move(po));
+    planner_ = std::make_shared<Planner>(options_.planner_options);
   }
   // Calibration times allreduces through a probe engine of its own; the model prices this
   // engine's raw partitions as it sends them.
-  PlannerAccess::set_allreduce_probe(*planner_, make_allreduce_probe);
+  PlannerAccess::set_allreduce_probe(*planner_, allreduce_probes(threads_));
   PlannerAccess::set_gather_bytes(*planner_, options_.gather_bytes);
   return *planner_;
 }
@@ -268,7 +267,8 @@ TensorPlan Plans::decide_auto(std::size_t n, Strategy strategy, int partitions, 
   Planner& p = planner();
   // Calibration measures the links: let submitted work finish first (every rank does).
   if (!p.calibrated()) drain_();
-  return p.plan(comm_, n, threads_, strategy, partitions, tier, op);
+  return planner::plan(p, comm_,
+                       {n, threads_, strategy, partitions, tier, op, options_.partition_bytes});
 }
 
 TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
@@ -291,30 +291,32 @@ TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
 void Plans::before_collective(Operation op, std::size_t total, const CollectiveOptions& o) {
   const auto tier = auto_tier(o.codec);
   if (!tier || op == Operation::kAllToAll || total == 0) return;
-  const Planner::Use use{total, threads_, o.strategy, o.partitions, *tier, op};
-  planner().before_submission(comm_, std::span(&use, 1));
+  const planner::Use use{total, threads_, o.strategy, o.partitions, *tier, op,
+                         options_.partition_bytes};
+  planner::before_submission(planner(), comm_, std::span(&use, 1));
 }
 
-Planner::Use Plans::use_of(const Item& it) const {
+planner::Use Plans::use_of(const Item& it) const {
   const AllreduceOptions& o = it.ref.options;
   const Tier tier = auto_tier(o.codec).value_or(Tier::kLight);
   if (it.op == Operation::kAllreduce) {
     return {it.ref.typed.elements, threads_, o.strategy, o.partitions, tier,
-            Operation::kAllreduce};
+            Operation::kAllreduce, options_.partition_bytes};
   }
   // A collective's size is the larger of input and output (N shards).
   return {std::max(it.ref.typed.elements, it.output.elements), threads_, o.strategy, o.partitions,
-          tier, it.op};
+          tier, it.op, options_.partition_bytes};
 }
 
 void Plans::before_submission(const std::vector<TensorRef>& tensors) {
-  std::vector<Planner::Use> uses;
+  std::vector<planner::Use> uses;
   for (const auto& t : tensors) {
     if (const auto tier = auto_tier(t.options.codec)) {
-      uses.push_back({elements(t), threads_, t.options.strategy, t.options.partitions, *tier});
+      uses.push_back({elements(t), threads_, t.options.strategy, t.options.partitions, *tier,
+                      Operation::kAllreduce, options_.partition_bytes});
     }
   }
-  if (!uses.empty()) planner().before_submission(comm_, uses);
+  if (!uses.empty()) planner::before_submission(planner(), comm_, uses);
 }
 
 // ---- records --------------------------------------------------------------------------------
@@ -359,8 +361,7 @@ void Plans::commit(Job& job) {
   std::vector<char> exploring(job.items.size(), 0);
   for (std::size_t i = 0; i < job.items.size(); ++i) {
     if (!auto_tier(job.items[i].ref.options.codec)) continue;
-    const Planner::Use u = use_of(job.items[i]);
-    exploring[i] = planner().exploring(u.n, u.threads, u.strategy, u.partitions, u.tier, u.op);
+    exploring[i] = planner::exploring(planner(), use_of(job.items[i]));
   }
   std::lock_guard lock(records_mu_);
   for (std::size_t i = 0; i < job.items.size(); ++i) {
@@ -404,11 +405,11 @@ void Plans::release(const Job& job, bool succeeded) {
           it.ref.typed.dtype != DType::kFloat32 || job.spans[i].second < job.spans[i].first) {
         continue;
       }
-      const Planner::Use u = use_of(it);
+      const planner::Use u = use_of(it);
       TensorPlan priced = it.plan;  // as the planner named it: a matrix at its default view
       if (it.ref.options.rows > 0) priced.codec = with_rows(priced.codec, 0, false);
-      planner_->observe(u.n, priced,
-                        static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9, u.op);
+      planner::observe(*planner_, u.n, priced,
+                       static_cast<double>(job.spans[i].second - job.spans[i].first) * 1e-9, u.op);
     }
   }
   std::lock_guard lock(records_mu_);

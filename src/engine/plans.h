@@ -23,6 +23,7 @@
 
 #include "collectives/collective.h"
 #include "engine/job.h"
+#include "planner/protocol.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
@@ -115,7 +116,7 @@ class Plans {
   TensorPlan decide_auto(std::size_t n, Strategy strategy, int partitions, Tier tier,
                          Operation op) const;
   // What the planner is asked about an item (its size, restriction and operation).
-  Planner::Use use_of(const Item& it) const;
+  planner::Use use_of(const Item& it) const;
 
   Communicator& comm_;
   const EngineOptions& options_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -29,11 +30,14 @@ void blas_set_threads(int threads) { openblas_set_num_threads(threads); }
 
 int blas_threads() { return openblas_get_num_threads(); }
 
+namespace {
+std::atomic<bool> threads_chosen{false};
+}  // namespace
+
+void set_blas_threads_chosen(bool chosen) { threads_chosen.store(chosen); }
+
 int blas_limit_threads(int threads) {
-  for (const char* chosen : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
-    const char* v = std::getenv(chosen);
-    if (v != nullptr && *v != '\0') return blas_threads();
-  }
+  if (threads_chosen.load()) return blas_threads();
   threads = std::max(1, threads);
   if (threads < blas_threads()) blas_set_threads(threads);
   return blas_threads();

@@ -12,8 +12,12 @@ void blas_set_threads(int threads);
 // Threads OpenBLAS would use now.
 int blas_threads();
 
+// Whether the user chose OpenBLAS's thread count (ProcessOptions::blas_threads_chosen: at the
+// edge, OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS set). Process-wide.
+void set_blas_threads_chosen(bool chosen);
+
 // Lowers OpenBLAS's threads to `threads` (at least 1) where it would use more, unless the user
-// chose (OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS set). OpenBLAS starts one
+// chose them (set_blas_threads_chosen). OpenBLAS starts one
 // thread per core in every process, so ranks that share a machine oversubscribe its cores; the
 // engine passes each rank's share (transport::MachineShare::cores_per_rank, the same on every rank:
 // a product's last bits can depend on the thread count, and replicas must stay identical).

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -29,12 +30,7 @@ std::size_t rounded(std::size_t bytes) {
   return (bytes + align - 1) / align * align;
 }
 
-std::size_t budget_from_env() {
-  if (const char* v = std::getenv("TERSE_RETAIN_MB"); v != nullptr && *v != '\0') {
-    char* end = nullptr;
-    const unsigned long long mb = std::strtoull(v, &end, 10);
-    if (end != v && *end == '\0') return static_cast<std::size_t>(mb) << 20;
-  }
+std::size_t default_budget() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   const std::size_t memory =
       pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
@@ -137,8 +133,9 @@ class Retained {
       try {
         old.reserve(kept_.size() + 1);
         expire(now, old);
-        if (size <= budget_) {
-          while (held_ + size > budget_) {
+        const std::size_t budget = budget_.load(std::memory_order_relaxed);
+        if (size <= budget) {
+          while (held_ + size > budget) {
             old.push_back(kept_.front());
             held_ -= kept_.front().size;
             kept_.pop_front();
@@ -158,7 +155,20 @@ class Retained {
     std::lock_guard lock(mu_);
     return held_;
   }
-  std::size_t budget() const { return budget_; }
+  std::size_t budget() const { return budget_.load(std::memory_order_relaxed); }
+  void set_budget(std::size_t bytes) {
+    budget_.store(bytes, std::memory_order_relaxed);
+    std::vector<Range> old;
+    {
+      std::lock_guard lock(mu_);
+      while (held_ > bytes) {
+        old.push_back(kept_.front());
+        held_ -= kept_.front().size;
+        kept_.pop_front();
+      }
+    }
+    for (const Range& r : old) ::munmap(r.data, r.size);
+  }
 
   void clear() {
     std::deque<Range> old;
@@ -189,7 +199,7 @@ class Retained {
   std::mutex mu_;
   std::deque<Range> kept_;
   std::size_t held_ = 0;
-  const std::size_t budget_ = budget_from_env();
+  std::atomic<std::size_t> budget_{default_budget()};
 };
 
 // Never destroyed: blocks may be freed by other static objects' destructors at exit.
@@ -227,6 +237,9 @@ Bytes allocate_bytes(std::size_t bytes) {
 
 std::size_t retained_bytes() { return kRetain ? retained().held() : 0; }
 std::size_t retained_budget() { return kRetain ? retained().budget() : 0; }
+void set_retained_budget(std::optional<std::size_t> bytes) {
+  if (kRetain) retained().set_budget(bytes ? *bytes : default_budget());
+}
 void release_retained() {
   if (kRetain) retained().clear();
 }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
 
@@ -42,10 +43,13 @@ using Bytes = std::unique_ptr<std::byte[], FreeBytes>;
 // Not under AddressSanitizer, which must see every free: there every block is aligned_alloc's.
 Bytes allocate_bytes(std::size_t bytes);
 
-// Bytes of freed blocks kept for reuse, and the most that are kept: TERSE_RETAIN_MB if set (0
-// keeps none), else the lesser of 1 GiB and 1/16 of the machine's memory.
+// Bytes of freed blocks kept for reuse, and the most that are kept: as set by
+// set_retained_budget (0 keeps none), by default the lesser of 1 GiB and 1/16 of the machine's
+// memory. Process-wide (ProcessOptions::retained_bytes, TERSE_RETAIN_MB at the edge); a lower
+// budget unmaps the oldest kept blocks beyond it at once. Nothing: the default.
 std::size_t retained_bytes();
 std::size_t retained_budget();
+void set_retained_budget(std::optional<std::size_t> bytes);
 // Frees every kept block now.
 void release_retained();
 

@@ -177,6 +177,9 @@ class AllreduceProbe {
   // strategy and partitions, and returns when it is done. A collective. Raw partitions travel
   // on the ring (no gathered message step), whatever their size.
   virtual void allreduce(const std::string& name, std::span<float> x, const TensorPlan& plan) = 0;
+  // The worker threads of the engine it runs on: calibration measures the CPU's contention and
+  // prices the probes at that many.
+  virtual int threads() const = 0;
 };
 // Makes a probe on a communicator (a collective where making an engine is one).
 using MakeAllreduceProbe = std::function<std::unique_ptr<AllreduceProbe>(Communicator&)>;
@@ -194,8 +197,8 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options,
 Calibration calibrate_local(const CalibrationOptions& options, int world_size, int ranks_on_host,
                             const MakeAllreduceProbe& make_probe);
 
-// The cache file for this host and world size: $XDG_CACHE_HOME/terse, else ~/.cache/terse,
-// named calibration-HOST-nWORLD.json.
-std::string default_calibration_path(int world_size);
+// The cache file for this host and world size in `directory` (PlannerOptions::cache_directory;
+// empty: /tmp/terse), named calibration-HOST-nWORLD.json.
+std::string default_calibration_path(int world_size, const std::string& directory);
 
 }  // namespace terse

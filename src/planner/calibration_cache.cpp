@@ -44,18 +44,11 @@ Calibration Calibration::from_json(std::string_view text) {
   }
 }
 
-std::string default_calibration_path(int world_size) {
-  std::string base;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    base = x;
-  } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-    base = std::string(h) + "/.cache";
-  } else {
-    base = "/tmp";
-  }
+std::string default_calibration_path(int world_size, const std::string& directory) {
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
-  return fmt::format("{}/terse/calibration-{}-n{}.json", base, host, world_size);
+  return fmt::format("{}/calibration-{}-n{}.json", directory.empty() ? "/tmp/terse" : directory,
+                     host, world_size);
 }
 
 }  // namespace terse

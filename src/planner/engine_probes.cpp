@@ -16,12 +16,6 @@
 
 namespace terse::planner {
 
-int engine_threads() {
-  const char* v = std::getenv("TERSE_THREADS");
-  const int t = v != nullptr ? std::atoi(v) : 0;
-  return t >= 1 && t <= 256 ? t : 4;
-}
-
 namespace {
 
 constexpr int kProbePartitions = 8;
@@ -105,9 +99,9 @@ RawProbe run_raw_probe(Communicator& comm, AllreduceProbe& probe, std::span<floa
   Runs small_runs, bulk;
   for (int series = 0; series < kSeries; ++series) {
     time_runs(comm, probe, small_runs, "calibration-small", x.first(small), raw,
-              1 + engine_threads(), kSmallReps);
-    time_runs(comm, probe, bulk, "calibration-bulk", x, raw, series == 0 ? 1 + engine_threads() : 1,
-              kReps);
+              1 + probe.threads(), kSmallReps);
+    time_runs(comm, probe, bulk, "calibration-bulk", x, raw,
+              series == 0 ? 1 + probe.threads() : 1, kReps);
   }
   RawProbe out;
   out.wall = median(agree_max(comm, bulk.wall));
@@ -144,7 +138,7 @@ void measure_host_efficiency(Communicator& comm, Calibration& c, AllreduceProbe&
   model_now.set_gather_bytes(0);
   const double model_cpu = model_now
                                .predict(x.size(), codec.spec, Strategy::kSharded,
-                                        kHostProbePartitions, n, engine_threads())
+                                        kHostProbePartitions, n, probe.threads())
                                .host_cpu;
   // Two series of runs, the lesser factor kept: a burst of work from outside the job during
   // one raises its wall time and not the job's CPU.
@@ -152,7 +146,7 @@ void measure_host_efficiency(Communicator& comm, Calibration& c, AllreduceProbe&
   c.host_efficiency = 0;
   for (int series = 0; series < kHostSeries; ++series) {
     Runs host;
-    time_runs(comm, probe, host, "calibration-host", x, compressed, 1 + engine_threads(),
+    time_runs(comm, probe, host, "calibration-host", x, compressed, 1 + probe.threads(),
               kCompressedReps);
     const double wall = median(agree_max(comm, host.wall));
     const double cpu = agree_median(comm, {median(std::move(host.cpu))})[0];
@@ -186,7 +180,7 @@ void measure_host_efficiency(Communicator& comm, Calibration& c, AllreduceProbe&
 // Each figure is the median over runs of the slowest rank's time. Returns what
 // measure_engine_beta does: whether the links paced its raw allreduce.
 bool measure_engine(Communicator& comm, Calibration& c, AllreduceProbe& probe) {
-  const int threads = engine_threads();
+  const int threads = probe.threads();
   constexpr std::size_t kPiece = 1024;
   std::vector<float> x(kProbePartitions * kPiece, 1.0f);
   TensorPlan raw1, gather, raw8;
@@ -270,7 +264,7 @@ bool measure_engine_beta(Communicator& comm, Calibration& c, AllreduceProbe& pro
   CostModel model(no_bytes);
   model.set_gather_bytes(0);
   auto predict = [&](std::size_t n_elements) {
-    return model.predict(n_elements, "none", Strategy::kRaw, 1, n, engine_threads());
+    return model.predict(n_elements, "none", Strategy::kRaw, 1, n, probe.threads());
   };
   const Prediction other = predict(elements);
   const double bytes = per_float * static_cast<double>(elements);

@@ -19,9 +19,6 @@ inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// The engine's worker threads as it resolves them by default (TERSE_THREADS, else 4).
-int engine_threads();
-
 // Measures everything on the CPU side: the strategies' fp32 work, every codec of
 // options.codecs, and the CPU contention of several threads per rank. With a communicator,
 // ranks measure in lockstep and the per-point times are agreed (median over ranks) before

@@ -19,6 +19,7 @@
 #include "kit/hash.h"
 #include "planner/exchange.h"
 #include "planner/planner_impl.h"
+#include "planner/protocol.h"
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
@@ -44,30 +45,6 @@ constexpr double kRecheckThreshold = 0.25;
 // Observations kept per (size, plan) between exchanges, all of which an exchange sends: the
 // first ones, the same runs on every rank (a median needs no more).
 constexpr std::size_t kMaxObservations = 256;
-
-// A codec list from the environment variable `name`, else `fallback`.
-std::vector<std::string> codecs_from_env(const char* name, std::vector<std::string> fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  // Specs hold commas ("onebit:ef=1,scale=max"), so the list is separated by ';' or spaces.
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char* p = v;; ++p) {
-    if (*p == '\0' || *p == ';' || *p == ' ') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-      if (*p == '\0') break;
-    } else {
-      cur += *p;
-    }
-  }
-  return out;
-}
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path);
@@ -116,13 +93,9 @@ Planner::Planner(PlannerOptions options) : impl_(std::make_unique<Impl>()) {
   // The light tier: the codecs that kept DDP's fp32 accuracy on the training benchmark
   // (docs/planner.md); the heavy tier: those that compress most, at some cost in accuracy.
   if (m.options.allowed.empty()) {
-    m.options.allowed =
-        codecs_from_env("TERSE_PLAN_CODECS", {"fp16", "minmax8:ef=1", "powersgd:rank=8",
-                                              "powersgd:rank=8,wire=fp16"});
+    m.options.allowed = {"fp16", "minmax8:ef=1", "powersgd:rank=8", "powersgd:rank=8,wire=fp16"};
   }
-  if (m.options.heavy.empty()) {
-    m.options.heavy = codecs_from_env("TERSE_PLAN_HEAVY_CODECS", {"onebit:ef=1", "powersgd"});
-  }
+  if (m.options.heavy.empty()) m.options.heavy = {"onebit:ef=1", "powersgd"};
   // Canonical specs, each once, raw left out (it is always a candidate); a codec in both lists
   // is light.
   auto add = [&m](const std::vector<std::string>& specs, std::vector<std::string>& out) {
@@ -137,10 +110,7 @@ Planner::Planner(PlannerOptions options) : impl_(std::make_unique<Impl>()) {
   };
   add(m.options.allowed, m.allowed);
   add(m.options.heavy, m.heavy);
-  if (env_flag("TERSE_PLAN_LOG")) m.options.log = true;
-  if (const char* v = std::getenv("TERSE_PLAN_EXPLORE"); v != nullptr && *v != '\0') {
-    m.options.explore_seconds = std::max(0.0, std::atof(v));  // 0: off
-  }
+  m.options.explore_seconds = std::max(0.0, m.options.explore_seconds);  // 0: off
   m.recheck_interval = kRecheckInterval;
   m.calibration_options.codecs = m.allowed;
   m.calibration_options.codecs.insert(m.calibration_options.codecs.end(), m.heavy.begin(),
@@ -223,7 +193,9 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
         "probe (use codec \"auto\" through an Engine)");
   }
   const std::string path =
-      options.cache_path.empty() ? default_calibration_path(comm.size()) : options.cache_path;
+      options.cache_path.empty()
+          ? default_calibration_path(comm.size(), options.cache_directory)
+          : options.cache_path;
   const bool log = options.log && comm.rank() == 0;
   // Use the cache only if every rank holds the same usable one; otherwise every rank measures.
   std::string text = path == "-" ? std::string() : read_file(path);
@@ -283,7 +255,13 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
 
 PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy strategy,
                              int partitions, Tier tier, Operation op) const {
-  const Impl& m = *impl_;
+  return planner::decide(*this, {n, threads, strategy, partitions, tier, op}, ranks);
+}
+
+PlanDecision planner::decide(const Planner& self, const Use& use, int ranks) {
+  const std::size_t n = use.n, raw_partition_bytes = use.raw_partition_bytes;
+  const Operation op = use.op;
+  const Planner::Impl& m = PlannerAccess::impl(self);
   std::lock_guard lock(m.mu);
   if (!m.model) throw InvalidArgument("planner: not calibrated yet");
   PlanDecision d;
@@ -294,8 +272,8 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   const std::size_t split =
       op == Operation::kAllreduce ? n : n / static_cast<std::size_t>(std::max(ranks, 1));
   std::vector<int> ks;
-  if (partitions > 0) {
-    ks.push_back(planner::clamp_partitions(partitions, split));
+  if (use.partitions > 0) {
+    ks.push_back(planner::clamp_partitions(use.partitions, split));
   } else {
     for (int k : m.partitions) {
       const int c = planner::clamp_partitions(k, split);
@@ -304,22 +282,21 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   }
   // Raw also at the engine's own partitioning (raw_partition_bytes), where K is the planner's.
   std::vector<int> raw_ks = ks;
-  if (partitions <= 0 && m.options.raw_partition_bytes > 0) {
-    const std::size_t own =
-        (n * sizeof(float) + m.options.raw_partition_bytes - 1) / m.options.raw_partition_bytes;
+  if (use.partitions <= 0 && raw_partition_bytes > 0) {
+    const std::size_t own = (n * sizeof(float) + raw_partition_bytes - 1) / raw_partition_bytes;
     const int c =
         planner::clamp_partitions(static_cast<int>(std::min<std::size_t>(own, 1 << 20)), split);
     if (std::find(raw_ks.begin(), raw_ks.end(), c) == raw_ks.end()) raw_ks.push_back(c);
   }
   auto consider = [&](const std::string& spec, Strategy s, bool whole) {
-    if (strategy != Strategy::kAuto && strategy != s) return;
-    if (whole && partitions > 1) return;
+    if (use.strategy != Strategy::kAuto && use.strategy != s) return;
+    if (whole && use.partitions > 1) return;
     for (int k : whole ? std::vector<int>{1} : s == Strategy::kRaw ? raw_ks : ks) {
       PlanCandidate c;
       c.plan.codec = spec;
       c.plan.strategy = s;
       c.plan.partitions = k;
-      c.predicted = m.model->predict(n, spec, s, k, ranks, threads, op);
+      c.predicted = m.model->predict(n, spec, s, k, ranks, use.threads, op);
       if (auto it = m.measured.find({n, planner::run_key(op, c.plan)}); it != m.measured.end()) {
         c.measured = it->second;
       }
@@ -328,7 +305,7 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   };
   consider("none", Strategy::kRaw, false);
   std::vector<std::string> codecs = m.allowed;
-  if (tier == Tier::kHeavy) codecs.insert(codecs.end(), m.heavy.begin(), m.heavy.end());
+  if (use.tier == Tier::kHeavy) codecs.insert(codecs.end(), m.heavy.begin(), m.heavy.end());
   for (const auto& spec : codecs) {
     const CodecCosts& k = *m.model->calibration().find(spec);
     if (op != Operation::kAllreduce) {
@@ -373,7 +350,7 @@ PlanDecision Planner::decide(std::size_t n, int ranks, int threads, Strategy str
   }
   if (d.ranked.empty()) {
     throw InvalidArgument(fmt::format("planner: no allowed codec can use strategy {} in {}",
-                                      to_string(strategy), to_string(op)));
+                                      to_string(use.strategy), to_string(op)));
   }
   // Stable: equal times keep the order above (raw first, then the light tier's list, then the
   // heavy tier's).
@@ -417,17 +394,19 @@ void Planner::Impl::log_decision(const PlanDecision& d, int rank, const char* wh
                PlanDecision::expected(c) > 0 ? d.raw_seconds / PlanDecision::expected(c) : 0.0);
 }
 
-TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strategy strategy,
-                         int partitions, Tier tier, Operation op) {
-  Impl& m = *impl_;
+TensorPlan planner::plan(Planner& self, Communicator& comm, const Use& use) {
+  const std::size_t n = use.n;
+  const Tier tier = use.tier;
+  const Operation op = use.op;
+  Planner::Impl& m = PlannerAccess::impl(self);
   m.ensure_calibrated(comm);
-  const Impl::Key key{n, threads, strategy, partitions, tier, op};
+  const Planner::Impl::Key key = Planner::Impl::key_of(use);
   {
     std::lock_guard lock(m.mu);
     auto it = m.decisions.find(key);
     if (it != m.decisions.end()) return it->second.chosen.plan;
   }
-  PlanDecision d = decide(n, comm.size(), threads, strategy, partitions, tier, op);
+  PlanDecision d = decide(self, use, comm.size());
   m.log_decision(d, comm.rank(), tier == Tier::kHeavy ? "plan auto:heavy" : "plan");
   std::lock_guard lock(m.mu);
   if (d.contenders.size() > 1) {
@@ -447,10 +426,10 @@ TensorPlan Planner::plan(Communicator& comm, std::size_t n, int threads, Strateg
   return m.decisions.insert_or_assign(key, std::move(d)).first->second.chosen.plan;
 }
 
-bool Planner::exploring(std::size_t n, int threads, Strategy strategy, int partitions,
-                        Tier tier, Operation op) const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->exploring.count(Impl::Key{n, threads, strategy, partitions, tier, op}) > 0;
+bool planner::exploring(const Planner& self, const Use& use) {
+  const Planner::Impl& m = PlannerAccess::impl(self);
+  std::lock_guard lock(m.mu);
+  return m.exploring.count(Planner::Impl::key_of(use)) > 0;
 }
 
 int Planner::Impl::advance_explorations(
@@ -512,14 +491,17 @@ int Planner::Impl::advance_explorations(
   return changed;
 }
 
-void Planner::observe(std::size_t n, const TensorPlan& plan, double seconds, Operation op) {
-  std::lock_guard lock(impl_->mu);
-  auto& v = impl_->observed[{n, planner::run_key(op, plan)}];
+void planner::observe(Planner& self, std::size_t n, const TensorPlan& plan, double seconds,
+                      Operation op) {
+  Planner::Impl& m = PlannerAccess::impl(self);
+  std::lock_guard lock(m.mu);
+  auto& v = m.observed[{n, planner::run_key(op, plan)}];
   if (v.size() < kMaxObservations) v.push_back(seconds);
 }
 
-int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
-  Impl& m = *impl_;
+int planner::before_submission(Planner& self, Communicator& comm, std::span<const Use> uses) {
+  using Impl = Planner::Impl;
+  Impl& m = PlannerAccess::impl(self);
   std::string mine;
   bool recheck = false;
   // Once the exchange (if any) has settled what it could: each size still explored that this
@@ -528,7 +510,7 @@ int Planner::before_submission(Communicator& comm, std::span<const Use> uses) {
   auto count_uses = [&] {
     std::map<Impl::Key, int> count;
     for (const auto& u : uses) {
-      const Impl::Key key{u.n, u.threads, u.strategy, u.partitions, u.tier, u.op};
+      const Impl::Key key = Impl::key_of(u);
       if (m.exploring.count(key) > 0) ++count[key];
     }
     int switched = 0;

@@ -15,11 +15,12 @@
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
 #include "planner/explorer.h"
+#include "planner/protocol.h"
 #include "terse/planner.h"
 
 namespace terse {
 
-// Partition counts the planner tries (raw also at the engine's own: raw_partition_bytes):
+// Partition counts the planner tries (raw also at the engine's own: Use::raw_partition_bytes):
 // powers of two up to where a partition's fixed costs outgrow what pipelining saves at the
 // sizes models have.
 inline const std::vector<int> kPartitionChoices = {1, 2, 4, 8, 16};
@@ -38,8 +39,12 @@ struct Planner::Impl {
     int partitions;
     Tier tier;
     Operation op;
+    std::size_t raw_partition_bytes;
     auto operator<=>(const Key&) const = default;
   };
+  static Key key_of(const planner::Use& u) {
+    return {u.n, u.threads, u.strategy, u.partitions, u.tier, u.op, u.raw_partition_bytes};
+  }
 
   PlannerOptions options;
   std::vector<std::string> allowed;  // canonical specs of the light tier

@@ -35,6 +35,8 @@ using namespace transport;
 
 namespace {
 
+// torchrun's bootstrap (bootstrap_from_env) is the one reader of the environment below the
+// edge (terse/environment.h): RANK, WORLD_SIZE, TERSE_FILE_STORE, MASTER_ADDR, MASTER_PORT.
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::string(v) : std::string();
@@ -80,18 +82,7 @@ std::string address_of(const gloo::transport::tcp::attr& attr) {
 
 }  // namespace
 
-milliseconds default_timeout() {
-  const std::string v = env("TERSE_TIMEOUT");
-  if (!v.empty()) {
-    char* end = nullptr;
-    double s = std::strtod(v.c_str(), &end);
-    if (end == v.c_str() || *end != '\0' || !(s > 0) || s > 1e7) {
-      throw InvalidArgument(fmt::format("TERSE_TIMEOUT='{}' is not a positive number of seconds", v));
-    }
-    return milliseconds(static_cast<std::int64_t>(s * 1000 + 0.5));
-  }
-  return std::chrono::seconds(60);
-}
+milliseconds default_timeout() { return std::chrono::seconds(60); }
 
 
 Request::Request() noexcept = default;
@@ -370,9 +361,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int size, std::shar
   }
 
   gloo::transport::tcp::attr attr;
-  std::string interface = options.interface;
-  if (interface.empty()) interface = env("TERSE_IFNAME");
-  if (interface.empty()) interface = env("GLOO_SOCKET_IFNAME");
+  const std::string& interface = options.interface;
   std::string where;
   try {
     if (!interface.empty()) {

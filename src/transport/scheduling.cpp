@@ -3,20 +3,13 @@
 
 #include <sched.h>
 
-#include <cstdlib>
-#include <cstring>
+#include <atomic>
 
 namespace terse::transport {
 
-bool batch_scheduling() {
-  static const bool on = [] {
-    const char* v = std::getenv("TERSE_SCHED");
-    return v == nullptr || std::strcmp(v, "normal") != 0;
-  }();
-  return on;
-}
-
 namespace {
+
+std::atomic<bool> batch{true};
 
 // sched_setscheduler(0, ...) sets the policy of the calling thread only (Linux threads are
 // scheduled one by one); an unprivileged thread may move between SCHED_OTHER and SCHED_BATCH.
@@ -27,6 +20,10 @@ bool set_policy(int policy, int priority) {
 }
 
 }  // namespace
+
+bool batch_scheduling() { return batch.load(std::memory_order_relaxed); }
+
+void set_batch_scheduling(bool on) { batch.store(on, std::memory_order_relaxed); }
 
 void enter_batch_scheduling() {
   // Real-time threads (SCHED_FIFO, SCHED_RR) are the host's choice: leave them alone.

@@ -11,13 +11,16 @@
 // partitions of 4 KiB took 2-17 ms on 2 ranks and 2 cores, and 1.0-1.3 ms under SCHED_BATCH.
 // Where cores are idle a woken thread runs on one of them, so nothing changes.
 //
-// TERSE_SCHED=normal leaves every thread under the policy it was created with.
+// ProcessOptions::batch_scheduling false (TERSE_SCHED=normal at the edge) leaves every thread
+// under the policy it was created with.
 #pragma once
 
 namespace terse::transport {
 
-// Whether terse's threads use SCHED_BATCH (TERSE_SCHED is not "normal"; read once).
+// Whether terse's threads use SCHED_BATCH (by default they do). Process-wide; threads already
+// started keep the policy they took.
 bool batch_scheduling();
+void set_batch_scheduling(bool on);
 
 // Puts the calling thread under SCHED_BATCH when batch_scheduling(); no effect elsewhere (the
 // policy is an optimization: a refusal is ignored). Called first by every thread terse starts.

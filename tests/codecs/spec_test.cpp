@@ -134,11 +134,13 @@ TEST(Spec, EveryCodecsRangedParametersBehaveAsTheirListedIntervalsSay) {
         const auto error = rejection(info.name, r.key, v);
         ASSERT_TRUE(error) << v;
         EXPECT_NE(error->find(r.key + "=" + v + " is not finite"), std::string::npos) << *error;
+        EXPECT_NE(error->find("allowed: a number in " + r.interval), std::string::npos) << *error;
       }
       for (const std::string v : {"nan", "abc", "0.5x", "--1"}) {
         const auto error = rejection(info.name, r.key, v);
         ASSERT_TRUE(error) << v;
         EXPECT_NE(error->find(r.key + "=" + v + " is not a number"), std::string::npos) << *error;
+        EXPECT_NE(error->find("allowed: a number in " + r.interval), std::string::npos) << *error;
       }
     }
   }
@@ -155,6 +157,22 @@ TEST(Spec, TopkRatioZeroIsOutsideTheHalfOpenIntervalItLists) {
   ASSERT_EQ(ranges.size(), 1u);
   EXPECT_EQ(ranges[0].interval, "(0, 1]");
   EXPECT_FALSE(rejection("topk", "ratio", "1"));
+}
+
+// A value that is not finite says what is allowed, as an out-of-range one does.
+TEST(Spec, TopkRatioInfNamesTheIntervalAllowed) {
+  for (const std::string v : {"inf", "1e999"}) {
+    const auto error = rejection("topk", "ratio", v);
+    ASSERT_TRUE(error) << v;
+    EXPECT_NE(error->find("ratio=" + v + " is not finite; allowed: a number in (0, 1]"),
+              std::string::npos)
+        << *error;
+  }
+  const auto error = rejection("qsgd", "levels", "many");
+  ASSERT_TRUE(error);
+  EXPECT_NE(error->find("levels=many is not an integer; allowed: an integer in [1, 255]"),
+            std::string::npos)
+      << *error;
 }
 
 }  // namespace

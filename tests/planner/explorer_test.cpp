@@ -245,17 +245,17 @@ TEST(Planner, ExplorationSettlesOnTheFastestMeasuredThroughTheExchange) {
     return plan_key(plan) == fastest ? 0.6 * PlanDecision::expected(d.chosen)
                                      : PlanDecision::expected(d.chosen);
   };
-  const Planner::Use use{n, 4, Strategy::kAuto, 0};
+  const planner::Use use{n, 4, Strategy::kAuto, 0};
   int steps = 0;
   for (; steps < 1000; ++steps) {
-    p.before_submission(*comm, std::span(&use, 1));
-    const TensorPlan plan = p.plan(*comm, n, 4);
-    p.observe(n, plan, truth(plan));
-    if (steps > 0 && !p.exploring(n, 4)) break;
+    planner::before_submission(p, *comm, std::span(&use, 1));
+    const TensorPlan plan = planner::plan(p, *comm, {n, 4});
+    planner::observe(p, n, plan, truth(plan));
+    if (steps > 0 && !planner::exploring(p, {n, 4})) break;
   }
   EXPECT_LT(steps, 1000);
-  EXPECT_FALSE(p.exploring(n, 4));
-  EXPECT_EQ(plan_key(p.plan(*comm, n, 4)), fastest);
+  EXPECT_FALSE(planner::exploring(p, {n, 4}));
+  EXPECT_EQ(plan_key(planner::plan(p, *comm, {n, 4})), fastest);
   comm.reset();
   std::filesystem::remove_all(dir);
 }

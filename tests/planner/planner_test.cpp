@@ -29,6 +29,7 @@
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 
 namespace terse {
@@ -573,7 +574,8 @@ TEST(Planner, AnAllreduceAndAReduceScatterOfOneSizeNeverShareMeasurements) {
   PlannerAccess::set_recheck_interval(*planner, 1);  // every submission exchanges
   const std::size_t n = std::size_t{1} << 22;
   const auto rs = Operation::kReduceScatter;
-  const TensorPlan plan = planner->plan(*comm, n, 4, Strategy::kAuto, 0, Tier::kLight, rs);
+  const TensorPlan plan =
+      planner::plan(*planner, *comm, {n, 4, Strategy::kAuto, 0, Tier::kLight, rs});
   auto measured = [&](const PlanDecision& d, const TensorPlan& p) -> std::optional<double> {
     for (const auto& c : d.ranked) {
       if (plan_key(c.plan) == plan_key(p)) return c.measured;
@@ -582,16 +584,16 @@ TEST(Planner, AnAllreduceAndAReduceScatterOfOneSizeNeverShareMeasurements) {
   };
   // The reduce-scatter's time, reported and agreed: its own decision sees it, the allreduce's
   // of the same size and plan does not.
-  planner->observe(n, plan, 0.125, rs);
-  const Planner::Use use{n, 4, Strategy::kAuto, 0, Tier::kLight, rs};
-  planner->before_submission(*comm, std::span(&use, 1));
+  planner::observe(*planner, n, plan, 0.125, rs);
+  const planner::Use use{n, 4, Strategy::kAuto, 0, Tier::kLight, rs};
+  planner::before_submission(*planner, *comm, std::span(&use, 1));
   EXPECT_EQ(measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, Tier::kLight, rs), plan), 0.125);
   ASSERT_NE(plan.strategy, Strategy::kAllToAll);  // one rank: raw, a plan an allreduce has too
   EXPECT_EQ(measured(planner->decide(n, 1, 4), plan), std::nullopt);
   // An allreduce's time of a plan an all-gather has too stays the allreduce's.
   const TensorPlan raw{"none", Strategy::kRaw, 1, false};
-  planner->observe(n, raw, 0.25);
-  planner->before_submission(*comm);
+  planner::observe(*planner, n, raw, 0.25);
+  planner::before_submission(*planner, *comm);
   EXPECT_EQ(measured(planner->decide(n, 1, 4), raw), 0.25);
   EXPECT_EQ(
       measured(planner->decide(n, 1, 4, Strategy::kAuto, 0, Tier::kLight, Operation::kAllGather),
@@ -717,7 +719,7 @@ TEST(Planner, TiersDefaultToTheCodecsThatKeepAccuracyAndTheHeavyOnes) {
   };
   {
     const ScopedEnv light("TERSE_PLAN_CODECS", nullptr), heavy("TERSE_PLAN_HEAVY_CODECS", nullptr);
-    const Planner p{PlannerOptions{}};
+    const Planner p{planner_options_from_environment()};
     EXPECT_EQ(p.allowed(), canonical({"fp16", "minmax8:ef=1", "powersgd:rank=8",
                                       "powersgd:rank=8,wire=fp16"}));
     EXPECT_EQ(p.heavy(), canonical({"onebit:ef=1", "powersgd"}));
@@ -725,7 +727,7 @@ TEST(Planner, TiersDefaultToTheCodecsThatKeepAccuracyAndTheHeavyOnes) {
   {
     const ScopedEnv light("TERSE_PLAN_CODECS", "bf16"),
         heavy("TERSE_PLAN_HEAVY_CODECS", "topk:ratio=0.01,ef=1;onebit:ef=1");
-    const Planner p{PlannerOptions{}};
+    const Planner p{planner_options_from_environment()};
     EXPECT_EQ(p.allowed(), canonical({"bf16"}));
     EXPECT_EQ(p.heavy(), canonical({"topk:ratio=0.01,ef=1", "onebit:ef=1"}));
   }
@@ -814,14 +816,16 @@ TEST(Planner, EachTierKeepsItsOwnDecisionForASize) {
   Planner& planner = *owner;
   const std::size_t n = std::size_t{1} << 22;
   // Restricted to sharded (raw is no candidate): each tier plans its own codec for one size.
-  const TensorPlan heavy = planner.plan(*comm, n, 4, Strategy::kSharded, 2, Tier::kHeavy);
-  const TensorPlan light = planner.plan(*comm, n, 4, Strategy::kSharded, 2);
+  const TensorPlan heavy =
+      planner::plan(planner, *comm, {n, 4, Strategy::kSharded, 2, Tier::kHeavy});
+  const TensorPlan light = planner::plan(planner, *comm, {n, 4, Strategy::kSharded, 2});
   EXPECT_EQ(heavy.codec, make_codec("onebit:ef=1")->spec());
   EXPECT_EQ(light.codec, make_codec("fp16")->spec());
   // Asked again, in either order, each tier keeps its own decision.
   for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(plan_key(planner.plan(*comm, n, 4, Strategy::kSharded, 2)), plan_key(light));
-    EXPECT_EQ(plan_key(planner.plan(*comm, n, 4, Strategy::kSharded, 2, Tier::kHeavy)),
+    EXPECT_EQ(plan_key(planner::plan(planner, *comm, {n, 4, Strategy::kSharded, 2})),
+              plan_key(light));
+    EXPECT_EQ(plan_key(planner::plan(planner, *comm, {n, 4, Strategy::kSharded, 2, Tier::kHeavy})),
               plan_key(heavy));
   }
   comm.reset();
@@ -945,7 +949,7 @@ TEST(Calibration, MeasuresMultiRoundCodecs) {
   CalibrationOptions co;
   co.codecs = {"fp16", "powersgd"};
   co.codec_max_elements = std::size_t{1} << 16;
-  const Calibration c = calibrate_local(co, 4, 1, make_allreduce_probe);
+  const Calibration c = calibrate_local(co, 4, 1, allreduce_probes(kDefaultEngineThreads));
   const CodecCosts* k = c.find(make_codec("powersgd")->spec());
   ASSERT_NE(k, nullptr);
   EXPECT_TRUE(k->multi_round);
@@ -998,7 +1002,9 @@ TEST(Calibration, JsonRoundTripsAndRejectsOtherText) {
   EXPECT_EQ(back.add(8192), c.add(8192));
   EXPECT_THROW(Calibration::from_json("{}"), DecodeError);
   EXPECT_THROW(Calibration::from_json("not json"), DecodeError);
-  EXPECT_NE(default_calibration_path(3).find("-n3.json"), std::string::npos);
+  EXPECT_NE(default_calibration_path(3, "").find("/tmp/terse/calibration-"), std::string::npos);
+  EXPECT_NE(default_calibration_path(3, "/c").find("/c/calibration-"), std::string::npos);
+  EXPECT_NE(default_calibration_path(3, "").find("-n3.json"), std::string::npos);
 }
 
 // ---- re-checks (one rank: the exchange is local) ---------------------------------------------
@@ -1015,7 +1021,7 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
   Planner& planner = *planner_owner;
   PlannerAccess::set_recheck_interval(planner, 2);  // off by more than 25%: re-planned
   const std::size_t n = std::size_t{1} << 22;
-  const TensorPlan first = planner.plan(*comm, n, 4);
+  const TensorPlan first = planner::plan(planner, *comm, {n, 4});
   ASSERT_EQ(first.strategy, Strategy::kRaw);
   const PlanDecision d = planner.decide(n, 1, 4);
   double compressed = 0;
@@ -1023,14 +1029,14 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
     if (c.plan.codec != "none" && compressed == 0) compressed = c.predicted.seconds;
   }
   // Measured as predicted: no re-plan.
-  planner.observe(n, first, d.chosen.predicted.seconds * 1.1);
-  EXPECT_EQ(planner.before_submission(*comm), 0);
-  EXPECT_EQ(planner.before_submission(*comm), 0);
+  planner::observe(planner, n, first, d.chosen.predicted.seconds * 1.1);
+  EXPECT_EQ(planner::before_submission(planner, *comm), 0);
+  EXPECT_EQ(planner::before_submission(planner, *comm), 0);
   // Measured far slower than expected (slower than a compressed plan is predicted to be): the
   // size is re-planned with the measurement in place of the prediction.
-  planner.observe(n, first, compressed * 2);
-  EXPECT_EQ(planner.before_submission(*comm), 0);  // not due yet
-  EXPECT_EQ(planner.before_submission(*comm), 1);
+  planner::observe(planner, n, first, compressed * 2);
+  EXPECT_EQ(planner::before_submission(planner, *comm), 0);  // not due yet
+  EXPECT_EQ(planner::before_submission(planner, *comm), 1);
   const PlanDecision again = planner.decide(n, 1, 4);
   bool seen = false;
   for (const auto& c : again.ranked) {
@@ -1040,7 +1046,7 @@ TEST(Planner, RecheckReplansWhenMeasuredTimesDisagree) {
     seen = true;
   }
   EXPECT_TRUE(seen);
-  EXPECT_NE(planner.plan(*comm, n, 4).codec, "none");
+  EXPECT_NE(planner::plan(planner, *comm, {n, 4}).codec, "none");
   comm.reset();
   std::filesystem::remove_all(dir);
 }
@@ -1050,12 +1056,14 @@ TEST(Planner, RawIsAlsoACandidateAtTheEnginesOwnPartitioning) {
   // the codecs keep the planner's K. At 16 MiB the engine's K = 2 is among them already. Off
   // (raw_partition_bytes 0), raw has the planner's K alone.
   auto ks = [](std::size_t n, std::size_t bytes, const std::string& codec) {
-    PlannerOptions o = options();
-    o.raw_partition_bytes = bytes;
-    const auto planner_owner = PlannerAccess::with_calibration(o, synthetic(12.5e6, 100e-6, 1));
-    Planner& planner = *planner_owner;
+    const auto planner_owner =
+        PlannerAccess::with_calibration(options(), synthetic(12.5e6, 100e-6, 1));
+    planner::Use use;
+    use.n = n;
+    use.threads = 4;
+    use.raw_partition_bytes = bytes;
     std::set<int> k;
-    for (const auto& c : planner.decide(n, 2, 4).ranked) {
+    for (const auto& c : planner::decide(*planner_owner, use, 2).ranked) {
       if (c.plan.codec == codec) k.insert(c.plan.partitions);
     }
     return k;

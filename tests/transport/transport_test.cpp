@@ -20,6 +20,7 @@
 #include "kit/host.h"
 #include "process_testing.h"
 #include "terse/communicator.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 
 namespace terse {
@@ -178,10 +179,11 @@ TEST(Communicator, ItsThreadsRunUnderBatchSchedulingAndTheCallerKeepsItsPolicy) 
 
 TEST(Communicator, TimeoutFromEnvironment) {
   ::setenv("TERSE_TIMEOUT", "2.5", 1);
-  EXPECT_EQ(default_timeout(), 2500ms);
+  EXPECT_EQ(communicator_options_from_environment().timeout, 2500ms);
   ::setenv("TERSE_TIMEOUT", "soon", 1);
-  EXPECT_THROW(default_timeout(), InvalidArgument);
+  EXPECT_THROW(communicator_options_from_environment(), InvalidArgument);
   ::unsetenv("TERSE_TIMEOUT");
+  EXPECT_EQ(communicator_options_from_environment().timeout, 0ms);
   EXPECT_EQ(default_timeout(), 60s);
 }
 

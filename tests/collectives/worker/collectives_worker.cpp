@@ -64,6 +64,7 @@
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 
 namespace {
@@ -1395,9 +1396,11 @@ int main(int argc, char** argv) {
   }
   const std::string scenario = argv[1];
   try {
+    set_process_options(process_options_from_environment());
     const int blas_before = kit::blas_threads();
-    std::shared_ptr<Communicator> comm = Communicator::from_env();
-    EngineOptions options;
+    std::shared_ptr<Communicator> comm =
+        Communicator::from_env(communicator_options_from_environment());
+    EngineOptions options = engine_options_from_environment();
     options.seed = kSeed;
     if (scenario == "stress") options.threads = 2;
     if (scenario == "matrix" || scenario == "half" || scenario == "reduce_scatter" ||

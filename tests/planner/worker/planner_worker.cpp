@@ -44,6 +44,7 @@
 #include "planner/synthetic.h"
 #include "terse/communicator.h"
 #include "terse/engine.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 #include "terse/planner.h"
 #include "worker_check.h"
@@ -95,7 +96,7 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
     TensorPlan plan;
     std::vector<PlanCandidate> contenders;
     std::uint64_t step = 0;
-    for (; step < 3 || planner.exploring(n, kThreads); ++step) {
+    for (; step < 3 || planner::exploring(planner, {n, kThreads}); ++step) {
       check(step < 400, fmt::format("{}: still exploring after 400 steps", name));
       const std::uint64_t key = kit::combine_keys(fnv1a64(name), step);
       std::vector<float> x(n);
@@ -141,7 +142,7 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
 
 // An engine of kThreads workers whose codec "auto" is decided by `planner`.
 Engine engine_with(Communicator& comm, std::shared_ptr<Planner> planner) {
-  EngineOptions eo;
+  EngineOptions eo = engine_options_from_environment();
   eo.threads = kThreads;
   eo.planner = std::move(planner);
   return Engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
@@ -151,7 +152,7 @@ int scenario_auto(Communicator& comm) {
   // The engine's default planner, but with short explorations.
   PlannerOptions po;
   po.explore_seconds = 0.05;
-  auto planner = std::make_shared<Planner>(po);
+  auto planner = std::make_shared<Planner>(planner_options_from_environment(po));
   Engine engine = engine_with(comm, planner);
   const std::string plans =
       run_sizes(comm, engine, {100, 3000, 100000, std::size_t{1} << 21}, *planner);
@@ -173,7 +174,8 @@ int scenario_loses(Communicator& comm) {
   // a raw allreduce far faster than loopback runs it, and the runs' count comes from the
   // predictions.
   po.explore_seconds = 1e-4;
-  std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, c);
+  std::shared_ptr<Planner> planner =
+      PlannerAccess::with_calibration(planner_options_from_environment(po), c);
   Engine engine = engine_with(comm, planner);
   const std::string plans =
       run_sizes(comm, engine, {20000, 300000, std::size_t{1} << 21}, *planner);
@@ -194,7 +196,8 @@ int scenario_powersgd(Communicator& comm) {
   // The model's choice under this calibration: measured times on the real links here would
   // overturn it.
   po.explore_seconds = 0;
-  std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, c);
+  std::shared_ptr<Planner> planner =
+      PlannerAccess::with_calibration(planner_options_from_environment(po), c);
   Engine engine = engine_with(comm, planner);
   const std::string plans = run_sizes(comm, engine, {3000, std::size_t{1} << 20}, *planner);
   const std::string powersgd = make_codec("powersgd")->spec();
@@ -220,7 +223,8 @@ int scenario_matrix(Communicator& comm) {
   po.allowed = {"fp16", "powersgd:rank=8"};
   po.heavy = {"none"};
   po.explore_seconds = 0;
-  std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, c);
+  std::shared_ptr<Planner> planner =
+      PlannerAccess::with_calibration(planner_options_from_environment(po), c);
   Engine engine = engine_with(comm, planner);
   const std::size_t n = std::size_t{1} << 20;
   const std::string plans = run_sizes(comm, engine, {n}, *planner, 512);
@@ -304,7 +308,8 @@ int scenario_tiers(Communicator& comm) {
   const std::size_t n = std::size_t{1} << 18;
   std::vector<std::uint64_t> planned, by_spec, fresh;
   {
-    std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, c);
+    std::shared_ptr<Planner> planner =
+      PlannerAccess::with_calibration(planner_options_from_environment(po), c);
     PlannerAccess::set_recheck_interval(*planner, 0);
     Engine engine = engine_with(comm, planner);
     planned = run_schedule(comm, engine, tiers, n);
@@ -321,7 +326,8 @@ int scenario_tiers(Communicator& comm) {
   {
     // The same schedule as fixed specs: a change of spec alone hands the error-feedback
     // residual over (Plans::commit), so the planned run must match it bit for bit.
-    Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+    Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}),
+                  engine_options_from_environment());
     by_spec = run_schedule(comm, engine, fixed, n);
     // Every switch starting afresh: no residual carried over.
     fresh = run_schedule(comm, engine, fixed, n, /*restart=*/true);
@@ -341,7 +347,8 @@ int scenario_tiers(Communicator& comm) {
 
 int scenario_trace(Communicator& comm) {
   {
-    Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}));
+    Engine engine(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}),
+                  engine_options_from_environment());
     AllreduceOptions o;
     o.codec = "onebit:ef=1";
     o.partitions = 2;
@@ -377,7 +384,7 @@ int scenario_links(Communicator& comm) {
     for (auto& b : row) b *= kDisturbance;
   }
   disturbed.engine_beta = measured;  // what a raw allreduce moved
-  const auto probe = make_allreduce_probe(comm);
+  const auto probe = make_allreduce_probe(comm, engine_options_from_environment().threads);
   Calibration kept = disturbed;
   planner::check_link_probes(comm, o, kept, /*paced=*/false, *probe);
   check(kept.beta == disturbed.beta && kept.engine_beta == disturbed.engine_beta,
@@ -463,13 +470,15 @@ int scenario_collectives(Communicator& comm) {
   po.heavy = {"none"};
   po.explore_seconds = 0;
   const Calibration slow = testing::synthetic(12.5e6, 100e-6, N);
-  std::shared_ptr<Planner> planner = PlannerAccess::with_calibration(po, slow);
+  std::shared_ptr<Planner> planner =
+      PlannerAccess::with_calibration(planner_options_from_environment(po), slow);
   std::string plans;
   {
     Engine engine = engine_with(comm, planner);
     EngineOptions eo;
     eo.threads = kThreads;
-    Engine fixed(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}), eo);
+    Engine fixed(std::shared_ptr<Communicator>(&comm, [](Communicator*) {}),
+                 engine_options_from_environment(eo));
     for (const std::size_t shard : {std::size_t{100}, std::size_t{1} << 16}) {
       const std::size_t total = N * shard;
       const std::string name = fmt::format("s{}", shard);
@@ -487,7 +496,7 @@ int scenario_collectives(Communicator& comm) {
       for (std::size_t i = 0; i < total; ++i) x[i] = value(r, key, i);
       engine.reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(y)), o).wait();
       const TensorPlan p =
-          planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, rs);
+          planner::plan(*planner, comm, {total, kThreads, Strategy::kAuto, 0, Tier::kLight, rs});
       comm.barrier("fixed");
       fixed
           .reduce_scatter(name, TensorView(std::span(x)), TensorView(std::span(z)),
@@ -511,7 +520,7 @@ int scenario_collectives(Communicator& comm) {
       std::vector<float> in(x.begin(), x.begin() + shard), out(total), out2(total);
       engine.all_gather(name, TensorView(std::span(in)), TensorView(std::span(out)), o).wait();
       const TensorPlan g =
-          planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, ag);
+          planner::plan(*planner, comm, {total, kThreads, Strategy::kAuto, 0, Tier::kLight, ag});
       comm.barrier("fixed");
       fixed
           .all_gather(name, TensorView(std::span(in)), TensorView(std::span(out2)),
@@ -534,7 +543,8 @@ int scenario_collectives(Communicator& comm) {
       engine.reduce_scatter("restricted", TensorView(std::span(x)), TensorView(std::span(y)), o)
           .wait();
       const auto& decisions = PlannerAccess::impl(*planner).decisions;
-      const auto d = decisions.find({total, kThreads, Strategy::kRing, 3, Tier::kLight, rs});
+      const auto d = decisions.find(
+          {total, kThreads, Strategy::kRing, 3, Tier::kLight, rs, kDefaultPartitionBytes});
       check(d != decisions.end(), "the engine did not ask for a ring of 3 partitions");
       const TensorPlan& p = d->second.chosen.plan;
       check(p.strategy == Strategy::kRing && p.partitions == 3 && p.codec != "none",
@@ -554,7 +564,7 @@ int scenario_collectives(Communicator& comm) {
 
   // Exploration, measured on this machine's links.
   po.explore_seconds = 0.05;
-  planner = PlannerAccess::with_calibration(po, slow);
+  planner = PlannerAccess::with_calibration(planner_options_from_environment(po), slow);
   std::string settled;
   {
     Engine engine = engine_with(comm, planner);
@@ -567,7 +577,8 @@ int scenario_collectives(Communicator& comm) {
       o.codec = "auto";
       std::vector<float> x(total), y(total);
       std::uint64_t step = 0;
-      for (; step < 3 || planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight, op);
+      for (; step < 3 ||
+             planner::exploring(*planner, {total, kThreads, Strategy::kAuto, 0, Tier::kLight, op});
            ++step) {
         check(step < 400, name + ": still exploring after 400 steps");
         for (std::size_t i = 0; i < total; ++i) x[i] = value(r, step, i);
@@ -594,10 +605,11 @@ int scenario_collectives(Communicator& comm) {
             fmt::format("{}: contender {} was explored but not measured", name, plan_key(c.plan)));
       }
       check(contenders.size() > 1, name + ": nothing to explore");
-      settled += fmt::format(
-          "{} {} after {} steps\n", name,
-          plan_key(planner->plan(comm, total, kThreads, Strategy::kAuto, 0, Tier::kLight, op)),
-          step);
+      settled +=
+          fmt::format("{} {} after {} steps\n", name,
+                      plan_key(planner::plan(
+                          *planner, comm, {total, kThreads, Strategy::kAuto, 0, Tier::kLight, op})),
+                      step);
     }
     engine.synchronize();
   }
@@ -620,7 +632,8 @@ int scenario_collective_mismatch(Communicator& comm) {
   po.heavy = {"none"};
   po.explore_seconds = 0;
   std::shared_ptr<Planner> planner =
-      PlannerAccess::with_calibration(po, testing::synthetic(12.5e6, 100e-6, comm.size()));
+      PlannerAccess::with_calibration(planner_options_from_environment(po),
+                                      testing::synthetic(12.5e6, 100e-6, comm.size()));
   Engine engine = engine_with(comm, planner);
   const std::size_t shard = 4096, total = comm.size() * shard;
   std::vector<float> x(total, 1.0f), y(total);
@@ -644,8 +657,8 @@ int scenario_collective_mismatch(Communicator& comm) {
     }
   }
   // The communicator is still usable, and the planner was never asked.
-  check(!planner->exploring(total, kThreads, Strategy::kAuto, 0, Tier::kLight,
-                            Operation::kReduceScatter),
+  check(!planner::exploring(*planner, {total, kThreads, Strategy::kAuto, 0, Tier::kLight,
+                                        Operation::kReduceScatter}),
         "the planner was asked");
   comm.barrier("after");
   std::printf("OK rank %d collective_mismatch\n", comm.rank());
@@ -664,7 +677,9 @@ int main(int argc, char** argv) {
   }
   const std::string scenario = argv[1];
   try {
-    std::unique_ptr<Communicator> comm = Communicator::from_env();
+    set_process_options(process_options_from_environment());
+    std::unique_ptr<Communicator> comm =
+        Communicator::from_env(communicator_options_from_environment());
     int rc = 2;
     if (scenario == "auto") {
       rc = scenario_auto(*comm);

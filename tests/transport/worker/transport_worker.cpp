@@ -29,6 +29,7 @@
 
 #include "kit/host.h"
 #include "terse/communicator.h"
+#include "terse/environment.h"
 #include "terse/error.h"
 #include "transport/machine_share.h"
 #include "worker_check.h"
@@ -239,15 +240,16 @@ int again(Communicator& first) {
   {
     terse::CommunicatorOptions other;
     other.prefix = "other";
-    auto second = Communicator::from_env(other);
-    auto third = Communicator::from_env();  // the first one's prefix, the first one alive
+    auto second = Communicator::from_env(terse::communicator_options_from_environment(other));
+    // The first one's prefix, the first one alive.
+    auto third = Communicator::from_env(terse::communicator_options_from_environment());
     gather_ranks(*second, "second");
     gather_ranks(*third, "third");
     gather_ranks(first, "first again");
     second->barrier();
     third->barrier();
   }
-  auto fourth = Communicator::from_env();
+  auto fourth = Communicator::from_env(terse::communicator_options_from_environment());
   gather_ranks(*fourth, "fourth");
   fourth->barrier();
   first.barrier();
@@ -280,7 +282,8 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   try {
-    auto comm = Communicator::from_env();
+    terse::set_process_options(terse::process_options_from_environment());
+    auto comm = Communicator::from_env(terse::communicator_options_from_environment());
     if (mode == "basic") return basic(*comm);
     if (mode == "share") return share(*comm);
     if (mode == "again") return again(*comm);
