@@ -34,8 +34,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
 
     import terse.moe
-    from terse.data import load_fashion_mnist
-    from terse.training import interface_tx_bytes
+    from terse_harness.data import load_fashion_mnist
+    from terse_harness.training import interface_tx_bytes
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

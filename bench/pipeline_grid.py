@@ -1,7 +1,8 @@
 """The pipeline benchmark's grid and report (docs/pipeline.md): throughput and test accuracy of
 4-stage pipelines whose boundaries are compressed by each terse codec, a learned autoencoder or
 AQ-SGD's delta method, per model and link rate. The models and the stage processes are
-terse.pipeline_bench's; bench/pipeline.sh runs this with the build tree on PYTHONPATH.
+terse_harness.pipeline's (beside this script); bench/pipeline.sh runs it with the build tree's
+terse on PYTHONPATH.
 
     python3 bench/pipeline_grid.py run [--links "unshaped 1gbit 100mbit"] [--models "mlp cnn
         transformer"] [--compressors ...] [--out results/pipeline] [--redo]
@@ -21,7 +22,7 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from terse.pipeline_bench import MODELS, calibrate_model, launch, slug, split_compressor
+from terse_harness.pipeline import MODELS, calibrate_model, launch, slug, split_compressor
 
 # Compressors per model: the backward (gradient) codec follows after " / ".
 CODECS = ["none", "fp16", "minmax8:bits=8", "minmax8:bits=4", "minmax8:bits=2",

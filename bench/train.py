@@ -4,7 +4,7 @@ PowerSGD communication hooks, and the terse hook with several codecs (and codec=
 same models from the same initial weights on the same batches, 4 ranks on the same emulated
 cluster (scripts/cluster.sh: one network namespace per host), at several link rates.
 
-    bench/train.py run --link 1gbit [--models mlp,cnn,vgg] [--methods ddp,terse-fp16,...]
+    bench/train.py run --link 1gbit [--models mlp,cnn,vgg-small] [--methods ddp,terse-fp16,...]
     bench/train.py report [--results results/train] [--update docs/training.md] [--plots docs]
     bench/train.py list                    # the matrix: models, methods, budgets
     bench/train.py run --link loopback --dtype bfloat16   # the model (and gradients) in bf16
@@ -18,7 +18,7 @@ time to accuracy, bytes, where the time goes, the issue's targets met or missed)
 part of --update between the markers `<!-- training-report:begin -->` and `<!-- ...:end -->`,
 and draws the plots (python3-matplotlib) into --plots. bench/train.sh runs everything.
 
-Each run (terse.training) measures: samples/s (global batch over the median step time after
+Each run (terse_harness.training) measures: samples/s (global batch over the median step time after
 the warm-up steps), test accuracy every 1/evals-per-epoch epoch and at the end (evaluation time
 is excluded from the training clock, for every method), the training time until the model's
 target accuracy is first reached, the bytes each rank sent per step as counted by the kernel on
@@ -37,7 +37,7 @@ import sys
 import time
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from terse.training import MODELS, RunConfig, launch, method_label
+from terse_harness.training import MODELS, RunConfig, launch, method_label
 
 # ---- the matrix -----------------------------------------------------------------------------
 
@@ -55,7 +55,8 @@ METHODS: List[Tuple[str, Dict]] = [
     ("ddp-powersgd-r8", dict(method="ddp-powersgd", powersgd_rank=8)),
     # PyTorch's batched_powerSGD_hook (one matrix per bucket) is not in the matrix: it fails on
     # its first compressed step in torch 1.13 and in 2.15.0 alike (_orthogonalize asserts a
-    # batch of matrices and is handed one); terse.training's method ddp-powersgd-batched runs it.
+    # batch of matrices and is handed one); terse_harness.training's method
+    # ddp-powersgd-batched runs it.
     ("terse-powersgd-r1", dict(method="terse", codec="powersgd:rank=1")),
     ("terse-powersgd-r2", dict(method="terse", codec="powersgd:rank=2")),
     ("terse-powersgd-r4", dict(method="terse", codec="powersgd")),
@@ -150,7 +151,7 @@ BUDGETS: Dict[str, Dict] = {
     "mlp": dict(epochs=2, evals_per_epoch=4),
     "cnn": dict(epochs=2, evals_per_epoch=4),
     "transformer": dict(epochs=2, evals_per_epoch=4),
-    "vgg": dict(steps=25),
+    "vgg-small": dict(steps=25),
 }
 COMPUTE_ONLY_STEPS = 40
 LINKS = ("100mbit", "1gbit", "unshaped")

@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "commands.h"
@@ -32,6 +33,9 @@
 #include "units.h"
 
 namespace terse::tools {
+
+std::string_view builtin_models_json();  // generated from bench/terse_harness/models.json
+
 namespace {
 
 struct TensorSize {
@@ -62,48 +66,36 @@ struct Options {
 
 // ---- tensor sizes -----------------------------------------------------------------------------
 
-void linear(std::vector<TensorSize>& out, const std::string& name, std::size_t in,
-            std::size_t features) {
-  out.push_back({name + ".weight", in * features});
-  out.push_back({name + ".bias", features});
+// The built-in models: bench/terse_harness/models.json, compiled in (CMakeLists.txt). Each
+// model lists its gradient tensors in order as [name, shape]; the benchmark harness's torch
+// models follow it (tests/python/test_models.py).
+nlohmann::ordered_json builtin_models() {
+  return nlohmann::ordered_json::parse(builtin_models_json());
 }
 
-void conv(std::vector<TensorSize>& out, const std::string& name, std::size_t in,
-          std::size_t channels, std::size_t k) {
-  out.push_back({name + ".weight", in * channels * k * k});
-  out.push_back({name + ".bias", channels});
+std::string builtin_model_names() {
+  const nlohmann::ordered_json models = builtin_models();
+  std::string names;
+  for (auto it = models.begin(); it != models.end(); ++it) {
+    names += (names.empty() ? "" : ", ") + it.key();
+  }
+  return names;
 }
 
-// The built-in models of python/terse/model_sizes.py, with the same names and sizes (a test
-// compares the two).
 std::vector<TensorSize> builtin_model(const std::string& name) {
-  std::vector<TensorSize> out;
-  if (name == "mlp") {
-    linear(out, "fc1", 784, 2048);
-    linear(out, "fc2", 2048, 2048);
-    linear(out, "fc3", 2048, 10);
-  } else if (name == "cnn") {
-    conv(out, "conv1", 1, 32, 3);
-    conv(out, "conv2", 32, 64, 3);
-    linear(out, "fc1", 64 * 7 * 7, 128);
-    linear(out, "fc2", 128, 10);
-  } else if (name == "vgg") {
-    // VGG-11: convolutions at the indices nn.Sequential gives them between ReLUs and pools.
-    const std::pair<int, std::size_t> layers[] = {{0, 64},   {3, 128},  {6, 256},  {8, 256},
-                                                  {11, 512}, {13, 512}, {16, 512}, {18, 512}};
-    std::size_t in = 3;
-    for (const auto& [index, width] : layers) {
-      conv(out, fmt::format("features.{}", index), in, width, 3);
-      in = width;
-    }
-    linear(out, "classifier.0", 512, 512);
-    linear(out, "classifier.2", 512, 512);
-    linear(out, "classifier.4", 512, 10);
-  } else {
+  const nlohmann::ordered_json models = builtin_models();
+  const auto model = models.find(name);
+  if (model == models.end()) {
     throw InvalidArgument(
-        fmt::format("--model '{}': built-in models are mlp, cnn, vgg (or pass "
-                    "--sizes FILE from python/terse/model_sizes.py)",
-                    name));
+        fmt::format("--model '{}': built-in models are {} (or pass --sizes FILE from "
+                    "python/terse/model_sizes.py)",
+                    name, builtin_model_names()));
+  }
+  std::vector<TensorSize> out;
+  for (const auto& tensor : model->at("tensors")) {
+    std::size_t elements = 1;
+    for (const auto& extent : tensor.at(1)) elements *= extent.get<std::size_t>();
+    out.push_back({tensor.at(0).get<std::string>(), elements});
   }
   return out;
 }
@@ -358,7 +350,7 @@ void add_plan_command(CLI::App& app) {
       "plan", "Predict per-tensor decisions and the step's communication time before a run");
   cmd->add_option("--sizes", opt->sizes,
                   "JSON list of {\"name\", \"elements\"} (python/terse/model_sizes.py writes it)");
-  cmd->add_option("--model", opt->model, "A built-in model: mlp, cnn, vgg");
+  cmd->add_option("--model", opt->model, "A built-in model: " + builtin_model_names());
   cmd->add_option("--ranks", opt->ranks, "Ranks of the job")->required();
   cmd->add_option("--bandwidth", opt->bandwidth, "Link rate, e.g. 100mbit, 1gbit, 10gbit");
   cmd->add_option("--latency", opt->latency,

@@ -2,8 +2,10 @@
 // the step time of a pipeline-parallel model for each boundary compressor before a run. The
 // model and its calibration (a short measured run of the stages, micro-benchmarks of each
 // compressor with torch tensors) live in Python, next to the runtime they describe, so this
-// command only execs `python3 -m terse.plan_pipeline ARGS...` with the build's package on
-// PYTHONPATH.
+// command only execs `python3 -m terse.plan_pipeline ARGS...`. In a build tree it puts the
+// build's package on PYTHONPATH and, where the source tree's benchmark harness is, runs
+// `python3 -m terse_harness.plan_pipeline` instead: the same planner whose --model calibrates
+// on the pipeline benchmark's workloads.
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,17 +33,24 @@ std::string python_interpreter() {
 }
 
 [[noreturn]] void exec_planner(const std::vector<std::string>& args) {
-  // The build tree keeps the package beside the executable (build/python/terse); an installed
-  // terse relies on the interpreter's own path (site-packages).
+  // The build tree keeps the package beside the executable (build/python/terse), and the
+  // harness stays in the source tree it was built from; an installed terse relies on the
+  // interpreter's own path (site-packages).
   const std::filesystem::path package = std::filesystem::path(self_path()).parent_path() / "python";
+  std::string module = "terse.plan_pipeline";
   if (std::filesystem::exists(package / "terse" / "plan_pipeline.py")) {
-    const char* old = std::getenv("PYTHONPATH");
     std::string path = package.string();
+    const std::filesystem::path harness = TERSE_HARNESS_DIR;
+    if (std::filesystem::exists(harness / "terse_harness" / "plan_pipeline.py")) {
+      path += ":" + harness.string();
+      module = "terse_harness.plan_pipeline";
+    }
+    const char* old = std::getenv("PYTHONPATH");
     if (old != nullptr && *old != '\0') path += ":" + std::string(old);
     ::setenv("PYTHONPATH", path.c_str(), 1);
   }
   const std::string python = python_interpreter();
-  std::vector<std::string> argv_strings = {python, "-m", "terse.plan_pipeline"};
+  std::vector<std::string> argv_strings = {python, "-m", module};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : argv_strings) argv.push_back(s.data());

@@ -58,11 +58,13 @@ KERNEL_SECONDS_PER_BYTE = 1e-9
 def tbf_burst_bytes(rate_bps: float) -> float:
     """The token bucket scripts/cluster.sh gives a link of this rate (its rule lives there;
     ``cluster.sh -k RATE`` prints it). A link direction idles while the other phase of a GPipe
-    step runs, so each phase starts with a full bucket, whose bytes leave at line rate."""
-    if rate_bps >= UNSHAPED_BPS:
-        return 0.0
+    step runs, so each phase starts with a full bucket, whose bytes leave at line rate. An
+    installed package has no cluster.sh (a build tree's knows the source tree's): its links are
+    taken for real ones, without a bucket."""
     from terse import _paths
 
+    if rate_bps >= UNSHAPED_BPS or not _paths.CLUSTER_SCRIPT:
+        return 0.0
     out = subprocess.run(["bash", _paths.CLUSTER_SCRIPT, "-k", f"{int(rate_bps)}bit"],
                          stdout=subprocess.PIPE, text=True, check=True, timeout=30)
     return float(out.stdout.strip())

@@ -9,8 +9,11 @@ Calibration comes from the per-stage profiles the runtime writes (``Pipeline.pro
 short measured run: ``--profile FILE`` reads them (a JSON object with "profiles", one per stage,
 and "micro_batch", optionally "measured_step_seconds" and "link" of that run, as the pipeline
 benchmark (bench/pipeline_grid.py) writes under results/pipeline/calibration/; or a bare list of
-profiles with ``--micro-batch``). ``--model mlp|cnn|transformer`` instead runs the benchmark's
-model uncompressed for 12 steps on loopback (4 local ranks) to measure it. Each compressor's own
+profiles with ``--micro-batch``). ``--model mlp|cnn|transformer`` instead runs the pipeline
+benchmark's workload uncompressed for 12 steps on loopback (4 local ranks) to measure it: those
+workloads live in the benchmark harness of terse's source tree (bench/terse_harness), whose
+``terse_harness.plan_pipeline`` runs this planner with them, as ``terse plan-pipeline`` of a
+build tree does; the installed package alone takes ``--profile``. Each compressor's own
 cost (bytes, encode and decode, autoencoder products, delta cache work) is measured here on
 tensors of the boundary's size; terse.pipeline_model explains the cost model.
 
@@ -23,7 +26,7 @@ import json
 import os
 import sys
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from terse import pipeline_model as pm
 
@@ -56,13 +59,16 @@ def load_profile(path: str, micro_batch: Optional[int]) -> Dict[str, Any]:
     return data
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, models: Sequence[str] = ("mlp", "cnn", "transformer"),
+         calibrate: Optional[Callable[[str, str, List[str]], Dict[str, Any]]] = None) -> int:
+    """The command. ``calibrate(model, out_dir, extra_args)`` measures one of ``models`` (the
+    calibration JSON of a short uncompressed run); without it ``--model`` is refused."""
     p = argparse.ArgumentParser(prog="terse plan-pipeline",
                                 description="Predicted step time and speedup of a compressed "
                                             "pipeline per boundary compressor and link rate.")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--profile", help="calibration JSON (profiles of a measured run)")
-    source.add_argument("--model", choices=["mlp", "cnn", "transformer"],
+    source.add_argument("--model", choices=list(models),
                         help="calibrate now: 12 uncompressed steps of this benchmark model on "
                              "4 local ranks")
     p.add_argument("--micro-batch", type=int, help="samples per micro-batch of the profiled run")
@@ -80,12 +86,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     links = args.link or ["100mbit"]
 
     if args.model:
-        from terse import pipeline_bench
-
+        if calibrate is None:
+            p.error(f"--model {args.model}: the benchmark's workloads are in terse's source tree "
+                    "(PYTHONPATH=bench python3 -m terse_harness.plan_pipeline, or terse "
+                    "plan-pipeline of a build tree); give --profile FILE")
         with tempfile.TemporaryDirectory(prefix="terse-plan-") as tmp:
             print(f"calibrating: 12 uncompressed steps of {args.model} on 4 local ranks",
                   file=sys.stderr, flush=True)
-            data = pipeline_bench.calibrate_model(args.model, tmp, [])
+            data = calibrate(args.model, tmp, [])
         data["link"] = "loopback"
     else:
         data = load_profile(args.profile, args.micro_batch)

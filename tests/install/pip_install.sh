@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The install_pip test: `pip install .` of this checkout into a throwaway virtual environment,
 # then, from another directory and without PYTHONPATH or LD_LIBRARY_PATH, the installed `terse`
-# command, `import terse, terse.torch` and `python -m terse.demo --help`.
+# command (its built-in models too), `import terse, terse.torch`, that the package holds neither
+# the benchmark harness nor scripts/cluster.sh, and `python -m terse.demo --help`.
 #   tests/install/pip_install.sh WORK_DIR
 # The environment sees the system's packages (Debian's torch 1.13 and numpy: nothing large to
 # download) and gets the pinned build requirements (scripts/requirements-build.txt) from PyPI
@@ -47,9 +48,15 @@ venv = os.path.realpath(sys.argv[1])
 where = os.path.realpath(terse.__file__)
 assert where.startswith(venv + os.sep), f"terse imported from {where}"
 assert os.path.realpath(_paths.TERSE_CLI) == os.path.join(venv, "bin", "terse"), _paths.TERSE_CLI
-assert os.access(_paths.CLUSTER_SCRIPT, os.R_OK), _paths.CLUSTER_SCRIPT
+package = os.path.dirname(where)
+assert _paths.CLUSTER_SCRIPT is None, _paths.CLUSTER_SCRIPT
+for harness in ("cluster.sh", "training.py", "pipeline_bench.py", "data.py"):
+    assert not os.path.exists(os.path.join(package, harness)), f"the package ships {harness}"
 print(f"terse {terse.__version__} from {os.path.dirname(where)}, {len(terse.codecs())} codecs")
 PY
 python -m terse.demo --help >/dev/null || fail "python -m terse.demo --help failed"
 terse plan --pipeline --help >/dev/null || fail "terse plan --pipeline --help failed"
+terse plan --model vgg --ranks 4 --bandwidth 1gbit --write-sizes vgg.json --sizes-only \
+  || fail "terse plan --model vgg failed"
+grep -q '"features.0.weight"' vgg.json || fail "terse plan --model vgg wrote no VGG-11 sizes"
 echo "install_pip: ok"

@@ -1086,10 +1086,11 @@ TEST(PlanCommand, BuiltInModelsMatchThePythonScript) {
   }
   const std::string dir = testing::temp_dir();
   for (const char* model : {"mlp", "cnn", "vgg"}) {
-    auto py =
-        testing::shell(fmt::format("/usr/bin/python3 {}/python/terse/model_sizes.py {} "
-                                   "--out {}/{}.py.json",
-                                   TERSE_SOURCE_DIR, model, dir, model));
+    // The harness's torch models (bench/terse_harness), beside the build's package.
+    auto py = testing::shell(fmt::format(
+        "PYTHONPATH={}/python:{}/bench /usr/bin/python3 -m terse_harness.models {} "
+        "--out {}/{}.py.json",
+        std::filesystem::path(kCli).parent_path().string(), TERSE_SOURCE_DIR, model, dir, model));
     ASSERT_EQ(py.code, 0) << py.output;
     // The plan itself: every tensor gets a line, and the step a prediction and a speedup.
     auto plan =

@@ -1,7 +1,8 @@
 """Shared helpers of the Python tests: where the build is, and launching multi-process runs.
 
-CTest runs these tests with PYTHONPATH=<build>/python. Run by hand, `pytest tests/python` finds
-the package in build/python of this checkout.
+CTest runs these tests with PYTHONPATH=<build>/python:<source>/bench (the package, then the
+benchmark harness terse_harness). Run by hand, `pytest tests/python` finds the package in
+build/python and the harness in bench/ of this checkout.
 """
 
 import json
@@ -20,11 +21,18 @@ try:
 except ImportError:
     sys.path.insert(0, str(REPO / "build" / "python"))
     import terse  # noqa: F401
+try:
+    import terse_harness  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(REPO / "bench"))
+    import terse_harness  # noqa: F401
 
-# Child processes import the same build of terse.
+# Child processes import the same build of terse, and the same harness.
 _package_root = str(pathlib.Path(terse.__file__).resolve().parent.parent)
+_harness_root = str(pathlib.Path(terse_harness.__file__).resolve().parent.parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [_package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    [_package_root, _harness_root]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ["OMP_NUM_THREADS"] = "1"  # the machine has 2 cores; ranks share them
 
 from terse import _paths  # noqa: E402

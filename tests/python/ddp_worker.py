@@ -49,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import terse
 import terse.torch
-from terse.data import load_fashion_mnist
+from terse_harness.data import load_fashion_mnist
 
 BATCH = 32
 SAMPLES = 2048

@@ -25,7 +25,7 @@ from torch import nn
 
 import terse
 import terse.torch
-from terse.data import load_fashion_mnist
+from terse_harness.data import load_fashion_mnist
 
 BATCH = 32
 

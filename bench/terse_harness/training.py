@@ -1,12 +1,13 @@
-"""Data-parallel training of real models, shared by the demo (terse.demo) and the training
-benchmark (bench/train.py).
+"""Data-parallel training of the zoo's models (terse_harness.models): the training benchmark's
+workloads and methods (bench/train.py, tests/python/test_train_bench.py).
 
 A run is described by a :class:`RunConfig`: which model (and with it the data set, batch size
 and optimizer), how gradients travel between the ranks (DDP's own allreduce, one of PyTorch's
 communication hooks, or the terse hook with a codec), how long to train and how often to
-measure test accuracy. :func:`launch` starts the run's ranks on this machine, over loopback
-with ``terse run`` or each on its own emulated host with ``scripts/cluster.sh``, and returns
-rank 0's result; every rank runs ``python3 -m terse.training --config JSON --out FILE``.
+measure test accuracy. :func:`launch` starts the run's ranks through the harness's launcher
+(terse_harness.launch: over loopback with ``terse run`` or each on its own emulated host with
+scripts/cluster.sh) and returns rank 0's result; every rank runs
+``python3 -m terse_harness.training --config JSON --out FILE``.
 
 What a run measures (the result's keys are described in :func:`run_rank`):
 
@@ -30,17 +31,18 @@ import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
+
+from terse_harness import launch as launcher, models
 
 # ---- models ---------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """A model with its data set and the optimizer settings every method trains it with."""
+    """A model of the zoo (terse_harness.models, by the same name) with its data set and the
+    optimizer settings every method trains it with."""
 
     name: str
     description: str
@@ -49,83 +51,19 @@ class ModelSpec:
     lr: float
     momentum: float
     target_accuracy: Optional[float]  # the time-to-accuracy level; None for synthetic data
-    build: Callable[[], Any]
-
-
-def _mlp():
-    import torch.nn as nn
-
-    return nn.Sequential(nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
-                         nn.Linear(2048, 10))
-
-
-def _cnn():
-    import torch.nn as nn
-
-    return nn.Sequential(
-        nn.Unflatten(1, (1, 28, 28)),
-        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
-
-
-def _vgg():
-    import torch.nn as nn
-
-    def block(cin, cout):
-        return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
-
-    # VGG's shape at CIFAR size: three conv blocks, then fully connected layers that hold most
-    # of the parameters (and so of the gradient bytes). Each layer stays under 32 MB: glibc
-    # serves larger blocks with fresh mmap()s, and autograd allocates every weight's gradient
-    # anew each step, so a 4096x4096 layer (67 MB) paid about 2 s a step here in first touches
-    # of fresh pages, the same for every method, burying communication under it.
-    return nn.Sequential(
-        *block(3, 32), *block(32, 64), *block(64, 128), nn.Flatten(),
-        nn.Linear(128 * 4 * 4, 2560), nn.ReLU(), nn.Linear(2560, 2560), nn.ReLU(),
-        nn.Linear(2560, 2560), nn.ReLU(), nn.Linear(2560, 10))
-
-
-def _transformer():
-    import torch
-    import torch.nn as nn
-
-    class PatchTransformer(nn.Module):
-        """A small vision transformer: 7x7 patches of the 28x28 image (16 tokens), a learned
-        position embedding, 4 pre-norm encoder layers (width 128, 4 heads, MLP 512), mean
-        pooling and a linear head: 0.8 M parameters in 30 tensors."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Linear(49, 128)
-            self.position = nn.Parameter(torch.zeros(1, 16, 128))
-            self.layers = nn.ModuleList(
-                nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True,
-                                           norm_first=True) for _ in range(4))
-            self.norm = nn.LayerNorm(128)
-            self.head = nn.Linear(128, 10)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            patches = x.reshape(-1, 4, 7, 4, 7).permute(0, 1, 3, 2, 4).reshape(-1, 16, 49)
-            h = self.embed(patches) + self.position
-            for layer in self.layers:
-                h = layer(h)
-            return self.head(self.norm(h).mean(1))
-
-    return PatchTransformer()
 
 
 MODELS: Dict[str, ModelSpec] = {
     "mlp": ModelSpec("mlp", "MLP 784-2048-2048-10 on Fashion-MNIST", "fashion-mnist",
-                     batch=64, lr=0.05, momentum=0.9, target_accuracy=0.85, build=_mlp),
+                     batch=64, lr=0.05, momentum=0.9, target_accuracy=0.85),
     "cnn": ModelSpec("cnn", "CNN conv32-conv64-fc128 on Fashion-MNIST", "fashion-mnist",
-                     batch=64, lr=0.05, momentum=0.9, target_accuracy=0.88, build=_cnn),
+                     batch=64, lr=0.05, momentum=0.9, target_accuracy=0.88),
     "transformer": ModelSpec("transformer", "patch transformer (4 layers, width 128) on "
                              "Fashion-MNIST", "fashion-mnist", batch=64, lr=0.05, momentum=0.9,
-                             target_accuracy=0.82, build=_transformer),
-    "vgg": ModelSpec("vgg", "VGG-style CNN (conv 32-64-128, fc 2560x3) on synthetic "
-                     "3x32x32 images", "synthetic", batch=32, lr=0.01, momentum=0.9,
-                     target_accuracy=None, build=_vgg),
+                             target_accuracy=0.82),
+    "vgg-small": ModelSpec("vgg-small", "VGG-style CNN (conv 32-64-128, fc 2560x3) on "
+                           "synthetic 3x32x32 images", "synthetic", batch=32, lr=0.01,
+                           momentum=0.9, target_accuracy=None),
 }
 
 
@@ -134,7 +72,7 @@ def build_model(name: str, seed: int = 0):
     import torch
 
     torch.manual_seed(seed)
-    return MODELS[name].build()
+    return models.build(MODELS[name].name)
 
 
 # ---- how gradients travel -------------------------------------------------------------------
@@ -440,7 +378,7 @@ class _Data:
             self.train_size = 0
             self.x_test = self.y_test = None
             return
-        from terse.data import load_fashion_mnist
+        from terse_harness.data import load_fashion_mnist
 
         x, y = load_fashion_mnist("train", limit=config.samples)
         self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
@@ -788,30 +726,6 @@ class _MachineLoad:
                 "loadavg_start": self.loadavg, "loadavg_end": self._loadavg()}
 
 
-def cluster_script() -> str:
-    """Path of scripts/cluster.sh, which emulates one host per rank (network namespaces)."""
-    from terse import _paths
-
-    return _paths.CLUSTER_SCRIPT
-
-
-def emulated_hosts_unavailable() -> Optional[str]:
-    """None if this process can emulate hosts with scripts/cluster.sh (root, network
-    namespaces, tc's tbf), else why not. Tries a one-host cluster: about a second."""
-    if os.geteuid() != 0:
-        return "emulated hosts need root (network namespaces and tc)"
-    try:
-        probe = subprocess.run(["bash", cluster_script(), "-n", "1", "-r", "1gbit", "-p", "29499",
-                                "--", "true"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"scripts/cluster.sh could not run: {e}"
-    if probe.returncode != 0:
-        last = (probe.stdout.strip().splitlines() or ["no output"])[-1]
-        return f"scripts/cluster.sh failed: {last}"
-    return None
-
-
 def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
            log: Optional[str] = None, echo: bool = True) -> Dict[str, Any]:
     """Runs ``config`` on ``ranks`` ranks of this machine and returns rank 0's result (also
@@ -822,48 +736,25 @@ def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
     rate, or "unshaped" veth links, and the bytes each rank sends are counted on its eth0.
     ``log``: a file that receives every rank's output; ``echo``: also print rank 0's lines.
     """
-    from terse import _paths
-
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=python_path)
-    # torch 2.x's c10d warns on every rank of an emulated host that the client socket's host name
-    # cannot be looked up (the namespaces have no resolver); nothing depends on it.
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    worker = [sys.executable, "-m", "terse.training", "--config",
-              json.dumps(dataclasses.asdict(config)), "--out", out]
-    if link and link != "loopback":
-        # Each rank in its own namespace: torch's Gloo must bind the namespace's eth0 (terse
-        # gets TERSE_IFNAME=eth0 from cluster.sh); the environment is passed through env(1).
-        cmd = ["bash", cluster_script(), "-n", str(ranks), "-r", link, "--", "env",
-               f"PYTHONPATH={python_path}", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
-               "GLOO_SOCKET_IFNAME=eth0", f"TERSE_TIMEOUT={config.timeout}", *worker]
-        rank0 = "[host 0] "
-    else:
-        cmd = [_paths.TERSE_CLI, "run", "-n", str(ranks), "--timeout", str(config.timeout),
-               "--", *worker]
-        rank0 = "[rank 0] "
+    worker = launcher.python_module("terse_harness.training", "--config",
+                                    json.dumps(dataclasses.asdict(config)), "--out", out)
     if os.path.exists(out):
         os.remove(out)
     machine = _MachineLoad()
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1)
-    lines: List[str] = []
     with open(log, "w") if log else open(os.devnull, "w") as sink:
-        for line in proc.stdout:
+        def show(line: str, rank0: str) -> None:
             sink.write(line)
-            lines.append(line)
             if echo and line.startswith(rank0):
                 print(line[len(rank0):], end="", flush=True)
-    status = proc.wait()
+
+        status, lines, wall = launcher.run(worker, ranks, link, config.timeout, on_line=show)
     if status != 0 or not os.path.exists(out):
         tail = "".join(lines[-40:])
         raise RuntimeError(f"{config.label or method_label(config)}: the run failed "
                            f"(exit status {status}); last output:\n{tail}")
     with open(out) as f:
         result = json.load(f)
-    result["wall_seconds"] = time.perf_counter() - start
+    result["wall_seconds"] = wall
     result["link"] = link or "loopback"
     result["machine"] = machine.finish()
     with open(out, "w") as f:
@@ -872,8 +763,9 @@ def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python3 -m terse.training",
-                                description="One rank of a training run (see terse.training).")
+    p = argparse.ArgumentParser(prog="python3 -m terse_harness.training",
+                                description="One rank of a training run "
+                                            "(see terse_harness.training).")
     p.add_argument("--config", required=True, help="RunConfig as JSON")
     p.add_argument("--out", required=True, help="where rank 0 writes the result (JSON)")
     args = p.parse_args(argv)

@@ -1,36 +1,42 @@
-"""The pipeline benchmark's models and runs: 4-stage pipelines whose boundaries are compressed
-by a terse codec, a learned autoencoder or AQ-SGD's delta method, trained and evaluated on real
-processes (one per stage) over loopback or the emulated cluster (scripts/cluster.sh).
+"""The pipeline benchmark's workloads and runs: 4-stage pipelines whose boundaries are
+compressed by a terse codec, a learned autoencoder or AQ-SGD's delta method, trained and
+evaluated on real processes (one per stage) over loopback or the emulated cluster
+(scripts/cluster.sh), started by the harness's launcher (terse_harness.launch).
 
 ``terse plan --pipeline --model M`` calibrates its cost model (terse.pipeline_model) from a short
-uncompressed run of one of these models (:func:`calibrate_model`); the benchmark's grid and
-report (bench/pipeline_grid.py, docs/pipeline.md) run every compressor on every link with
-:func:`launch`. Each stage process runs ``python3 -m terse.pipeline_bench worker ...``.
+uncompressed run of one of these workloads (:func:`calibrate_model`, through
+terse_harness.plan_pipeline); the benchmark's grid and report (bench/pipeline_grid.py,
+docs/pipeline.md) run every compressor on every link with :func:`launch`. Each stage process
+runs ``python3 -m terse_harness.pipeline worker ...``.
 
-Models (4 stages, one per emulated host): an MLP with wide hidden layers and a CNN on
+Workloads (4 stages, one per emulated host): an MLP with wide hidden layers and a CNN on
 Fashion-MNIST (Debian's dataset-fashion-mnist), and a small transformer on a synthetic
-sequence task (which token is over-represented in a sequence of 32).
+sequence task (which token is over-represented in a sequence of 32); their networks are the
+zoo's pipeline-mlp, pipeline-cnn and pipeline-transformer (terse_harness.models).
 """
 import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
+
+from terse_harness import data, launch as launcher, models
 
 # ---- models and data ------------------------------------------------------------------------
 
 MODELS = {
-    # batch, micro-batches, training samples per epoch, epochs, learning rate, test samples
-    "mlp": dict(batch=256, micro_batches=8, samples=10240, epochs=2, lr=0.05, test=5000),
-    "cnn": dict(batch=128, micro_batches=8, samples=5120, epochs=2, lr=0.05, test=5000),
-    "transformer": dict(batch=128, micro_batches=8, samples=5120, epochs=2, lr=1e-3, test=4096),
+    # The network (terse_harness.models) and its layers per stage; batch, micro-batches,
+    # training samples per epoch, epochs, learning rate, test samples.
+    "mlp": dict(network="pipeline-mlp", balance=[2, 2, 2, 1], batch=256, micro_batches=8,
+                samples=10240, epochs=2, lr=0.05, test=5000),
+    "cnn": dict(network="pipeline-cnn", balance=[4, 2, 3, 5], batch=128, micro_batches=8,
+                samples=5120, epochs=2, lr=0.05, test=5000),
+    "transformer": dict(network="pipeline-transformer", balance=[2, 1, 1, 3], batch=128,
+                        micro_batches=8, samples=5120, epochs=2, lr=1e-3, test=4096),
 }
-
-MLP_WIDTH = 1024
-VOCAB, SEQ, D_MODEL = 16, 32, 64
+# What a run's result reports as its configuration (the table above less the network).
+_RUN_KEYS = ("batch", "micro_batches", "samples", "epochs", "lr", "test")
 
 
 def split_compressor(text: str) -> Tuple[str, str]:
@@ -42,85 +48,22 @@ def split_compressor(text: str) -> Tuple[str, str]:
 
 
 def build_model(name: str):
+    """Model ``name``'s network (seed 0) and its balance: layers per stage."""
     import torch
-    from torch import nn
 
     torch.manual_seed(0)
-    if name == "mlp":
-        w = MLP_WIDTH
-        return nn.Sequential(nn.Linear(784, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
-                             nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10)), [2, 2, 2, 1]
-    if name == "cnn":
-        return nn.Sequential(
-            nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(),
-            nn.MaxPool2d(2),                                   # boundary 0: [16, 14, 14]
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),        # boundary 1: [32, 14, 14]
-            nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),  # 2: [64, 7, 7]
-            nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 9, 128), nn.ReLU(),
-            nn.Linear(128, 10)), [4, 2, 3, 5]
-    if name == "transformer":
-        layers = [_Embedding()] + [
-            nn.TransformerEncoderLayer(D_MODEL, 4, 4 * D_MODEL, dropout=0.0, batch_first=True)
-            for _ in range(4)] + [_MeanPool(), nn.Linear(D_MODEL, VOCAB)]
-        return nn.Sequential(*layers), [2, 1, 1, 3]
-    raise ValueError(f"unknown model {name}")
-
-
-def _embedding_class():
-    import torch
-    from torch import nn
-
-    class Embedding(nn.Module):
-        """Token plus learned position embeddings: int64 [batch, SEQ] -> [batch, SEQ, D]."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.tokens = nn.Embedding(VOCAB, D_MODEL)
-            self.positions = nn.Parameter(torch.randn(SEQ, D_MODEL) * 0.1)
-
-        def forward(self, x):
-            return self.tokens(x) + self.positions
-
-    class MeanPool(nn.Module):
-        def forward(self, x):
-            return x.mean(1)
-
-    return Embedding, MeanPool
-
-
-def _Embedding():
-    return _embedding_class()[0]()
-
-
-def _MeanPool():
-    return _embedding_class()[1]()
-
-
-def synthetic_sequences(n: int, seed: int):
-    """Sequences of SEQ tokens, uniform over VOCAB except one class token drawn with extra
-    probability 0.08 per position; the label is that token (the Bayes error is well above
-    zero, so accuracy tracks how well the model counts)."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, VOCAB, (n,), generator=g)
-    tokens = torch.randint(0, VOCAB, (n, SEQ), generator=g)
-    boost = torch.rand(n, SEQ, generator=g) < 0.08
-    tokens = torch.where(boost, labels[:, None].expand(n, SEQ), tokens)
-    return tokens, labels
+    return models.build(MODELS[name]["network"]), MODELS[name]["balance"]
 
 
 def load_data(model: str, samples: int, test: int):
     import torch
 
     if model == "transformer":
-        x, y = synthetic_sequences(samples, 1)
-        xt, yt = synthetic_sequences(test, 2)
+        x, y = data.synthetic_sequences(samples, 1)
+        xt, yt = data.synthetic_sequences(test, 2)
         return x, y, xt, yt
-    from terse.data import load_fashion_mnist
-
-    x, y = load_fashion_mnist("train", limit=samples)
-    xt, yt = load_fashion_mnist("test", limit=test)
+    x, y = data.load_fashion_mnist("train", limit=samples)
+    xt, yt = data.load_fashion_mnist("test", limit=test)
     return (torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(xt),
             torch.from_numpy(yt))
 
@@ -139,7 +82,7 @@ def worker(args: argparse.Namespace) -> None:
     import terse
 
     torch.set_num_threads(1)
-    cfg = dict(MODELS[args.model])
+    cfg = {key: MODELS[args.model][key] for key in _RUN_KEYS}
     for key in ("samples", "epochs", "micro_batches", "batch", "test"):
         if getattr(args, key, None):
             cfg[key] = getattr(args, key)
@@ -255,43 +198,20 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "=." else "_" for c in text).strip("_")
 
 
-def _env() -> Dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def launch(model: str, compressors: List[str], link: str, out: str, extra: List[str],
            stages: int = 4, timeout: float = 120) -> Dict[str, Dict[str, Any]]:
     """Runs one model's compressors on one link: 4 stage processes on loopback (`terse run`)
     or one per emulated host. Returns {compressor: cell}; a failed launch leaves the cells it
     did not finish as {"failed": output}."""
-    from terse import _paths
+    worker_cmd = launcher.python_module(
+        "terse_harness.pipeline", "worker", "--model", model, "--link", link, "--out", out,
+        "--timeout", str(timeout), *extra, "--compressors", *compressors)
 
-    env = _env()
-    worker_cmd = [sys.executable, "-m", "terse.pipeline_bench", "worker", "--model", model,
-                  "--link", link, "--out", out, "--timeout", str(timeout), *extra,
-                  "--compressors", *compressors]
-    if link in ("loopback", "local"):
-        cmd = [_paths.TERSE_CLI, "run", "-n", str(stages), "--timeout", str(timeout), "--",
-               *worker_cmd]
-    else:
-        cluster = _paths.CLUSTER_SCRIPT
-        cmd = ["bash", cluster, "-n", str(stages), "-r", link, "--", "env",
-               f"PYTHONPATH={env['PYTHONPATH']}", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
-               f"TERSE_TIMEOUT={timeout}", *worker_cmd]
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    output: List[str] = []
-    for line in proc.stdout:
-        output.append(line)
+    def show(line: str, rank0: str) -> None:
         if "] [" in line or "failed" in line or "Error" in line:
             print("   " + line.rstrip(), flush=True)
-    proc.wait()
-    wall = time.perf_counter() - started
+
+    status, output, wall = launcher.run(worker_cmd, stages, link, timeout, on_line=show)
     cells: Dict[str, Dict[str, Any]] = {}
     for c in compressors:
         ranks = []
@@ -310,7 +230,7 @@ def launch(model: str, compressors: List[str], link: str, out: str, extra: List[
             cells[c] = summarize(ranks, wall)
         else:
             tail = "".join(output[-30:])
-            cells[c] = {"failed": f"exit status {proc.returncode}:\n{tail}"}
+            cells[c] = {"failed": f"exit status {status}:\n{tail}"}
     return cells
 
 
@@ -376,7 +296,7 @@ def calibrate_model(model: str, out_dir: str, extra: List[str]) -> Dict[str, Any
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python3 -m terse.pipeline_bench",
+    p = argparse.ArgumentParser(prog="python3 -m terse_harness.pipeline",
                                 description="One stage process of a pipeline benchmark run "
                                             "(launch() starts them).")
     sub = p.add_subparsers(dest="command", required=True)
