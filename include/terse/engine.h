@@ -35,7 +35,7 @@
 //   (EngineOptions::planner); a reduce_scatter's or all_gather's first "auto" also checks that
 //   every rank asked for "auto" (MismatchError otherwise) before any rank plans.
 // - plan() with codec "auto" where Planner::plan is one (its first call calibrates;
-//   include/terse/planner.h).
+//   include/terse/planner.h), and calibrate().
 // Local calls, which exchange nothing: later submissions of a tensor under a fixed codec,
 // plan() of a fixed codec, synchronize(), save_state(), load_state(), bytes_sent().
 //
@@ -198,6 +198,14 @@ class TERSE_API Engine {
   // codec "auto" the first call is a collective (see EngineOptions::planner).
   TensorPlan plan(std::size_t elements, const AllreduceOptions& options,
                   DType dtype = DType::kFloat32) const;
+
+  // Calibrates codec "auto"'s planner now (EngineOptions::planner, or the engine's own): a
+  // collective, every rank calls it at the same point of its submissions; it first waits for the
+  // submissions in flight. Calibration measures the links and this machine (a few seconds), or
+  // the ranks agree on a cached one. Later calls exchange nothing, and "auto" tensors then plan
+  // without calibrating. Call it at start-up so that calibration does not run inside the first
+  // backward pass, timed with other work on the same cores.
+  void calibrate();
 
   // Blocks until every submission so far has completed and its callbacks have run (errors stay
   // with their handles). Local: it waits for this rank's submissions only.

@@ -15,7 +15,8 @@ compressed activations and gradients through :class:`terse.Channel`. :mod:`terse
 compresses FSDP's reduce-scatter and all-gather, and importing :mod:`terse.backend` registers
 terse as the torch.distributed backend ``"cpu:terse"`` (docs/fsdp.md). The hook's codec may also
 be a schedule (:mod:`terse.accordion`): :class:`Accordion`'s adaptive levels or a sparsifier's
-:class:`SparseWarmup`.
+:class:`SparseWarmup`. Every front end decides what it compresses through one
+:class:`Policy` (:mod:`terse.policy`).
 
 Errors are :class:`terse.Error` subclasses carrying the C++ message (rank, tensor, peer):
 SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError.
@@ -50,6 +51,7 @@ from terse._C import (
     tcp_store,
 )
 from terse.accordion import Accordion, SparseWarmup
+from terse.policy import Policy
 
 __all__ = [
     "Accordion",
@@ -64,6 +66,7 @@ __all__ = [
     "Handle",
     "InvalidArgument",
     "MismatchError",
+    "Policy",
     "SparseWarmup",
     "SpecError",
     "Store",

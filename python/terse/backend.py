@@ -14,8 +14,9 @@ MIN/MAX/PRODUCT/PREMUL_SUM, coalesced and sparse variants, non-CPU tensors) rais
 NotImplementedError naming the operation; never a wrong result. Use ``"cpu:terse,cuda:nccl"``
 for GPU tensors.
 
-What is compressed (the policy), read from the environment when a group is created, or from
-:func:`configure` called before it:
+What is compressed (the group's :class:`terse.Policy`, :func:`policy_from_settings`), read from
+the environment when a group is created, or from :func:`configure` called before it; codec
+``"auto"`` is refused (these settings name no codecs for a planner to choose from):
 
 ``TERSE_BACKEND_CODEC`` (default ``fp16``)
     Codec of float32/float16/bfloat16 reductions (allreduce, reduce_scatter) of at least
@@ -51,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 import terse
+from terse.policy import BACKEND
 
 _MIN_TORCH = (2, 6)
 _version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -66,7 +68,7 @@ except ImportError as e:
         "interpreter terse is built for has torch >= 2.6 with its C++ headers; pip builds it "
         f"with --no-build-isolation): {e}") from e
 
-__all__ = ["configure", "exact", "NAME"]
+__all__ = ["configure", "exact", "policy_from_settings", "NAME"]
 
 NAME = "terse"
 
@@ -102,26 +104,34 @@ def exact() -> Iterator[None]:
 
 def _create(store: dist.Store, rank: int, size: int,
             timeout: datetime.timedelta) -> "_backend.TerseBackend":
-    codec = _setting("codec", "TERSE_BACKEND_CODEC", "fp16")
-    all_gather_codec = _setting("all_gather_codec", "TERSE_BACKEND_ALL_GATHER_CODEC", "none")
-    all_to_all_codec = _setting("all_to_all_codec", "TERSE_BACKEND_ALL_TO_ALL_CODEC", codec)
-    # A bad setting fails here, on every rank alike, before any rank connects.
-    for spec in (codec, all_gather_codec, all_to_all_codec):
-        if spec in ("auto", "auto:heavy"):
-            raise terse.InvalidArgument(
-                f"terse backend: codec '{spec}' is not supported; name one")
-        terse.canonical_spec(spec)
+    policy = policy_from_settings()
     try:
-        min_bytes = int(_setting("min_bytes", "TERSE_BACKEND_MIN_BYTES", str(64 << 10)))
         threads = int(_setting("threads", "TERSE_BACKEND_THREADS", "0"))
     except ValueError as e:
-        raise terse.InvalidArgument(f"terse backend: TERSE_BACKEND_MIN_BYTES or "
-                                    f"TERSE_BACKEND_THREADS is not a number: {e}") from e
+        raise terse.InvalidArgument(
+            f"terse backend: TERSE_BACKEND_THREADS is not a number: {e}") from e
     seconds = timeout.total_seconds() if timeout is not None else 0.0
     if os.environ.get("TERSE_TIMEOUT"):
         seconds = 0.0  # terse's own default: TERSE_TIMEOUT
-    return _backend.TerseBackend(store, rank, size, codec, all_gather_codec, all_to_all_codec,
-                                 min_bytes, threads, seconds)
+    # The extension applies the policy per call (python/backend/terse_backend.cpp).
+    return _backend.TerseBackend(store, rank, size, policy.codec, policy.all_gather_codec,
+                                 policy.all_to_all_codec, policy.min_bytes, threads, seconds)
+
+
+def policy_from_settings() -> terse.Policy:
+    """The :class:`terse.Policy` a group created now gets, from :func:`configure` and the
+    environment. A bad setting fails here, on every rank alike, before any rank connects."""
+    codec = _setting("codec", "TERSE_BACKEND_CODEC", "fp16")
+    try:
+        min_bytes = int(_setting("min_bytes", "TERSE_BACKEND_MIN_BYTES", str(64 << 10)))
+    except ValueError as e:
+        raise terse.InvalidArgument(
+            f"terse backend: TERSE_BACKEND_MIN_BYTES is not a number: {e}") from e
+    return terse.Policy(
+        codec, min_bytes=min_bytes,
+        all_gather_codec=_setting("all_gather_codec", "TERSE_BACKEND_ALL_GATHER_CODEC", "none"),
+        all_to_all_codec=_setting("all_to_all_codec", "TERSE_BACKEND_ALL_TO_ALL_CODEC", codec),
+        door=BACKEND)
 
 
 if NAME not in dist.Backend.backend_list:

@@ -33,11 +33,11 @@ import torch
 import torch.distributed as dist
 
 import terse
+from terse.policy import FSDP
 from terse.torch import communicator_for
 
 __all__ = ["TerseFSDPState", "compress", "fsdp1_hook", "ReduceScatter", "AllGather"]
 
-_STATE_VERSION = 1
 # What the engine reduces; FSDP's other buffers (uint8 all-gathers of mixed-dtype groups) travel
 # through the process group unchanged.
 _ENGINE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -188,7 +188,7 @@ class AllGather:
         if input_tensor.dtype not in _ENGINE_DTYPES:
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
                                                async_op=async_op)
-        if input_tensor.numel() * input_tensor.element_size() < state.min_bytes:
+        if not state.policy.compresses(input_tensor.numel() * input_tensor.element_size()):
             # Small buffers gain nothing from a codec: FSDP's own exact gather.
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
                                                async_op=async_op)
@@ -221,7 +221,8 @@ class TerseFSDPState:
         order). ``terse.codec_names()`` lists them. ``"auto"`` leaves the choice to the engine's
         planner, per gradient size: raw, or one of ``auto_codecs`` with the reduce-scatter
         strategy and partitions it predicts (and measures) fastest on these links; it calibrates
-        when the state is created (a collective of a few seconds, or the agreed cache).
+        when the state is created (``Engine.calibrate``: a collective of a few seconds, or the
+        agreed cache).
     all_gather_codec
         Codec of the parameter all-gather (FSDP2 only), or None (or ``"none"``) to leave FSDP's
         own all-gather in place. ``"minmax8"`` (8-bit block quantization, ZeRO++'s qwZ) or ``"bf16"``. Stateless
@@ -231,13 +232,17 @@ class TerseFSDPState:
     auto_codecs
         With ``"auto"``: the codecs the planner may choose from (lossy codecs change what
         training computes, so this is yours to decide), e.g. ``["minmax8", "fp16"]``. None:
-        ``TERSE_PLAN_CODECS``, else fp16 and onebit:ef=1 (as for the DDP hook).
+        ``TERSE_PLAN_CODECS``, else the planner's light tier (as for the DDP hook;
+        docs/planner.md lists it). ``"auto:heavy"`` is refused: the state takes no heavy tier.
     min_bytes
         Gradients (and all-gather buffers) smaller than this travel raw; 64 KiB by default.
     strategy, partitions, seed, threads, timeout, process_group
         As for :class:`terse.torch.TerseHookState`.
 
-    Attributes: ``engine``, ``error`` (the first error a collective met), ``bytes_sent``,
+    ``codec``, ``all_gather_codec``, ``min_bytes``, ``strategy``, ``partitions`` and
+    ``auto_codecs`` make the state's :class:`terse.Policy` (``state.policy``), as for the hook.
+
+    Attributes: ``engine``, ``policy``, ``error`` (the first error a collective met), ``bytes_sent``,
     ``reduce_scatters`` and ``all_gathers`` (calls so far).
     """
 
@@ -247,52 +252,26 @@ class TerseFSDPState:
                  process_group: Optional[Any] = None,
                  communicator: Optional[terse.Communicator] = None,
                  auto_codecs: Optional[Sequence[str]] = None) -> None:
-        if min_bytes < 0:
-            raise terse.InvalidArgument(f"min_bytes must be >= 0, not {min_bytes}")
-        # Validate before connecting: a typo fails on every rank alike, none waits for another.
-        if "auto:heavy" in (codec, all_gather_codec):
-            raise terse.InvalidArgument("terse.fsdp: codec 'auto:heavy' is not supported; use "
-                                        "'auto' with the auto_codecs it may choose from")
-        automatic = "auto" in (codec, all_gather_codec)
-        if auto_codecs is not None and not automatic:
-            raise terse.InvalidArgument("auto_codecs is for codec='auto' or all_gather_codec='auto'")
-        self.auto_codecs = [terse.canonical_spec(c) for c in auto_codecs or ()]
-        if codec != "auto":
-            terse.canonical_spec(codec)
-        terse.AllreduceOptions(codec=codec, strategy=strategy, partitions=partitions)
-        if all_gather_codec == "auto":
-            # The planner may choose any of them for a gather of parameters.
-            stateful = [c for c in self.auto_codecs if terse.Codec(c).traits["stateful"]]
-            if not self.auto_codecs or stateful:
-                raise terse.InvalidArgument(
-                    "terse.fsdp: all_gather_codec 'auto' chooses among auto_codecs, which must "
-                    "be given and keep no state between calls (parameters are gathered from "
-                    f"fresh shards each time){': ' + ', '.join(stateful) if stateful else ''}; "
-                    "e.g. auto_codecs=['minmax8', 'bf16']")
-        elif all_gather_codec is not None:
-            terse.canonical_spec(all_gather_codec)
-            if all_gather_codec != "none" and terse.Codec(all_gather_codec).traits["stateful"]:
-                raise terse.InvalidArgument(
-                    f"terse.fsdp: all_gather_codec {all_gather_codec!r} keeps state between "
-                    "calls; parameters are gathered from fresh shards each time: use a "
-                    "stateless codec such as 'minmax8' or 'bf16'")
-        self.codec = codec
-        self.all_gather_codec = all_gather_codec
-        self.min_bytes = min_bytes
-        self.strategy = strategy
-        self.partitions = partitions
+        # Validated before connecting: a typo fails on every rank alike, none waits for another.
+        self.policy = terse.Policy(codec, min_bytes=min_bytes, strategy=strategy,
+                                   partitions=partitions, auto_codecs=auto_codecs,
+                                   all_gather_codec=all_gather_codec, door=FSDP)
         self.error: Optional[BaseException] = None
         self.reduce_scatters = 0
         self.all_gathers = 0
         self._options: Dict[str, terse.AllreduceOptions] = {}
         comm = communicator if communicator is not None else communicator_for(
             process_group, timeout=timeout)
-        self.engine = terse.Engine(comm, terse.EngineOptions(seed=seed, threads=threads,
-                                                             auto_codecs=self.auto_codecs))
-        if automatic:
-            # Calibrate now (a collective, a few seconds, or the agreed cache), as the DDP hook
-            # does: on first use it would run inside the first backward pass.
-            self.engine.plan(1 << 20, codec="auto")
+        self.engine = terse.Engine(comm, self.policy.engine_options(seed=seed, threads=threads))
+        self.policy.calibrate(self.engine)
+
+    # The policy's knobs, as given (terse.Policy).
+    codec = property(lambda self: self.policy.codec)
+    all_gather_codec = property(lambda self: self.policy.all_gather_codec)
+    strategy = property(lambda self: self.policy.strategy)
+    partitions = property(lambda self: self.policy.partitions)
+    min_bytes = property(lambda self: self.policy.min_bytes)
+    auto_codecs = property(lambda self: self.policy.auto_codecs)
 
     def _record(self, error: BaseException) -> None:
         if self.error is None:
@@ -302,11 +281,7 @@ class TerseFSDPState:
         key = f"{name}/{int(average)}"
         options = self._options.get(key)
         if options is None:
-            small = grad.numel() * grad.element_size() < self.min_bytes
-            options = terse.AllreduceOptions(
-                codec="none" if small else self.codec,
-                strategy="auto" if small else self.strategy,
-                partitions=0 if small else self.partitions, average=average)
+            options = self.policy.options_for(grad.numel() * grad.element_size(), average)
             self._options[key] = options
         return options
 
@@ -316,28 +291,14 @@ class TerseFSDPState:
         """Error-feedback residuals and codec state of every parameter, and the settings they
         belong to. Save it with the model and optimizer; every rank saves its own."""
         self.engine.synchronize()
-        return {"version": _STATE_VERSION, "codec": self.codec,
-                "all_gather_codec": self.all_gather_codec, "auto_codecs": self.auto_codecs,
-                "min_bytes": self.min_bytes,
-                "strategy": self.strategy, "rank": self.engine.rank, "size": self.engine.size,
+        return {**self.policy.state_dict(rank=self.engine.rank, size=self.engine.size),
                 "engine": self.engine.save_state()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores :meth:`state_dict` output of the same rank of a job of the same size and
         settings; the next steps continue bit for bit."""
-        if state.get("version") != _STATE_VERSION:
-            raise terse.DecodeError(
-                f"terse FSDP state: version {state.get('version')!r}, expected {_STATE_VERSION}")
-        for key in ("codec", "all_gather_codec", "auto_codecs", "min_bytes", "strategy"):
-            if state.get(key, [] if key == "auto_codecs" else None) != getattr(self, key):
-                raise terse.MismatchError(
-                    f"rank {self.engine.rank}: terse FSDP state was saved with {key}="
-                    f"{state.get(key)!r}, this one has {key}={getattr(self, key)!r}")
-        for key, value in (("rank", self.engine.rank), ("size", self.engine.size)):
-            if state.get(key) != value:
-                raise terse.MismatchError(
-                    f"rank {self.engine.rank}: terse FSDP state was saved with {key}="
-                    f"{state.get(key)!r}, this job has {key}={value!r}")
+        self.policy.load_state_dict(state, rank=self.engine.rank, size=self.engine.size,
+                                    what="terse FSDP state")
         self.engine.synchronize()
         self.engine.load_state(state["engine"])
 

@@ -41,6 +41,7 @@ import torch.distributed as dist
 import terse
 from terse.accordion import Accordion, SparseWarmup
 from terse.pipeline import Autoencoder, Delta, Pipeline, pipeline
+from terse.policy import AUTO_TIERS as _AUTO, HOOK
 
 __all__ = ["TerseHookState", "ddp_hook", "hook", "check_parameter", "communicator_for",
            "pipeline", "Pipeline", "Autoencoder", "Delta"]
@@ -49,14 +50,10 @@ __all__ = ["TerseHookState", "ddp_hook", "hook", "check_parameter", "communicato
 # hooks in the same order, so the n-th one gets the same store prefix on every rank.
 _communicator_ids = itertools.count()
 
-_STATE_VERSION = 1
-
 # What the hook reduces; every other dtype is refused with this list in the message.
 _HOOK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Every parameter's options during warm-up: terse's raw fp32 allreduce.
-_RAW = terse.AllreduceOptions(codec="none")
-# The codecs the engine's planner decides: its light tier, and both tiers.
-_AUTO = ("auto", "auto:heavy")
+_RAW = terse.Policy.raw_options()
 
 
 def check_parameter(name: str, param: torch.Tensor) -> None:
@@ -160,19 +157,21 @@ class TerseHookState:
         the choice to the engine's planner among the codecs that keep accuracy (the light tier,
         ``auto_codecs``), ``"auto:heavy"`` among those and the ones that compress more (the
         heavy tier, ``heavy_codecs``); ``terse.Accordion("auto:heavy", "auto")`` switches each
-        parameter between the two. The planner calibrates when the hook is created (a
-        collective of a few seconds, skipped when every rank holds the same cached calibration).
+        parameter between the two. The planner calibrates when the hook is created
+        (``Engine.calibrate``: a collective of a few seconds, skipped when every rank holds the
+        same cached calibration).
     auto_codecs
         With codec ``"auto"`` (or ``"auto:heavy"``, or an Accordion over them): the light tier,
         the codecs the planner may choose from for each parameter (lossy codecs change what
         training computes, so this is yours to decide), e.g. ``["fp16", "powersgd"]``. None:
-        ``TERSE_PLAN_CODECS``, else fp16, minmax8:ef=1 and powersgd:rank=8 with fp32 or fp16
-        sums (each weight's gradient viewed as ``param.shape[0]`` rows, with ``matrix_view``),
-        which kept DDP's accuracy on the training benchmark. ``["none"]``: raw only.
+        ``TERSE_PLAN_CODECS``, else the planner's light tier (docs/planner.md lists it: the
+        codecs that kept DDP's accuracy on the training benchmark; PowerSGD views each weight's
+        gradient as ``param.shape[0]`` rows, with ``matrix_view``). ``["none"]``: raw only.
     heavy_codecs
         With codec ``"auto:heavy"`` (or an Accordion over auto): the heavy tier, the codecs the
         planner may choose from as well, e.g. ``["onebit:ef=1"]``. None:
-        ``TERSE_PLAN_HEAVY_CODECS``, else onebit:ef=1 and powersgd. ``["none"]``: none.
+        ``TERSE_PLAN_HEAVY_CODECS``, else the planner's heavy tier (docs/planner.md).
+        ``["none"]``: none.
     strategy
         How compressed tensors are reduced: ``"auto"`` (the engine's choice for the codec:
         summable codecs such as fp16 and PowerSGD ride a ring on compressed data, DGC's
@@ -226,8 +225,12 @@ class TerseHookState:
         The DDP model's process group (None: the default group). terse connects its own Gloo
         TCP mesh over the same ranks, bootstrapped through the default group's store.
 
+    ``codec``, ``min_bytes``, ``strategy``, ``partitions``, ``auto_codecs`` and
+    ``heavy_codecs`` make the hook's :class:`terse.Policy` (validated before connecting, shared
+    with the other front ends); ``state.policy`` is it, and the knobs are its attributes too.
+
     Attributes: ``engine`` (the :class:`terse.Engine`; ``engine.options`` are the
-    :class:`terse.EngineOptions` it runs with), ``error`` (the first terse error the hook met,
+    :class:`terse.EngineOptions` it runs with), ``policy``, ``error`` (the first terse error the hook met,
     with its type: DDP re-raises hook failures as RuntimeError carrying the same text),
     ``bytes_sent`` (bytes this rank has sent), ``steps`` (communicated steps: DDP iterations
     whose gradients the hook reduced, counted when the last bucket is submitted; ``no_sync()``
@@ -265,39 +268,17 @@ class TerseHookState:
         process_group: Optional[Any] = None,
         communicator: Optional[terse.Communicator] = None,
     ) -> None:
-        if min_bytes < 0:
-            raise terse.InvalidArgument(f"min_bytes must be >= 0, not {min_bytes}")
         if warmup_steps < 0:
             raise terse.InvalidArgument(f"warmup_steps must be >= 0, not {warmup_steps}")
         if clip_norm is not None and not clip_norm > 0:
             raise terse.InvalidArgument(f"clip_norm must be > 0 (or None), not {clip_norm}")
-        self.codec = codec
-        # A schedule decides each compressed parameter's spec step by step.
-        self.schedule: Optional[Any] = None if isinstance(codec, str) else codec
-        if self.schedule is not None and not isinstance(codec, (Accordion, SparseWarmup)):
-            raise terse.InvalidArgument(
-                f"codec must be a spec, terse.Accordion or terse.SparseWarmup, not {codec!r}")
+        # Validated before any rank connects: a typo fails fast, on this rank alone.
+        self.policy = terse.Policy(codec, min_bytes=min_bytes, strategy=strategy,
+                                   partitions=partitions, auto_codecs=auto_codecs,
+                                   heavy_codecs=heavy_codecs, door=HOOK)
         self.clip_norm = clip_norm
-        self.strategy = strategy
-        self.partitions = partitions
-        self.min_bytes = min_bytes
         self.warmup_steps = warmup_steps
         self.matrix_view = matrix_view
-        # Validate the options before any rank connects: a typo fails fast, on this rank alone.
-        specs = [codec] if self.schedule is None else self.schedule.specs()
-        # Codec "auto" and "auto:heavy": the planner's choice (a schedule's levels are of one
-        # family, so all of them or none).
-        planned = any(spec in _AUTO for spec in specs)
-        if not planned:
-            for spec in specs:
-                terse.canonical_spec(spec)
-            for knob, value in (("auto_codecs", auto_codecs), ("heavy_codecs", heavy_codecs)):
-                if value is not None:
-                    raise terse.InvalidArgument(f"{knob} is for codec='auto' or 'auto:heavy'")
-        self.auto_codecs = [terse.canonical_spec(c) for c in auto_codecs or ()]
-        self.heavy_codecs = [terse.canonical_spec(c) for c in heavy_codecs or ()]
-        for spec in specs:
-            terse.AllreduceOptions(codec=spec, strategy=strategy, partitions=partitions)
 
         self._names: Dict[int, str] = {}
         if model is not None:
@@ -337,16 +318,20 @@ class TerseHookState:
         comm = communicator if communicator is not None else communicator_for(
             process_group, timeout=timeout)
         self.engine = terse.Engine(
-            comm,
-            terse.EngineOptions(seed=seed, threads=threads, fuse_bytes=fuse_bytes,
-                                partition_bytes=partition_bytes, gather_bytes=gather_bytes,
-                                keep_input_on_error=keep_input_on_error,
-                                auto_codecs=self.auto_codecs, heavy_codecs=self.heavy_codecs))
-        if planned:
-            # Calibrate now (a collective, a few seconds, or the agreed cache), at start-up as
-            # the planner is meant to: on first use it would run inside the first backward
-            # pass, timed with the compute of the other gradients on the same cores.
-            self.engine.plan(1 << 20, codec="auto")
+            comm, self.policy.engine_options(seed=seed, threads=threads, fuse_bytes=fuse_bytes,
+                                             partition_bytes=partition_bytes,
+                                             gather_bytes=gather_bytes,
+                                             keep_input_on_error=keep_input_on_error))
+        self.policy.calibrate(self.engine)
+
+    # The policy's knobs, as given (terse.Policy).
+    codec = property(lambda self: self.policy.codec)
+    schedule = property(lambda self: self.policy.schedule)
+    strategy = property(lambda self: self.policy.strategy)
+    partitions = property(lambda self: self.policy.partitions)
+    min_bytes = property(lambda self: self.policy.min_bytes)
+    auto_codecs = property(lambda self: self.policy.auto_codecs)
+    heavy_codecs = property(lambda self: self.policy.heavy_codecs)
 
     # ---- what each parameter gets ------------------------------------------------------------
 
@@ -365,13 +350,14 @@ class TerseHookState:
         if raw is None:
             self._elements[name] = param.numel()
             self._dtypes[name] = param.dtype
-            raw = self._raw[name] = param.numel() * param.element_size() < self.min_bytes
+            raw = self._raw[name] = not self.policy.compresses(
+                param.numel() * param.element_size())
         if raw:
             options = self._options.get(name)
             if options is None:
-                options = self._options[name] = terse.AllreduceOptions(codec="none")
+                options = self._options[name] = self.policy.raw_options()
             return options
-        codec = self.codec if self.schedule is None else self.schedule.spec(name)
+        codec = self.policy.spec_for(name)
         options = self._level_options.get((name, codec))
         if options is None:
             spec = codec
@@ -389,8 +375,7 @@ class TerseHookState:
                 if self.matrix_view and param.dim() >= 2 and not explicit:
                     spec = ",".join(kv for kv in spec.split(",") if kv != "rows=0")
                     spec += ("," if ":" in spec else ":") + f"rows={param.shape[0]}"
-            options = terse.AllreduceOptions(codec=spec, strategy=self.strategy,
-                                             partitions=self.partitions, rows=rows)
+            options = self.policy.compressed_options(spec, rows=rows)
             self._level_options[(name, codec)] = options
         self._options[name] = options
         return options
@@ -578,40 +563,24 @@ class TerseHookState:
         rank's gradient sums over the current window."""
         self.engine.synchronize()
         return {
-            "version": _STATE_VERSION,
-            "codec": self._codec_text(),
+            **self.policy.state_dict(rank=self.engine.rank, size=self.engine.size),
             "schedule": None if self.schedule is None else self.schedule.state_dict(),
             "window": {"steps": self._window_steps_done, "ended": self._window_ended,
                        "lr_dropped": self._lr_dropped, "lrs": list(self._lrs),
                        "accumulated": {k: v.clone() for k, v in self._accumulated.items()}},
-            "auto_codecs": self.auto_codecs,
-            "heavy_codecs": self.heavy_codecs,
-            "strategy": self.strategy,
-            "min_bytes": self.min_bytes,
             "warmup_steps": self.warmup_steps,
             "steps": self.steps,
-            "rank": self.engine.rank,
-            "size": self.engine.size,
             "engine": self.engine.save_state(),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores :meth:`state_dict` output (from the same rank of a job of the same size and
         configuration), so that training continues bit for bit."""
-        if state.get("version") != _STATE_VERSION:
-            raise terse.DecodeError(
-                f"terse hook state: version {state.get('version')!r}, expected {_STATE_VERSION}")
-        expected = {"codec": self._codec_text(), "auto_codecs": self.auto_codecs,
-                    "heavy_codecs": self.heavy_codecs, "strategy": self.strategy, "min_bytes": self.min_bytes,
-                    "warmup_steps": self.warmup_steps,
-                    "rank": self.engine.rank, "size": self.engine.size}
-        # Keys a hook without them would have saved as these values.
-        absent = {"auto_codecs": [], "heavy_codecs": [], "warmup_steps": 0}
-        for key, value in expected.items():
-            if state.get(key, absent.get(key)) != value:
-                raise terse.MismatchError(
-                    f"rank {self.engine.rank}: terse hook state was saved with {key}="
-                    f"{state.get(key)!r}, this hook has {key}={value!r}")
+        # A checkpoint of a hook without warm-up counts as warmup_steps=0.
+        self.policy.load_state_dict(state, rank=self.engine.rank, size=self.engine.size,
+                                    what="terse hook state",
+                                    settings={"warmup_steps": self.warmup_steps},
+                                    absent={"warmup_steps": 0})
         self.engine.synchronize()
         self.engine.load_state(state["engine"])
         self.steps = int(state.get("steps", 0))
@@ -624,9 +593,6 @@ class TerseHookState:
             if self._optimizer is not None and window["lrs"]:
                 self._lrs = [float(v) for v in window["lrs"]]
             self._accumulated = {k: v.clone() for k, v in window["accumulated"].items()}
-
-    def _codec_text(self) -> str:
-        return self.codec if self.schedule is None else self.schedule.describe()
 
     @property
     def bytes_sent(self) -> int:

@@ -224,6 +224,14 @@ TensorPlan Engine::plan(std::size_t elements, const AllreduceOptions& options,
   return impl_->plans.plan(elements, options, nullptr, dtype);
 }
 
+void Engine::calibrate() {
+  // The planner calibrates on its first plan; a plan of a 1024 x 1024 matrix asks for one.
+  AllreduceOptions options;
+  options.codec = "auto";
+  const auto order = impl_->submissions.order();
+  (void)impl_->plans.plan(std::size_t{1} << 20, options, nullptr, DType::kFloat32);
+}
+
 void Engine::synchronize() { impl_->completion.wait_idle(); }
 
 Communicator& Engine::communicator() { return *impl_->comm; }
