@@ -182,10 +182,9 @@ void SizeBench::prepare() {
   // the job slows several configurations a little rather than one a lot. Each configuration
   // keeps its own tensor (and codec state) for that, unless that would take too much memory:
   // then one tensor, configuration after configuration (exploration's too).
-  const std::size_t tensors =
-      std::count_if(d.ranked.begin(), d.ranked.end(), [&](const PlanCandidate& c) {
-        return timed(c);
-      }) + 4;  // choice, auto, raw, control
+  const auto is_timed = [this](const PlanCandidate& c) { return timed(c); };
+  const std::size_t tensors = std::count_if(d.ranked.begin(), d.ranked.end(), is_timed) +
+                              4;  // choice, auto, raw, control
   interleave = n * sizeof(float) * tensors <= (std::size_t{1} << 30);
   explore_name =
       interleave ? fmt::format("gradient-{}-explore", n) : fmt::format("gradient-{}", n);
