@@ -96,6 +96,74 @@ std::vector<Config> configs(const Options& opt) {
   return out;
 }
 
+// One configuration's timed runs on this rank; cpu is this rank's total over the runs.
+struct Measured {
+  std::vector<double> times;
+  double bytes_per_rank = 0;
+  double cpu = 0;
+};
+
+// A terse configuration, as the engine's tensor name; fills in cfg.label from the engine's plan.
+Measured measure_terse(Engine& engine, Communicator& comm, Config& cfg, const std::string& name,
+                       const kit::PageArray<float>& input, const kit::PageArray<float>& data,
+                       int reps) {
+  const std::size_t n = data.all().size();
+  Measured m;
+  TensorPlan plan = engine.plan(n, cfg.options);
+  cfg.label = fmt::format("{} {} K={}{}", to_string(plan.strategy),
+                          cfg.options.codec.substr(0, 14), plan.partitions,
+                          cfg.options.partitions == 0 ? " (auto)" : "");
+  // Warm-up: the first use, then extra_warm_ups() more, judged by the first run's time.
+  std::copy(input.begin(), input.end(), data.begin());
+  const auto warm = std::chrono::steady_clock::now();
+  engine.allreduce(name, data, cfg.options).wait();
+  const double first = max_of(gather(
+      comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - warm).count()));
+  for (int w = extra_warm_ups(plan.partitions, first); w > 0; --w) {
+    std::copy(input.begin(), input.end(), data.begin());
+    engine.allreduce(name, data, cfg.options).wait();
+  }
+  const auto before = engine.bytes_sent();
+  m.times = time_allreduce(engine, comm, name, data, input, cfg.options, reps, &m.cpu);
+  m.bytes_per_rank =
+      max_of(gather(comm, static_cast<double>(engine.bytes_sent() - before) / reps));
+  return m;
+}
+
+// One of Gloo's own rings, on gloo_comm's connections; comm carries the barriers and gathers.
+Measured measure_gloo(Communicator& comm, Communicator& gloo_comm, const Config& cfg,
+                      const kit::PageArray<float>& input, const kit::PageArray<float>& data,
+                      int reps) {
+  const std::size_t n = data.all().size();
+  const int n_ranks = comm.size();
+  Measured m;
+  auto ctx = gloo_context(gloo_comm);
+  float* ptr = data.data();
+  std::unique_ptr<gloo::Algorithm> algo;
+  if (cfg.kind == "gloo-ring") {
+    algo = std::make_unique<gloo::AllreduceRing<float>>(ctx, std::vector<float*>{ptr},
+                                                        static_cast<int>(n));
+    m.bytes_per_rank = static_cast<double>(n_ranks - 1) * n * 4;
+  } else {
+    algo = std::make_unique<gloo::AllreduceRingChunked<float>>(ctx, std::vector<float*>{ptr},
+                                                               static_cast<int>(n));
+    m.bytes_per_rank = 2.0 * (n_ranks - 1) / n_ranks * n * 4;
+  }
+  std::copy(input.begin(), input.end(), data.begin());
+  algo->run();  // warm-up
+  for (int rep = 0; rep < reps; ++rep) {
+    std::copy(input.begin(), input.end(), data.begin());
+    comm.barrier("bench");
+    const double c0 = kit::process_cpu_seconds();
+    const auto t0 = Clock::now();
+    algo->run();
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+    m.cpu += kit::process_cpu_seconds() - c0;
+    m.times.push_back(max_of(gather(comm, t)));
+  }
+  return m;
+}
+
 void run_rank(const Options& opt) {
   const CommunicatorOptions comm_options = communicator_options_from_environment();
   Bootstrap boot = bootstrap_from_env(comm_options.timeout.count() > 0 ? comm_options.timeout
@@ -141,55 +209,16 @@ void run_rank(const Options& opt) {
 
   std::uint64_t tensor = 0;
   for (Config& cfg : configs(opt)) {
-    std::vector<double> times;
-    double bytes_per_rank = 0, cpu = 0;
-    bool identical = true;
+    Measured m;
     if (cfg.kind == "terse") {
-      TensorPlan plan = engine.plan(n, cfg.options);
-      cfg.label = fmt::format("{} {} K={}{}", to_string(plan.strategy),
-                              cfg.options.codec.substr(0, 14), plan.partitions,
-                              cfg.options.partitions == 0 ? " (auto)" : "");
       const std::string name = fmt::format("gradient{}", tensor++);
-      // Warm-up: the first use, then extra_warm_ups() more, judged by the first run's time.
-      std::copy(input.begin(), input.end(), data.begin());
-      const auto warm = std::chrono::steady_clock::now();
-      engine.allreduce(name, data, cfg.options).wait();
-      const double first = max_of(gather(
-          *comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - warm).count()));
-      for (int w = extra_warm_ups(plan.partitions, first); w > 0; --w) {
-        std::copy(input.begin(), input.end(), data.begin());
-        engine.allreduce(name, data, cfg.options).wait();
-      }
-      const auto before = engine.bytes_sent();
-      times = time_allreduce(engine, *comm, name, data, input, cfg.options, opt.reps, &cpu);
-      bytes_per_rank = max_of(gather(
-          *comm, static_cast<double>(engine.bytes_sent() - before) / opt.reps));
+      m = measure_terse(engine, *comm, cfg, name, input, data, opt.reps);
     } else {
-      auto ctx = gloo_context(*gloo_comm);
-      float* ptr = data.data();
-      std::unique_ptr<gloo::Algorithm> algo;
-      if (cfg.kind == "gloo-ring") {
-        algo = std::make_unique<gloo::AllreduceRing<float>>(ctx, std::vector<float*>{ptr},
-                                                            static_cast<int>(n));
-        bytes_per_rank = static_cast<double>(n_ranks - 1) * n * 4;
-      } else {
-        algo = std::make_unique<gloo::AllreduceRingChunked<float>>(
-            ctx, std::vector<float*>{ptr}, static_cast<int>(n));
-        bytes_per_rank = 2.0 * (n_ranks - 1) / n_ranks * n * 4;
-      }
-      std::copy(input.begin(), input.end(), data.begin());
-      algo->run();  // warm-up
-      for (int rep = 0; rep < opt.reps; ++rep) {
-        std::copy(input.begin(), input.end(), data.begin());
-        comm->barrier("bench");
-        const double c0 = kit::process_cpu_seconds();
-        const auto t0 = Clock::now();
-        algo->run();
-        const double t = std::chrono::duration<double>(Clock::now() - t0).count();
-        cpu += kit::process_cpu_seconds() - c0;
-        times.push_back(max_of(gather(*comm, t)));
-      }
+      m = measure_gloo(*comm, *gloo_comm, cfg, input, data, opt.reps);
     }
+    const std::vector<double>& times = m.times;
+    const double bytes_per_rank = m.bytes_per_rank;
+    bool identical = true;
     // Every rank must hold the same result.
     const double d = static_cast<double>(
         fnv1a64(std::string_view(reinterpret_cast<const char*>(data.data()), n * 4)) >> 12);
@@ -197,7 +226,7 @@ void run_rank(const Options& opt) {
 
     const double med = median(times);
     // CPU seconds per allreduce of the busiest rank (includes the Gloo loop thread's work).
-    cpu = max_of(gather(*comm, cpu / opt.reps));
+    const double cpu = max_of(gather(*comm, m.cpu / opt.reps));
     const double ideal = rate > 0 ? bytes_per_rank * 8 / rate : 0;
     if (cfg.kind != "terse" && (best_gloo == 0 || med < best_gloo)) best_gloo = med;
     if (cfg.kind == "terse" && cfg.options.codec == "none" && (raw == 0 || med < raw)) raw = med;

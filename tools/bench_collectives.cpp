@@ -102,6 +102,175 @@ std::vector<Config> configs(const std::string& op, const Options& opt) {
   return out;
 }
 
+// One operation at one size: its buffers, shared by all the configurations of its rows.
+struct Case {
+  std::string op;
+  std::string size;
+  std::size_t total = 0;  // elements of the whole tensor
+  std::size_t shard = 0;  // elements of one rank's block
+  std::size_t in_n = 0;   // input and output elements of the operation
+  std::size_t out_n = 0;
+  kit::PageArray<float> input;
+  kit::PageArray<float> output;
+  std::vector<std::size_t> counts;
+};
+
+Case make_case(const std::string& op, const std::string& size, int r, int n_ranks) {
+  Case c;
+  c.op = op;
+  c.size = size;
+  c.total = parse_size(size) / sizeof(float) / n_ranks * n_ranks;
+  c.shard = c.total / n_ranks;
+  c.in_n = op == "all_gather" ? c.shard : c.total;
+  c.out_n = op == "reduce_scatter" ? c.shard : c.total;
+  c.input = touched<float>(c.in_n);
+  c.output = touched<float>(std::max(c.out_n, c.total));
+  testing::fill_gradient(c.input.all(), 1000 + r, testing::kNormalGradient);
+  c.counts.assign(n_ranks, c.shard);
+  return c;
+}
+
+// One run of Gloo's own algorithm for the case's operation.
+std::function<void()> gloo_once(const std::shared_ptr<gloo::Context>& ctx, Case& c, int n_ranks) {
+  if (c.op == "reduce_scatter") {
+    // In place on a copy of the input: rank r's sum lands at its shard.
+    auto rs = std::make_shared<gloo::ReduceScatterHalvingDoubling<float>>(
+        ctx, std::vector<float*>{c.output.data()}, static_cast<int>(c.total),
+        std::vector<int>(n_ranks, static_cast<int>(c.shard)));
+    return [&c, rs] {
+      std::copy(c.input.begin(), c.input.end(), c.output.begin());
+      rs->run();
+    };
+  }
+  if (c.op == "all_gather") {
+    return [&c, ctx] {
+      gloo::AllgatherOptions o(ctx);
+      o.setInput(c.input.data(), c.in_n);
+      o.setOutput(c.output.data(), c.total);
+      gloo::allgather(o);
+    };
+  }
+  return [&c, ctx] {
+    gloo::AlltoallOptions o(ctx);
+    o.setInput(c.input.data(), c.total);
+    o.setOutput(c.output.data(), c.total);
+    gloo::alltoall(o);
+  };
+}
+
+// One run of terse's operation with the configuration's options, as tensor `name`.
+std::function<void()> terse_once(Engine& engine, Case& c, const std::string& name,
+                                 const Config& cfg) {
+  const TensorView in(c.input.data(), c.in_n, DType::kFloat32);
+  const TensorView out(c.output.data(), c.out_n, DType::kFloat32);
+  return [&engine, &c, &name, &cfg, in, out] {
+    if (c.op == "reduce_scatter") {
+      engine.reduce_scatter(name, in, out, cfg.options).wait();
+    } else if (c.op == "all_gather") {
+      engine.all_gather(name, in, out, cfg.options).wait();
+    } else {
+      engine.all_to_all(name, in, c.counts, out, c.counts, cfg.options).wait();
+    }
+  };
+}
+
+// The state every row of the table shares.
+struct Bench {
+  const Options& opt;
+  Communicator& comm;
+  std::shared_ptr<gloo::Context> ctx;
+  Engine& engine;
+  Planner& planner;
+  int threads;
+  double rate;
+  nlohmann::json& report;
+  std::uint64_t tensor = 0;  // names each configuration's tensor
+};
+
+// Codec auto: runs until the planner has settled (calibration was the first call's), and
+// returns the plan it chose.
+std::string settle_auto(Bench& b, const Case& c, const std::function<void()>& once) {
+  const Operation operation =
+      c.op == "reduce_scatter" ? Operation::kReduceScatter : Operation::kAllGather;
+  int runs = 0;
+  while (planner::exploring(b.planner,
+                            {c.total, b.threads, Strategy::kAuto, 0, Tier::kLight, operation}) &&
+         ++runs < 1000) {
+    once();
+  }
+  return plan_key(planner::plan(
+      b.planner, b.comm, {c.total, b.threads, Strategy::kAuto, 0, Tier::kLight, operation}));
+}
+
+// The rows of one operation at one size: each configuration warmed up, timed, printed (rank 0)
+// and added to the report.
+void run_case(Bench& b, Case& c) {
+  const int r = b.comm.rank(), n_ranks = b.comm.size();
+  double gloo_median = 0, best_fixed = 0;
+  std::string best_label;
+  for (Config& cfg : configs(c.op, b.opt)) {
+    const std::string name = fmt::format("{}{}", c.op, b.tensor++);
+    double bytes_per_rank = 0;
+    std::function<void()> once;
+    if (cfg.gloo) {
+      bytes_per_rank = static_cast<double>(n_ranks - 1) * c.shard * 4;
+      once = gloo_once(b.ctx, c, n_ranks);
+    } else {
+      once = terse_once(b.engine, c, name, cfg);
+    }
+    for (int w = 0; w < 3; ++w) once();  // first use, buffers, every worker thread
+    const bool automatic = cfg.options.codec == "auto";
+    std::string chosen;
+    if (automatic) chosen = settle_auto(b, c, once);
+    std::vector<double> times;
+    const auto before = b.engine.bytes_sent();
+    for (int rep = 0; rep < b.opt.reps; ++rep) {
+      b.comm.barrier("bench");
+      const auto t0 = Clock::now();
+      once();
+      times.push_back(
+          max_of(gather(b.comm, std::chrono::duration<double>(Clock::now() - t0).count())));
+    }
+    if (!cfg.gloo) {
+      bytes_per_rank = max_of(
+          gather(b.comm, static_cast<double>(b.engine.bytes_sent() - before) / b.opt.reps));
+    }
+    const double med = median(times);
+    if (cfg.gloo) gloo_median = med;
+    if (!cfg.gloo && !automatic && (best_fixed == 0 || med < best_fixed)) {
+      best_fixed = med;
+      best_label = cfg.label;
+    }
+    const double ideal = b.rate > 0 ? bytes_per_rank * 8 / b.rate : 0;
+    if (r == 0) {
+      fmt::print("{:<15} {:>7} {:<28} {:>9.4f} {:>9.4f} {:>10.2f} {:>9} {:>8} {:>8}\n", c.op,
+                 c.size, cfg.label, med, *std::min_element(times.begin(), times.end()),
+                 bytes_per_rank / 1e6, ideal > 0 ? fmt::format("{:.4f}", ideal) : "-",
+                 ideal > 0 ? fmt::format("{:.2f}", med / ideal) : "-",
+                 gloo_median > 0 ? fmt::format("{:.2f}x", gloo_median / med) : "-");
+      if (automatic) {
+        fmt::print(
+            "{:<15} {:>7}   auto chose {}; best fixed: {} ({:.4f} s), auto / best "
+            "{:.2f}\n",
+            "", "", chosen, best_label, best_fixed, med / best_fixed);
+      }
+      std::fflush(stdout);
+    }
+    b.report["results"].push_back({{"op", c.op},
+                                   {"size", c.size},
+                                   {"elements", c.total},
+                                   {"label", cfg.label},
+                                   {"gloo", cfg.gloo},
+                                   {"codec", cfg.options.codec},
+                                   {"strategy", std::string(to_string(cfg.options.strategy))},
+                                   {"times_s", times},
+                                   {"median_s", med},
+                                   {"bytes_per_rank", bytes_per_rank},
+                                   {"ideal_s", ideal},
+                                   {"chosen", chosen}});
+  }
+}
+
 void run_rank(const Options& opt) {
   const CommunicatorOptions comm_options = communicator_options_from_environment();
   Bootstrap boot = bootstrap_from_env(comm_options.timeout.count() > 0 ? comm_options.timeout
@@ -145,7 +314,7 @@ void run_rank(const Options& opt) {
   report["link"] = opt.link;
   report["link_bits_per_second"] = rate;
   report["results"] = nlohmann::json::array();
-  std::uint64_t tensor = 0;
+  Bench b{opt, *comm, ctx, engine, *planner, threads, rate, report, 0};
   for (const auto& op : ops) {
     if (op != "reduce_scatter" && op != "all_gather" && op != "all_to_all") {
       throw InvalidArgument(
@@ -154,123 +323,8 @@ void run_rank(const Options& opt) {
                       op));
     }
     for (const auto& size : sizes) {
-      const std::size_t total = parse_size(size) / sizeof(float) / n_ranks * n_ranks;
-      const std::size_t shard = total / n_ranks;
-      // Input and output sizes of the operation.
-      const std::size_t in_n = op == "all_gather" ? shard : total;
-      const std::size_t out_n = op == "reduce_scatter" ? shard : total;
-      auto input = touched<float>(in_n), output = touched<float>(std::max(out_n, total));
-      testing::fill_gradient(input.all(), 1000 + r, testing::kNormalGradient);
-      const std::vector<std::size_t> counts(n_ranks, shard);
-      double gloo_median = 0, best_fixed = 0;
-      std::string best_label;
-      for (Config& cfg : configs(op, opt)) {
-        std::function<void()> once;
-        double bytes_per_rank = 0;
-        std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> rs;
-        const std::string name = fmt::format("{}{}", op, tensor++);
-        if (cfg.gloo) {
-          bytes_per_rank = static_cast<double>(n_ranks - 1) * shard * 4;
-          if (op == "reduce_scatter") {
-            // In place on a copy of the input: rank r's sum lands at its shard.
-            rs = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
-                ctx, std::vector<float*>{output.data()}, static_cast<int>(total),
-                std::vector<int>(n_ranks, static_cast<int>(shard)));
-            once = [&] {
-              std::copy(input.begin(), input.end(), output.begin());
-              rs->run();
-            };
-          } else if (op == "all_gather") {
-            once = [&] {
-              gloo::AllgatherOptions o(ctx);
-              o.setInput(input.data(), in_n);
-              o.setOutput(output.data(), total);
-              gloo::allgather(o);
-            };
-          } else {
-            once = [&] {
-              gloo::AlltoallOptions o(ctx);
-              o.setInput(input.data(), total);
-              o.setOutput(output.data(), total);
-              gloo::alltoall(o);
-            };
-          }
-        } else {
-          const TensorView in(input.data(), in_n, DType::kFloat32);
-          const TensorView out(output.data(), out_n, DType::kFloat32);
-          once = [&, in, out] {
-            if (op == "reduce_scatter") {
-              engine.reduce_scatter(name, in, out, cfg.options).wait();
-            } else if (op == "all_gather") {
-              engine.all_gather(name, in, out, cfg.options).wait();
-            } else {
-              engine.all_to_all(name, in, counts, out, counts, cfg.options).wait();
-            }
-          };
-        }
-        for (int w = 0; w < 3; ++w) once();  // first use, buffers, every worker thread
-        const bool automatic = cfg.options.codec == "auto";
-        const Operation operation =
-            op == "reduce_scatter" ? Operation::kReduceScatter : Operation::kAllGather;
-        std::string chosen;
-        if (automatic) {
-          // Until the planner has settled (calibration was the first call's).
-          int runs = 0;
-          while (planner::exploring(
-                     *planner, {total, threads, Strategy::kAuto, 0, Tier::kLight, operation}) &&
-                 ++runs < 1000) {
-            once();
-          }
-          chosen = plan_key(planner::plan(
-              *planner, *comm, {total, threads, Strategy::kAuto, 0, Tier::kLight, operation}));
-        }
-        std::vector<double> times;
-        const auto before = engine.bytes_sent();
-        for (int rep = 0; rep < opt.reps; ++rep) {
-          comm->barrier("bench");
-          const auto t0 = Clock::now();
-          once();
-          times.push_back(
-              max_of(gather(*comm, std::chrono::duration<double>(Clock::now() - t0).count())));
-        }
-        if (!cfg.gloo) {
-          bytes_per_rank =
-              max_of(gather(*comm, static_cast<double>(engine.bytes_sent() - before) / opt.reps));
-        }
-        const double med = median(times);
-        if (cfg.gloo) gloo_median = med;
-        if (!cfg.gloo && !automatic && (best_fixed == 0 || med < best_fixed)) {
-          best_fixed = med;
-          best_label = cfg.label;
-        }
-        const double ideal = rate > 0 ? bytes_per_rank * 8 / rate : 0;
-        if (r == 0) {
-          fmt::print("{:<15} {:>7} {:<28} {:>9.4f} {:>9.4f} {:>10.2f} {:>9} {:>8} {:>8}\n", op,
-                     size, cfg.label, med, *std::min_element(times.begin(), times.end()),
-                     bytes_per_rank / 1e6, ideal > 0 ? fmt::format("{:.4f}", ideal) : "-",
-                     ideal > 0 ? fmt::format("{:.2f}", med / ideal) : "-",
-                     gloo_median > 0 ? fmt::format("{:.2f}x", gloo_median / med) : "-");
-          if (automatic) {
-            fmt::print(
-                "{:<15} {:>7}   auto chose {}; best fixed: {} ({:.4f} s), auto / best "
-                "{:.2f}\n",
-                "", "", chosen, best_label, best_fixed, med / best_fixed);
-          }
-          std::fflush(stdout);
-        }
-        report["results"].push_back({{"op", op},
-                                     {"size", size},
-                                     {"elements", total},
-                                     {"label", cfg.label},
-                                     {"gloo", cfg.gloo},
-                                     {"codec", cfg.options.codec},
-                                     {"strategy", std::string(to_string(cfg.options.strategy))},
-                                     {"times_s", times},
-                                     {"median_s", med},
-                                     {"bytes_per_rank", bytes_per_rank},
-                                     {"ideal_s", ideal},
-                                     {"chosen", chosen}});
-      }
+      Case c = make_case(op, size, r, n_ranks);
+      run_case(b, c);
     }
   }
   if (r == 0 && !opt.json.empty()) {

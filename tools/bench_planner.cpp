@@ -76,6 +76,387 @@ std::string label_of(const TensorPlan& p) {
   return fmt::format("{} {} K={}", to_string(p.strategy), codec, p.partitions);
 }
 
+// The search's best is the least of many noisy medians, so its figure is biased low (the
+// winner's curse: among configurations within noise of each other, the least median beats
+// a re-timing of itself). Where the best is not the choice, both are timed again in pairs
+// (the choice through codec "auto"), each pair's ratio taken, and the median ratio is the
+// figure: the machine's speed drifts over the seconds a size takes (the same
+// 64 KiB allreduce took 0.08 ms in one minute and 0.14 ms in another), and a pair's two runs
+// share its state. Pairs: as many as take about kAgainSeconds, at least twice the runs
+// either had above and at most kMaxPairs. Each is timed on a tensor (and codec state) of
+// its own: the same tensor switched between configurations would start each run afresh.
+constexpr double kAgainSeconds = 10.0;
+constexpr int kMaxPairs = 400;
+struct Again {
+  int pairs = 0;
+  double a = 0, b = 0, ratio = 0;  // medians of each one's runs and of the pairs' a/b
+};
+
+// Do no harm is judged on codec "auto" against the raw default, measured in the same run:
+// where the two are close, a few percent of the machine's drift, or of what the
+// configuration run before each left in the cache, decides it (2 ranks on loopback, 1 MiB:
+// auto 0.849 ms against 0.769 for the same raw plan as a candidate). There they
+// are timed again in pairs, as the choice and the best are.
+constexpr double kCloseToRaw = 0.9;
+
+// What one size's runs say of the planner's choice.
+struct Verdict {
+  const Measured* auto_run = nullptr;
+  const Measured* raw_run = nullptr;
+  const Measured* chosen_run = nullptr;
+  double choice = 0;  // the choice's median, over its runs as a candidate and through auto
+  const Measured* best = nullptr;
+  double best_median = 0;
+  Again again, control, vs_raw;
+};
+
+// One --size: its buffers, the planner's decision, the configurations timed and their times.
+// Every rank goes through the same steps in the same order (the same collectives).
+struct SizeBench {
+  const Options& opt;
+  Communicator& comm;
+  Engine& engine;
+  Planner& planner;
+  int r = 0, n_ranks = 0, threads = 0;
+  std::string size_text;
+  std::size_t n = 0;
+  kit::PageArray<float> input, data;
+  PlanDecision d;
+  double fastest = 0;
+  bool interleave = false;
+  std::string explore_name;
+  int explored = 0;
+  TensorPlan settled;
+  std::map<std::string, double> explored_s;
+  const PlanCandidate* settled_candidate = nullptr;
+  std::vector<Measured> runs;
+  std::vector<std::string> skipped;
+  AllreduceOptions raw_default;
+  std::vector<AllreduceOptions> options;
+
+  SizeBench(const Options& opt_, Communicator& comm_, Engine& engine_, Planner& planner_,
+            int threads_, std::string size_text_)
+      : opt(opt_),
+        comm(comm_),
+        engine(engine_),
+        planner(planner_),
+        r(comm_.rank()),
+        n_ranks(comm_.size()),
+        threads(threads_),
+        size_text(std::move(size_text_)) {}
+  void prepare();
+  bool timed(const PlanCandidate& c) const {
+    return c.predicted.seconds <= opt.within * fastest && c.predicted.seconds <= opt.max_seconds;
+  }
+  void explore();
+  void list_runs();
+  std::string name(std::size_t i) const {
+    return interleave ? fmt::format("gradient-{}-{}", n, i) : fmt::format("gradient-{}", n);
+  }
+  // Fast configurations get more runs, up to 5x --reps, so that each is timed for about
+  // 100 ms in all: with several ranks per core, single runs of a few ms vary by 2x and more,
+  // and a median of 5 of them does not tell configurations 5% apart.
+  int reps_of(const Measured& m) const {
+    if (m.predicted > 2.0) return std::min(opt.reps, 3);
+    const double more = std::floor(0.1 / std::max(m.predicted * opt.reps, 1e-6));
+    return opt.reps * static_cast<int>(std::clamp(more, 1.0, 5.0));
+  }
+  void warm_up(std::size_t i, const std::string& tensor);
+  void time_runs();
+  Again time_pairs(std::size_t ia, std::size_t ib, const char* tag, bool control);
+  Verdict judge();
+  void print(const Verdict& v) const;
+  nlohmann::json to_json(const Verdict& v) const;
+};
+
+void SizeBench::prepare() {
+  n = parse_size(size_text) / sizeof(float);
+  input = touched<float>(n);
+  data = touched<float>(n);
+  testing::GradientShape shape = testing::kBenchmarkGradient;
+  shape.first_outlier = static_cast<std::size_t>(r);
+  testing::fill_gradient(input.all(), 1000 + r, shape);
+  d = planner.decide(n, n_ranks, threads);
+  fastest = d.ranked.front().predicted.seconds;
+  // Runs alternate between configurations, rep by rep, so that a burst of load from outside
+  // the job slows several configurations a little rather than one a lot. Each configuration
+  // keeps its own tensor (and codec state) for that, unless that would take too much memory:
+  // then one tensor, configuration after configuration (exploration's too).
+  const auto is_timed = [this](const PlanCandidate& c) { return timed(c); };
+  const std::size_t tensors = std::count_if(d.ranked.begin(), d.ranked.end(), is_timed) +
+                              4;  // choice, auto, raw, control
+  interleave = n * sizeof(float) * tensors <= (std::size_t{1} << 30);
+  explore_name =
+      interleave ? fmt::format("gradient-{}-explore", n) : fmt::format("gradient-{}", n);
+}
+
+// Codec "auto" first explores what the model cannot tell apart (planner/explorer.h)
+// and settles on the fastest measured: the plan it settles on is its choice. (All ranks
+// leave the loop together: exploration's state is the same on every rank.)
+void SizeBench::explore() {
+  AllreduceOptions auto_options;
+  auto_options.codec = "auto";
+  // Each run starts at a barrier, as this benchmark's timed runs do (time_allreduce), so that
+  // exploration ranks the contenders under the conditions they are timed in below: run back
+  // to back, a rank's span would also hold its wait for the slowest rank's previous run.
+  do {
+    std::copy(input.begin(), input.end(), data.begin());
+    comm.barrier("explore");
+    engine.allreduce(explore_name, data, auto_options).wait();
+    ++explored;
+    // A guard only: sequential halving of five contenders runs at most 320 allreduces.
+  } while (planner::exploring(planner, {n, threads}) && explored < 1000);
+  settled = engine.plan(n, auto_options);
+  // What exploration measured of each contender (the agreed times it settled on), to set
+  // against this benchmark's own timing of the same configurations.
+  for (const auto& c : planner.decide(n, n_ranks, threads).ranked) {
+    if (c.measured) explored_s[plan_key(c.plan)] = *c.measured;
+  }
+  settled_candidate = &d.chosen;
+  for (const auto& c : d.ranked) {
+    if (plan_key(c.plan) == plan_key(settled)) settled_candidate = &c;
+  }
+}
+
+// The configurations to time: the candidates predicted fast enough and the choice, then the
+// runtime's own choice through codec "auto" and raw as the engine does it by default.
+void SizeBench::list_runs() {
+  for (const auto& c : d.ranked) {
+    if (plan_key(c.plan) != plan_key(settled) && !timed(c)) {
+      skipped.push_back(label_of(c.plan));
+      continue;
+    }
+    runs.push_back({label_of(c.plan), c.plan, c.predicted.seconds, {}, 0, true});
+  }
+  const TensorPlan raw_plan = engine.plan(n, raw_default);
+  runs.push_back({"codec auto: " + label_of(settled),
+                  settled,
+                  settled_candidate->predicted.seconds,
+                  {},
+                  0,
+                  false});
+  runs.push_back({"raw default " + label_of(raw_plan),
+                  raw_plan,
+                  PlannerAccess::model(planner)
+                      .predict(n, "none", Strategy::kRaw, raw_plan.partitions, n_ranks, threads)
+                      .seconds,
+                  {},
+                  0,
+                  false});
+  if (r == 0) {
+    fmt::print("\n{} ({} floats): {} configurations, {} skipped by prediction\n", size_text, n,
+               runs.size(), skipped.size());
+    fmt::print("{:<40} {:>12} {:>12} {:>8}\n", "configuration", "predicted ms", "measured ms",
+               "error");
+    std::fflush(stdout);
+  }
+  options.resize(runs.size());
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const Measured& m = runs[i];
+    AllreduceOptions& o = options[i];
+    if (m.label.rfind("codec auto", 0) == 0) {
+      o.codec = "auto";
+    } else if (m.label.rfind("raw default", 0) == 0) {
+      o = raw_default;
+    } else {
+      o.codec = m.plan.codec;
+      o.strategy = m.plan.strategy;
+      o.partitions = m.plan.partitions;
+    }
+  }
+}
+
+// Warm-up: the first use, then extra_warm_ups() more, judged by the predicted time.
+void SizeBench::warm_up(std::size_t i, const std::string& tensor) {
+  const int rounds = 1 + extra_warm_ups(runs[i].plan.partitions, runs[i].predicted);
+  for (int w = 0; w < rounds; ++w) {
+    std::copy(input.begin(), input.end(), data.begin());
+    engine.allreduce(tensor, data, options[i]).wait();
+  }
+}
+
+void SizeBench::time_runs() {
+  int max_reps = 0;
+  for (const auto& m : runs) max_reps = std::max(max_reps, reps_of(m));
+  if (interleave) {
+    for (std::size_t i = 0; i < runs.size(); ++i) warm_up(i, name(i));
+    // Each rep in its own order (the same on every rank: one seed), so that no configuration
+    // always follows the same one: a run right after another configuration's pays for what
+    // that one evicted from the cache, and in a fixed order codec "auto" always came after
+    // the slowest candidate (2 ranks on loopback, 1 MiB: auto 0.631-0.676 ms against
+    // 0.580-0.637 for the same raw plan as a candidate and 0.585-0.643 as the raw default
+    // right after it).
+    std::vector<std::size_t> order(runs.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::mt19937 shuffler(12345);
+    for (int rep = 0; rep < max_reps; ++rep) {
+      std::shuffle(order.begin(), order.end(), shuffler);
+      for (const std::size_t i : order) {
+        if (rep >= reps_of(runs[i])) continue;
+        const auto t = time_allreduce(engine, comm, name(i), data, input, options[i], 1);
+        runs[i].times.push_back(t[0]);
+      }
+    }
+  } else {
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      warm_up(i, name(i));
+      runs[i].times =
+          time_allreduce(engine, comm, name(i), data, input, options[i], reps_of(runs[i]));
+    }
+  }
+  for (auto& m : runs) {
+    m.median = median(m.times);
+    if (r == 0) {
+      fmt::print("{:<40} {:>12.3f} {:>12.3f} {:>+7.1f}%\n", m.label, m.predicted * 1e3,
+                 m.median * 1e3, (m.predicted / m.median - 1) * 100);
+    }
+  }
+  if (r == 0) std::fflush(stdout);
+}
+
+// Pairs of runs of runs[ia] and runs[ib], on their tensors (`tag` names them where all
+// configurations share one), each pair's order the other way round from the last's: the
+// second of two runs found the cache as the first left it, which would favour one side.
+// A control times runs[ia] against itself, the second side on a tensor of its own.
+Again SizeBench::time_pairs(std::size_t ia, std::size_t ib, const char* tag, bool control) {
+  Again g;
+  const double pair_seconds = std::max(runs[ia].median + runs[ib].median, 1e-6);
+  g.pairs = std::clamp(static_cast<int>(std::ceil(kAgainSeconds / pair_seconds)),
+                       2 * std::max(reps_of(runs[ia]), reps_of(runs[ib])), kMaxPairs);
+  const bool own_b = interleave && !control;
+  const std::string a_name = interleave ? name(ia) : fmt::format("gradient-{}-{}-a", n, tag);
+  const std::string b_name = own_b ? name(ib) : fmt::format("gradient-{}-{}-b", n, tag);
+  if (!interleave) warm_up(ia, a_name);
+  if (!own_b) warm_up(ib, b_name);
+  std::vector<double> ta, tb, ratios;
+  for (int pair = 0; pair < g.pairs; ++pair) {
+    auto run_a = [&] {
+      ta.push_back(time_allreduce(engine, comm, a_name, data, input, options[ia], 1)[0]);
+    };
+    auto run_b = [&] {
+      tb.push_back(time_allreduce(engine, comm, b_name, data, input, options[ib], 1)[0]);
+    };
+    if (pair % 2 == 0) {
+      run_a(), run_b();
+    } else {
+      run_b(), run_a();
+    }
+    ratios.push_back(ta.back() / tb.back());
+  }
+  g.a = median(ta);
+  g.b = median(tb);
+  g.ratio = median(ratios);
+  return g;
+}
+
+Verdict SizeBench::judge() {
+  Verdict v;
+  for (auto& m : runs) {
+    if (m.label.rfind("codec auto", 0) == 0) v.auto_run = &m;
+    if (m.label.rfind("raw default", 0) == 0) v.raw_run = &m;
+    if (m.candidate && plan_key(m.plan) == plan_key(settled)) v.chosen_run = &m;
+  }
+  // The choice was timed twice: as a candidate and through codec "auto" (the same
+  // configuration, as the runtime plans it). Its figure is the median of both samples, so
+  // that it is not judged on fewer runs than the best of the candidates it is compared with.
+  std::vector<double> both = v.auto_run->times;
+  if (v.chosen_run != nullptr)
+    both.insert(both.end(), v.chosen_run->times.begin(), v.chosen_run->times.end());
+  v.choice = median(both);
+  for (const auto& m : runs) {
+    if (!m.candidate) continue;
+    const double x = &m == v.chosen_run ? v.choice : m.median;
+    if (v.best == nullptr || x < v.best_median) {
+      v.best = &m;
+      v.best_median = x;
+    }
+  }
+  const auto index = [&](const Measured* m) { return static_cast<std::size_t>(m - &runs[0]); };
+  if (v.best != v.chosen_run) {
+    v.again = time_pairs(index(v.auto_run), index(v.best), "again", false);
+    // The pairs' own resolution, measured alongside: the best against itself on a second
+    // tensor, as many pairs, so that a miss can be told from the machine's spread at that
+    // point (0.6% from 1 at the median, at most 3.4%, over 17 points of one grid).
+    v.control = time_pairs(index(v.best), index(v.best), "control", true);
+  }
+  if (v.choice > kCloseToRaw * v.raw_run->median) {
+    v.vs_raw = time_pairs(index(v.auto_run), index(v.raw_run), "raw", false);
+  }
+  return v;
+}
+
+void SizeBench::print(const Verdict& v) const {
+  fmt::print(
+      "choice {} (the model's: {}; {} contenders explored in {} runs): {:.3f} ms; best "
+      "measured {}: {:.3f} ms (choice/best {:.3f}); raw default {:.3f} ms (auto/raw "
+      "{:.3f})\n",
+      label_of(settled), label_of(d.chosen.plan), d.contenders.size(), explored,
+      v.choice * 1e3, v.best->label, v.best_median * 1e3, v.choice / v.best_median,
+      v.raw_run->median * 1e3, v.choice / v.raw_run->median);
+  if (v.again.pairs > 0) {
+    fmt::print(
+        "  timed again in {} pairs: choice {:.3f} ms, best {:.3f} ms (median of the "
+        "pairs' choice/best {:.3f})\n",
+        v.again.pairs, v.again.a * 1e3, v.again.b * 1e3, v.again.ratio);
+    fmt::print(
+        "  control: the best against itself on a second tensor in {} pairs: {:.3f} ms, "
+        "{:.3f} ms (median of the pairs' ratios {:.3f})\n",
+        v.control.pairs, v.control.a * 1e3, v.control.b * 1e3, v.control.ratio);
+  }
+  if (v.vs_raw.pairs > 0) {
+    fmt::print(
+        "  auto and raw default timed again in {} pairs: {:.3f} ms, {:.3f} ms (median of "
+        "the pairs' auto/raw {:.3f})\n",
+        v.vs_raw.pairs, v.vs_raw.a * 1e3, v.vs_raw.b * 1e3, v.vs_raw.ratio);
+  }
+  std::fflush(stdout);
+}
+
+nlohmann::json SizeBench::to_json(const Verdict& v) const {
+  nlohmann::json js;
+  js["size"] = size_text;
+  js["elements"] = n;
+  js["chosen"] = label_of(settled);
+  js["predicted_choice"] = label_of(d.chosen.plan);
+  js["explore_runs"] = explored;
+  js["contenders"] = nlohmann::json::array();
+  for (const auto& c : d.contenders) js["contenders"].push_back(label_of(c.plan));
+  js["best"] = v.best->label;
+  js["auto_median_s"] = v.choice;
+  js["best_median_s"] = v.best_median;
+  js["raw_default_median_s"] = v.raw_run->median;
+  if (v.again.pairs > 0) {
+    js["again_choice_median_s"] = v.again.a;
+    js["again_best_median_s"] = v.again.b;
+    js["again_pairs"] = v.again.pairs;
+    js["again_pair_ratio"] = v.again.ratio;
+    js["control_pairs"] = v.control.pairs;
+    js["control_pair_ratio"] = v.control.ratio;
+  }
+  if (v.vs_raw.pairs > 0) {
+    js["raw_again_auto_median_s"] = v.vs_raw.a;
+    js["raw_again_raw_median_s"] = v.vs_raw.b;
+    js["raw_again_pairs"] = v.vs_raw.pairs;
+    js["raw_again_pair_ratio"] = v.vs_raw.ratio;
+  }
+  js["skipped"] = skipped;
+  js["configs"] = nlohmann::json::array();
+  for (const auto& m : runs) {
+    js["configs"].push_back({{"label", m.label},
+                             {"codec", m.plan.codec},
+                             {"strategy", std::string(to_string(m.plan.strategy))},
+                             {"partitions", m.plan.partitions},
+                             {"candidate", m.candidate},
+                             {"predicted_s", m.predicted},
+                             {"times_s", m.times},
+                             {"median_s", m.median}});
+    if (auto e = explored_s.find(plan_key(m.plan)); m.candidate && e != explored_s.end()) {
+      js["configs"].back()["explored_s"] = e->second;
+    }
+  }
+  return js;
+}
+
 void run_rank(const Options& opt) {
   std::shared_ptr<Communicator> comm =
       Communicator::from_env(communicator_options_from_environment());
@@ -116,315 +497,14 @@ void run_rank(const Options& opt) {
   report["sizes"] = nlohmann::json::array();
 
   for (const auto& size_text : opt.sizes) {
-    const std::size_t n = parse_size(size_text) / sizeof(float);
-    auto input = touched<float>(n), data = touched<float>(n);
-    testing::GradientShape shape = testing::kBenchmarkGradient;
-    shape.first_outlier = static_cast<std::size_t>(r);
-    testing::fill_gradient(input.all(), 1000 + r, shape);
-    const PlanDecision d = planner->decide(n, n_ranks, threads);
-    const double fastest = d.ranked.front().predicted.seconds;
-    // Codec "auto" first explores what the model cannot tell apart (planner/explorer.h)
-    // and settles on the fastest measured: the plan it settles on is its choice. (All ranks
-    // leave the loop together: exploration's state is the same on every rank.)
-    AllreduceOptions auto_options;
-    auto_options.codec = "auto";
-    auto timed = [&](const PlanCandidate& c) {
-      return c.predicted.seconds <= opt.within * fastest && c.predicted.seconds <= opt.max_seconds;
-    };
-    // Runs alternate between configurations, rep by rep, so that a burst of load from outside
-    // the job slows several configurations a little rather than one a lot. Each configuration
-    // keeps its own tensor (and codec state) for that, unless that would take too much memory:
-    // then one tensor, configuration after configuration (exploration's too).
-    const std::size_t tensors =
-        std::count_if(d.ranked.begin(), d.ranked.end(), timed) + 4;  // choice, auto, raw, control
-    const bool interleave = n * sizeof(float) * tensors <= (std::size_t{1} << 30);
-    const std::string explore_name =
-        interleave ? fmt::format("gradient-{}-explore", n) : fmt::format("gradient-{}", n);
-    // Each run starts at a barrier, as this benchmark's timed runs do (time_allreduce), so that
-    // exploration ranks the contenders under the conditions they are timed in below: run back
-    // to back, a rank's span would also hold its wait for the slowest rank's previous run.
-    int explored = 0;
-    do {
-      std::copy(input.begin(), input.end(), data.begin());
-      comm->barrier("explore");
-      engine.allreduce(explore_name, data, auto_options).wait();
-      ++explored;
-      // A guard only: sequential halving of five contenders runs at most 320 allreduces.
-    } while (planner::exploring(*planner, {n, threads}) && explored < 1000);
-    const TensorPlan settled = engine.plan(n, auto_options);
-    // What exploration measured of each contender (the agreed times it settled on), to set
-    // against this benchmark's own timing of the same configurations.
-    std::map<std::string, double> explored_s;
-    for (const auto& c : planner->decide(n, n_ranks, threads).ranked) {
-      if (c.measured) explored_s[plan_key(c.plan)] = *c.measured;
-    }
-    const PlanCandidate* settled_candidate = &d.chosen;
-    for (const auto& c : d.ranked) {
-      if (plan_key(c.plan) == plan_key(settled)) settled_candidate = &c;
-    }
-    std::vector<Measured> runs;
-    std::vector<std::string> skipped;
-    for (const auto& c : d.ranked) {
-      if (plan_key(c.plan) != plan_key(settled) && !timed(c)) {
-        skipped.push_back(label_of(c.plan));
-        continue;
-      }
-      runs.push_back({label_of(c.plan), c.plan, c.predicted.seconds, {}, 0, true});
-    }
-    // The runtime's own choice, through codec "auto", and raw as the engine does it by default.
-    AllreduceOptions raw_default;
-    const TensorPlan raw_plan = engine.plan(n, raw_default);
-    runs.push_back({"codec auto: " + label_of(settled),
-                    settled,
-                    settled_candidate->predicted.seconds,
-                    {},
-                    0,
-                    false});
-    runs.push_back({"raw default " + label_of(raw_plan),
-                    raw_plan,
-                    PlannerAccess::model(*planner)
-                        .predict(n, "none", Strategy::kRaw, raw_plan.partitions, n_ranks, threads)
-                        .seconds,
-                    {},
-                    0,
-                    false});
-    if (r == 0) {
-      fmt::print("\n{} ({} floats): {} configurations, {} skipped by prediction\n", size_text, n,
-                 runs.size(), skipped.size());
-      fmt::print("{:<40} {:>12} {:>12} {:>8}\n", "configuration", "predicted ms", "measured ms",
-                 "error");
-      std::fflush(stdout);
-    }
-    std::vector<AllreduceOptions> options(runs.size());
-    for (std::size_t i = 0; i < runs.size(); ++i) {
-      const Measured& m = runs[i];
-      AllreduceOptions& o = options[i];
-      if (m.label.rfind("codec auto", 0) == 0) {
-        o.codec = "auto";
-      } else if (m.label.rfind("raw default", 0) == 0) {
-        o = raw_default;
-      } else {
-        o.codec = m.plan.codec;
-        o.strategy = m.plan.strategy;
-        o.partitions = m.plan.partitions;
-      }
-    }
-    auto name = [&](std::size_t i) {
-      return interleave ? fmt::format("gradient-{}-{}", n, i) : fmt::format("gradient-{}", n);
-    };
-    // Fast configurations get more runs, up to 5x --reps, so that each is timed for about
-    // 100 ms in all: with several ranks per core, single runs of a few ms vary by 2x and more,
-    // and a median of 5 of them does not tell configurations 5% apart.
-    auto reps_of = [&](const Measured& m) {
-      if (m.predicted > 2.0) return std::min(opt.reps, 3);
-      const double more = std::floor(0.1 / std::max(m.predicted * opt.reps, 1e-6));
-      return opt.reps * static_cast<int>(std::clamp(more, 1.0, 5.0));
-    };
-    int max_reps = 0;
-    for (const auto& m : runs) max_reps = std::max(max_reps, reps_of(m));
-    // Warm-up: the first use, then extra_warm_ups() more, judged by the predicted time.
-    auto warm_up = [&](std::size_t i, const std::string& tensor) {
-      const int rounds = 1 + extra_warm_ups(runs[i].plan.partitions, runs[i].predicted);
-      for (int w = 0; w < rounds; ++w) {
-        std::copy(input.begin(), input.end(), data.begin());
-        engine.allreduce(tensor, data, options[i]).wait();
-      }
-    };
-    if (interleave) {
-      for (std::size_t i = 0; i < runs.size(); ++i) warm_up(i, name(i));
-      // Each rep in its own order (the same on every rank: one seed), so that no configuration
-      // always follows the same one: a run right after another configuration's pays for what
-      // that one evicted from the cache, and in a fixed order codec "auto" always came after
-      // the slowest candidate (2 ranks on loopback, 1 MiB: auto 0.631-0.676 ms against
-      // 0.580-0.637 for the same raw plan as a candidate and 0.585-0.643 as the raw default
-      // right after it).
-      std::vector<std::size_t> order(runs.size());
-      std::iota(order.begin(), order.end(), std::size_t{0});
-      std::mt19937 shuffler(12345);
-      for (int rep = 0; rep < max_reps; ++rep) {
-        std::shuffle(order.begin(), order.end(), shuffler);
-        for (const std::size_t i : order) {
-          if (rep >= reps_of(runs[i])) continue;
-          const auto t = time_allreduce(engine, *comm, name(i), data, input, options[i], 1);
-          runs[i].times.push_back(t[0]);
-        }
-      }
-    } else {
-      for (std::size_t i = 0; i < runs.size(); ++i) {
-        warm_up(i, name(i));
-        runs[i].times =
-            time_allreduce(engine, *comm, name(i), data, input, options[i], reps_of(runs[i]));
-      }
-    }
-    for (auto& m : runs) {
-      m.median = median(m.times);
-      if (r == 0) {
-        fmt::print("{:<40} {:>12.3f} {:>12.3f} {:>+7.1f}%\n", m.label, m.predicted * 1e3,
-                   m.median * 1e3, (m.predicted / m.median - 1) * 100);
-      }
-    }
-    if (r == 0) std::fflush(stdout);
-    const Measured* auto_run = nullptr;
-    const Measured* raw_run = nullptr;
-    Measured* chosen_run = nullptr;
-    for (auto& m : runs) {
-      if (m.label.rfind("codec auto", 0) == 0) auto_run = &m;
-      if (m.label.rfind("raw default", 0) == 0) raw_run = &m;
-      if (m.candidate && plan_key(m.plan) == plan_key(settled)) chosen_run = &m;
-    }
-    // The choice was timed twice: as a candidate and through codec "auto" (the same
-    // configuration, as the runtime plans it). Its figure is the median of both samples, so
-    // that it is not judged on fewer runs than the best of the candidates it is compared with.
-    std::vector<double> both = auto_run->times;
-    if (chosen_run != nullptr)
-      both.insert(both.end(), chosen_run->times.begin(), chosen_run->times.end());
-    const double choice = median(both);
-    const Measured* best = nullptr;
-    double best_median = 0;
-    for (const auto& m : runs) {
-      if (!m.candidate) continue;
-      const double v = &m == chosen_run ? choice : m.median;
-      if (best == nullptr || v < best_median) {
-        best = &m;
-        best_median = v;
-      }
-    }
-    // The search's best is the least of many noisy medians, so its figure is biased low (the
-    // winner's curse: among configurations within noise of each other, the least median beats
-    // a re-timing of itself). Where the best is not the choice, both are timed again in pairs
-    // (the choice through codec "auto"), each pair's ratio taken, and the median ratio is the
-    // figure: the machine's speed drifts over the seconds a size takes (the same
-    // 64 KiB allreduce took 0.08 ms in one minute and 0.14 ms in another), and a pair's two runs
-    // share its state. Pairs: as many as take about kAgainSeconds, at least twice the runs
-    // either had above and at most kMaxPairs. Each is timed on a tensor (and codec state) of
-    // its own: the same tensor switched between configurations would start each run afresh.
-    constexpr double kAgainSeconds = 10.0;
-    constexpr int kMaxPairs = 400;
-    struct Again {
-      int pairs = 0;
-      double a = 0, b = 0, ratio = 0;  // medians of each one's runs and of the pairs' a/b
-    };
-    // Pairs of runs of runs[ia] and runs[ib], on their tensors (`tag` names them where all
-    // configurations share one), each pair's order the other way round from the last's: the
-    // second of two runs found the cache as the first left it, which would favour one side.
-    // A control times runs[ia] against itself, the second side on a tensor of its own.
-    auto time_pairs = [&](std::size_t ia, std::size_t ib, const char* tag, bool control) {
-      Again g;
-      const double pair_seconds = std::max(runs[ia].median + runs[ib].median, 1e-6);
-      g.pairs = std::clamp(static_cast<int>(std::ceil(kAgainSeconds / pair_seconds)),
-                           2 * std::max(reps_of(runs[ia]), reps_of(runs[ib])), kMaxPairs);
-      const bool own_b = interleave && !control;
-      const std::string a_name = interleave ? name(ia) : fmt::format("gradient-{}-{}-a", n, tag);
-      const std::string b_name = own_b ? name(ib) : fmt::format("gradient-{}-{}-b", n, tag);
-      if (!interleave) warm_up(ia, a_name);
-      if (!own_b) warm_up(ib, b_name);
-      std::vector<double> ta, tb, ratios;
-      for (int pair = 0; pair < g.pairs; ++pair) {
-        auto run_a = [&] {
-          ta.push_back(time_allreduce(engine, *comm, a_name, data, input, options[ia], 1)[0]);
-        };
-        auto run_b = [&] {
-          tb.push_back(time_allreduce(engine, *comm, b_name, data, input, options[ib], 1)[0]);
-        };
-        if (pair % 2 == 0) {
-          run_a(), run_b();
-        } else {
-          run_b(), run_a();
-        }
-        ratios.push_back(ta.back() / tb.back());
-      }
-      g.a = median(ta);
-      g.b = median(tb);
-      g.ratio = median(ratios);
-      return g;
-    };
-    const auto index = [&](const Measured* m) { return static_cast<std::size_t>(m - &runs[0]); };
-    Again again, control;
-    if (best != chosen_run) {
-      again = time_pairs(index(auto_run), index(best), "again", false);
-      // The pairs' own resolution, measured alongside: the best against itself on a second
-      // tensor, as many pairs, so that a miss can be told from the machine's spread at that
-      // point (0.6% from 1 at the median, at most 3.4%, over 17 points of one grid).
-      control = time_pairs(index(best), index(best), "control", true);
-    }
-    // Do no harm is judged on codec "auto" against the raw default, measured in the same run:
-    // where the two are close, a few percent of the machine's drift, or of what the
-    // configuration run before each left in the cache, decides it (2 ranks on loopback, 1 MiB:
-    // auto 0.849 ms against 0.769 for the same raw plan as a candidate). There they
-    // are timed again in pairs, as the choice and the best are.
-    constexpr double kCloseToRaw = 0.9;
-    Again vs_raw;
-    if (choice > kCloseToRaw * raw_run->median) {
-      vs_raw = time_pairs(index(auto_run), index(raw_run), "raw", false);
-    }
-    if (r == 0) {
-      fmt::print(
-          "choice {} (the model's: {}; {} contenders explored in {} runs): {:.3f} ms; best "
-          "measured {}: {:.3f} ms (choice/best {:.3f}); raw default {:.3f} ms (auto/raw "
-          "{:.3f})\n",
-          label_of(settled), label_of(d.chosen.plan), d.contenders.size(), explored,
-          choice * 1e3, best->label, best_median * 1e3, choice / best_median,
-          raw_run->median * 1e3, choice / raw_run->median);
-      if (again.pairs > 0) {
-        fmt::print(
-            "  timed again in {} pairs: choice {:.3f} ms, best {:.3f} ms (median of the "
-            "pairs' choice/best {:.3f})\n",
-            again.pairs, again.a * 1e3, again.b * 1e3, again.ratio);
-        fmt::print(
-            "  control: the best against itself on a second tensor in {} pairs: {:.3f} ms, "
-            "{:.3f} ms (median of the pairs' ratios {:.3f})\n",
-            control.pairs, control.a * 1e3, control.b * 1e3, control.ratio);
-      }
-      if (vs_raw.pairs > 0) {
-        fmt::print(
-            "  auto and raw default timed again in {} pairs: {:.3f} ms, {:.3f} ms (median of "
-            "the pairs' auto/raw {:.3f})\n",
-            vs_raw.pairs, vs_raw.a * 1e3, vs_raw.b * 1e3, vs_raw.ratio);
-      }
-      std::fflush(stdout);
-    }
-    nlohmann::json js;
-    js["size"] = size_text;
-    js["elements"] = n;
-    js["chosen"] = label_of(settled);
-    js["predicted_choice"] = label_of(d.chosen.plan);
-    js["explore_runs"] = explored;
-    js["contenders"] = nlohmann::json::array();
-    for (const auto& c : d.contenders) js["contenders"].push_back(label_of(c.plan));
-    js["best"] = best->label;
-    js["auto_median_s"] = choice;
-    js["best_median_s"] = best_median;
-    js["raw_default_median_s"] = raw_run->median;
-    if (again.pairs > 0) {
-      js["again_choice_median_s"] = again.a;
-      js["again_best_median_s"] = again.b;
-      js["again_pairs"] = again.pairs;
-      js["again_pair_ratio"] = again.ratio;
-      js["control_pairs"] = control.pairs;
-      js["control_pair_ratio"] = control.ratio;
-    }
-    if (vs_raw.pairs > 0) {
-      js["raw_again_auto_median_s"] = vs_raw.a;
-      js["raw_again_raw_median_s"] = vs_raw.b;
-      js["raw_again_pairs"] = vs_raw.pairs;
-      js["raw_again_pair_ratio"] = vs_raw.ratio;
-    }
-    js["skipped"] = skipped;
-    js["configs"] = nlohmann::json::array();
-    for (const auto& m : runs) {
-      js["configs"].push_back({{"label", m.label},
-                               {"codec", m.plan.codec},
-                               {"strategy", std::string(to_string(m.plan.strategy))},
-                               {"partitions", m.plan.partitions},
-                               {"candidate", m.candidate},
-                               {"predicted_s", m.predicted},
-                               {"times_s", m.times},
-                               {"median_s", m.median}});
-      if (auto e = explored_s.find(plan_key(m.plan)); m.candidate && e != explored_s.end()) {
-        js["configs"].back()["explored_s"] = e->second;
-      }
-    }
-    report["sizes"].push_back(js);
+    SizeBench b(opt, *comm, engine, *planner, threads, size_text);
+    b.prepare();
+    b.explore();
+    b.list_runs();
+    b.time_runs();
+    const Verdict v = b.judge();
+    if (r == 0) b.print(v);
+    report["sizes"].push_back(b.to_json(v));
   }
   if (r == 0 && !opt.json.empty()) {
     std::ofstream(opt.json) << report.dump(1) << "\n";

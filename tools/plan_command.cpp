@@ -195,31 +195,25 @@ std::string short_plan(const TensorPlan& p) {
 
 // ---- the command ----------------------------------------------------------------------------
 
-void run(const Options& opt) {
-  if (opt.ranks < 1) throw InvalidArgument("--ranks: the number of ranks of the job (1 or more)");
+// The tensors named by --sizes or --model, written to --write-sizes where given.
+std::vector<TensorSize> tensors_of(const Options& opt) {
   if (opt.sizes.empty() == opt.model.empty()) {
     throw InvalidArgument("give the tensor sizes with either --sizes FILE or --model NAME");
   }
-  const std::vector<TensorSize> tensors =
+  std::vector<TensorSize> tensors =
       opt.model.empty() ? read_sizes(opt.sizes) : builtin_model(opt.model);
   if (!opt.write_sizes.empty()) {
     nlohmann::json j = nlohmann::json::array();
     for (const auto& t : tensors) j.push_back({{"name", t.name}, {"elements", t.elements}});
     std::ofstream(opt.write_sizes) << j.dump(1) << "\n";
   }
-  if (opt.sizes_only) return;
+  return tensors;
+}
 
-  const std::optional<Tier> tier = auto_tier(opt.codec);
-  if (!tier) throw InvalidArgument(fmt::format("--codec {}: give auto or auto:heavy", opt.codec));
-  PlannerOptions po;
-  po.allowed = opt.codecs;
-  po.heavy = opt.heavy;
-  po = planner_options_from_environment(po);
-  const Planner defaults(po);  // resolves the codec lists
-
-  // CPU costs: a calibration file (from `terse calibrate`), else measured here and now.
+// CPU costs: a calibration file (from `terse calibrate`), else measured here and now. source:
+// where they came from, for the report's header.
+Calibration cpu_costs(const Options& opt, const Planner& defaults, std::string& source) {
   Calibration cal;
-  std::string source;
   if (!opt.calibration.empty()) {
     std::ifstream f(opt.calibration);
     std::stringstream text;
@@ -236,7 +230,11 @@ void run(const Options& opt) {
     source =
         fmt::format("measured now, {} rank(s) per host on {} cores", cal.ranks_on_host, cal.cores);
   }
-  // Links: the rate given; the latency given, else the calibration's, else 50 us.
+  return cal;
+}
+
+// Links: the rate given; the latency given, else the calibration's, else 50 us.
+void set_links(const Options& opt, Calibration& cal) {
   if (!opt.bandwidth.empty()) {
     cal.beta = 8.0 / parse_rate(opt.bandwidth, "--bandwidth");
     cal.engine_beta = 0;  // measured on other links
@@ -251,18 +249,12 @@ void run(const Options& opt) {
   } else if (cal.alpha <= 0) {
     cal.alpha = 50e-6;
   }
-  cal.world_size = opt.ranks;
-  const std::unique_ptr<Planner> made = PlannerAccess::with_calibration(po, std::move(cal));
-  Planner& planner = *made;
-  if (!opt.partitions.empty()) PlannerAccess::set_partitions(planner, opt.partitions);
-  const StepModel model{planner,
-                        opt.ranks,
-                        opt.threads,
-                        parse_size(opt.fuse, "--fuse-bytes"),
-                        parse_size(opt.partition, "--partition-bytes"),
-                        *tier};
-  const Calibration& c = PlannerAccess::model(planner).calibration();
+}
 
+// The header and the per-tensor table of one step on opt.ranks ranks, into report too.
+void report_step(const Options& opt, const std::vector<TensorSize>& tensors,
+                 const StepModel& model, const std::string& source, nlohmann::json& report) {
+  const Calibration& c = PlannerAccess::model(model.planner).calibration();
   std::size_t total = 0;
   for (const auto& t : tensors) total += t.elements;
   fmt::print(
@@ -273,7 +265,6 @@ void run(const Options& opt) {
   const Step step = model.predict(tensors);
   fmt::print("{:<28} {:>11} {:<30} {:>12} {:>10} {:>8}\n", "tensor", "elements", "decision",
              "predicted ms", "raw ms", "speedup");
-  nlohmann::json report;
   report["ranks"] = opt.ranks;
   report["beta"] = c.beta;
   report["alpha"] = c.alpha;
@@ -305,37 +296,71 @@ void run(const Options& opt) {
       step.seconds * 1e3, step.raw_seconds * 1e3, step.raw_seconds / step.seconds);
   report["step_s"] = step.seconds;
   report["raw_step_s"] = step.raw_seconds;
+}
 
-  if (!opt.scale.empty()) {
-    const Strategy strategies[] = {Strategy::kRaw,  Strategy::kAllgather, Strategy::kSharded,
-                                   Strategy::kRing, Strategy::kSummable,  Strategy::kAuto};
-    fmt::print(
-        "\nper-step ms by world size (each tensor: the strategy's best codec and K; auto: "
-        "the planner's choice)\n{:>6}",
-        "ranks");
-    for (Strategy s : strategies) fmt::print(" {:>11}", to_string(s));
-    fmt::print("\n");
-    report["scale"] = nlohmann::json::array();
-    for (int n : opt.scale) {
-      const StepModel at{planner, n, opt.threads, model.fuse_bytes, model.partition_bytes, *tier};
-      nlohmann::json row;
-      row["ranks"] = n;
-      fmt::print("{:>6}", n);
-      for (Strategy s : strategies) {
-        double seconds = 0;
-        try {
-          seconds = at.predict(tensors, s).seconds;
-        } catch (const InvalidArgument&) {
-          seconds = -1;  // no allowed codec can use this strategy
-        }
-        row[std::string(to_string(s))] = seconds;
-        fmt::print(" {:>11}",
-                   seconds < 0 ? std::string("-") : fmt::format("{:.3f}", seconds * 1e3));
+// --scale: the step's time under each strategy at each world size, into report too.
+void report_scale(const Options& opt, const std::vector<TensorSize>& tensors,
+                  const StepModel& model, nlohmann::json& report) {
+  const Strategy strategies[] = {Strategy::kRaw,  Strategy::kAllgather, Strategy::kSharded,
+                                 Strategy::kRing, Strategy::kSummable,  Strategy::kAuto};
+  fmt::print(
+      "\nper-step ms by world size (each tensor: the strategy's best codec and K; auto: "
+      "the planner's choice)\n{:>6}",
+      "ranks");
+  for (Strategy s : strategies) fmt::print(" {:>11}", to_string(s));
+  fmt::print("\n");
+  report["scale"] = nlohmann::json::array();
+  for (int n : opt.scale) {
+    const StepModel at{model.planner,         n,         opt.threads, model.fuse_bytes,
+                       model.partition_bytes, model.tier};
+    nlohmann::json row;
+    row["ranks"] = n;
+    fmt::print("{:>6}", n);
+    for (Strategy s : strategies) {
+      double seconds = 0;
+      try {
+        seconds = at.predict(tensors, s).seconds;
+      } catch (const InvalidArgument&) {
+        seconds = -1;  // no allowed codec can use this strategy
       }
-      fmt::print("\n");
-      report["scale"].push_back(row);
+      row[std::string(to_string(s))] = seconds;
+      fmt::print(" {:>11}", seconds < 0 ? std::string("-") : fmt::format("{:.3f}", seconds * 1e3));
     }
+    fmt::print("\n");
+    report["scale"].push_back(row);
   }
+}
+
+void run(const Options& opt) {
+  if (opt.ranks < 1) throw InvalidArgument("--ranks: the number of ranks of the job (1 or more)");
+  const std::vector<TensorSize> tensors = tensors_of(opt);
+  if (opt.sizes_only) return;
+
+  const std::optional<Tier> tier = auto_tier(opt.codec);
+  if (!tier) throw InvalidArgument(fmt::format("--codec {}: give auto or auto:heavy", opt.codec));
+  PlannerOptions po;
+  po.allowed = opt.codecs;
+  po.heavy = opt.heavy;
+  po = planner_options_from_environment(po);
+  const Planner defaults(po);  // resolves the codec lists
+
+  std::string source;
+  Calibration cal = cpu_costs(opt, defaults, source);
+  set_links(opt, cal);
+  cal.world_size = opt.ranks;
+  const std::unique_ptr<Planner> made = PlannerAccess::with_calibration(po, std::move(cal));
+  Planner& planner = *made;
+  if (!opt.partitions.empty()) PlannerAccess::set_partitions(planner, opt.partitions);
+  const StepModel model{planner,
+                        opt.ranks,
+                        opt.threads,
+                        parse_size(opt.fuse, "--fuse-bytes"),
+                        parse_size(opt.partition, "--partition-bytes"),
+                        *tier};
+
+  nlohmann::json report;
+  report_step(opt, tensors, model, source, report);
+  if (!opt.scale.empty()) report_scale(opt, tensors, model, report);
   if (!opt.json.empty()) {
     std::ofstream(opt.json) << report.dump(1) << "\n";
     fmt::print("wrote {}\n", opt.json);

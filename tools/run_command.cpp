@@ -141,6 +141,206 @@ struct Launch {
   std::string bind = "auto";  // "auto" (kit::binding) or "none"
 };
 
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
+}
+
+// The child's side of fork(): its environment, its cores, then the program. Never returns.
+[[noreturn]] void exec_rank(const Launch& opt, int i, int port, const std::vector<int>& cores,
+                            pid_t launcher, const int out[2], const int err[2]) {
+  // Each rank leads its own process group, so signals reach its children too and a
+  // terminal's Ctrl-C reaches the ranks only through us (once, not twice).
+  ::setpgid(0, 0);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(s, &dfl, nullptr);
+  // A rank outlives no launcher: killed (SIGKILL, or SIGPIPE once the reader of its
+  // output is gone, as with `terse run ... | head`), it takes its ranks with it rather than
+  // leave them computing (and holding ports and cores) for minutes. The check after
+  // prctl catches a launcher that died before it; set after the default dispositions, so
+  // that the signal is not caught by the launcher's handler this process inherited.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != launcher) ::_exit(1);
+  ::dup2(out[1], 1);
+  ::dup2(err[1], 2);
+  ::setenv("MASTER_ADDR", opt.master_addr.c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  ::setenv("RANK", std::to_string(i).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
+  ::setenv("GROUP_RANK", "0", 1);
+  ::setenv("ROLE_RANK", std::to_string(i).c_str(), 1);
+  ::setenv("ROLE_WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
+  if (opt.n > 1) ::setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun does
+  if (opt.timeout > 0) ::setenv("TERSE_TIMEOUT", fmt::format("{}", opt.timeout).c_str(), 1);
+  if (!cores.empty()) {
+    try {
+      kit::bind_to(cores);
+    } catch (const std::exception& e) {  // the rank still runs, unbound
+      write_all(2, fmt::format("terse run: rank {} runs unbound: {}\n", i, e.what()));
+    }
+  }
+  std::vector<char*> argv;
+  for (const auto& a : opt.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  std::string msg = fmt::format("terse run: cannot execute {}: {}\n", argv[0], strerror(errno));
+  write_all(2, msg);
+  ::_exit(127);
+}
+
+// A started job: its ranks, their output streams, and how it is being stopped.
+struct Job {
+  std::vector<Rank> ranks;
+  std::vector<Stream> streams;
+  std::chrono::milliseconds grace{0};
+  int first_failed = -1;
+  int interrupted_by = 0;
+  std::optional<Clock::time_point> kill_at;
+  std::optional<Clock::time_point> reaped_at;
+  bool killed = false;
+
+  void signal_all(int signo) {
+    for (auto& r : ranks) {
+      if (r.running) ::kill(-r.pid, signo);
+    }
+  }
+};
+
+// Forks the N ranks; 0, or the launcher's exit code where a pipe or a fork failed.
+int start_ranks(const Launch& opt, int port, const std::vector<std::vector<int>>& binding,
+                Job& job) {
+  job.ranks.resize(opt.n);
+  job.streams.reserve(2 * opt.n);
+  std::fflush(stdout);
+  std::fflush(stderr);
+
+  const pid_t launcher = ::getpid();  // each rank's parent, checked after PR_SET_PDEATHSIG
+  for (int i = 0; i < opt.n; ++i) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      fmt::print(stderr, "terse run: pipe: {}\n", strerror(errno));
+      return 1;
+    }
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      fmt::print(stderr, "terse run: fork: {}\n", strerror(errno));
+      return 1;
+    }
+    if (pid == 0) exec_rank(opt, i, port, binding[i], launcher, out, err);
+    ::setpgid(pid, pid);
+    ::close(out[1]);
+    ::close(err[1]);
+    job.ranks[i].pid = pid;
+    job.ranks[i].running = true;
+    job.streams.push_back(Stream{out[0], 1, fmt::format("[rank {}] ", i), {}});
+    job.streams.push_back(Stream{err[0], 2, fmt::format("[rank {}] ", i), {}});
+  }
+  return 0;
+}
+
+// Forwards the signals the launcher got (read from the self-pipe) to every rank.
+void forward_signals(Job& job) {
+  char sigs[64];
+  ssize_t got = ::read(signal_pipe[0], sigs, sizeof(sigs));
+  for (ssize_t k = 0; k < got; ++k) {
+    const int signo = sigs[k];
+    if (signo == SIGCHLD) continue;  // reaped below in every iteration
+    if (job.interrupted_by == 0) job.interrupted_by = signo;
+    fmt::print(stderr, "terse run: got signal {}, forwarding it to the ranks\n", signo);
+    job.signal_all(signo);
+    if (!job.kill_at) job.kill_at = Clock::now() + job.grace;
+  }
+}
+
+// Reads what each ready stream has and writes out its complete lines; closes it at EOF.
+void pump_streams(const std::vector<pollfd>& fds, const std::vector<Stream*>& polled) {
+  for (std::size_t k = 0; k < polled.size(); ++k) {
+    if (!(fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    Stream& s = *polled[k];
+    char buf[65536];
+    ssize_t r = ::read(s.fd, buf, sizeof(buf));
+    if (r > 0) {
+      s.pending.append(buf, static_cast<std::size_t>(r));
+      s.drain(false);
+    } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+      s.drain(true);
+      ::close(s.fd);
+      s.fd = -1;
+    }
+  }
+}
+
+// Reaps the ranks that ended; the first one that failed stops the others.
+void reap_ranks(Job& job) {
+  while (true) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    for (std::size_t i = 0; i < job.ranks.size(); ++i) {
+      Rank& rank = job.ranks[i];
+      if (rank.pid != pid) continue;
+      rank.running = false;
+      rank.status = status;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && job.first_failed < 0 && job.interrupted_by == 0) {
+        job.first_failed = static_cast<int>(i);
+        fmt::print(stderr, "terse run: rank {} failed ({}); stopping the other ranks\n", i,
+                   describe_status(status));
+        job.signal_all(SIGTERM);
+        job.signal_all(SIGCONT);  // a stopped rank only sees SIGTERM once it runs again
+        job.kill_at = Clock::now() + job.grace;
+      }
+    }
+  }
+}
+
+// Runs until every rank has ended and their output is written (or a straggler's pipe has
+// been waited on long enough).
+void supervise(Job& job) {
+  while (true) {
+    int running = 0;
+    for (auto& r : job.ranks) running += r.running ? 1 : 0;
+    bool open_streams = false;
+    for (auto& s : job.streams) open_streams |= s.fd >= 0;
+    if (running == 0) {
+      if (!job.reaped_at) job.reaped_at = Clock::now();
+      // A rank's own children may keep a pipe open; do not wait for them for long.
+      if (!open_streams || Clock::now() - *job.reaped_at > std::chrono::seconds(2)) break;
+    }
+    if (job.kill_at && !job.killed && Clock::now() >= *job.kill_at) {
+      job.signal_all(SIGKILL);
+      job.killed = true;
+    }
+
+    std::vector<pollfd> fds;
+    fds.push_back({signal_pipe[0], POLLIN, 0});
+    std::vector<Stream*> polled;
+    for (auto& s : job.streams) {
+      if (s.fd >= 0) {
+        fds.push_back({s.fd, POLLIN, 0});
+        polled.push_back(&s);
+      }
+    }
+    ::poll(fds.data(), fds.size(), 100);
+
+    if (fds[0].revents & POLLIN) forward_signals(job);
+    pump_streams(fds, polled);
+    reap_ranks(job);
+  }
+  for (auto& s : job.streams) {
+    if (s.fd >= 0) {
+      s.drain(true);
+      ::close(s.fd);
+    }
+  }
+}
+
 int run(const Launch& opt) {
   if (opt.n < 1) {
     fmt::print(stderr, "terse run: -n must be at least 1\n");
@@ -151,11 +351,7 @@ int run(const Launch& opt) {
     return 2;
   }
   if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
+  install_signal_handlers();
 
   if (opt.bind != "auto" && opt.bind != "none") {
     fmt::print(stderr, "terse run: --bind must be auto or none, not {}\n", opt.bind);
@@ -174,172 +370,16 @@ int run(const Launch& opt) {
     fmt::print(stderr, "terse run: no free TCP port for rank 0's store: {}\n", strerror(errno));
     return 1;
   }
-  std::vector<Rank> ranks(opt.n);
-  std::vector<Stream> streams;
-  streams.reserve(2 * opt.n);
-  std::fflush(stdout);
-  std::fflush(stderr);
-
-  const pid_t launcher = ::getpid();  // each rank's parent, checked after PR_SET_PDEATHSIG
-  for (int i = 0; i < opt.n; ++i) {
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-      fmt::print(stderr, "terse run: pipe: {}\n", strerror(errno));
-      return 1;
-    }
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      fmt::print(stderr, "terse run: fork: {}\n", strerror(errno));
-      return 1;
-    }
-    if (pid == 0) {
-      // Each rank leads its own process group, so signals reach its children too and a
-      // terminal's Ctrl-C reaches the ranks only through us (once, not twice).
-      ::setpgid(0, 0);
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(s, &dfl, nullptr);
-      // A rank outlives no launcher: killed (SIGKILL, or SIGPIPE once the reader of its
-      // output is gone, as with `terse run ... | head`), it takes its ranks with it rather than
-      // leave them computing (and holding ports and cores) for minutes. The check after
-      // prctl catches a launcher that died before it; set after the default dispositions, so
-      // that the signal is not caught by the launcher's handler this process inherited.
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (::getppid() != launcher) ::_exit(1);
-      ::dup2(out[1], 1);
-      ::dup2(err[1], 2);
-      ::setenv("MASTER_ADDR", opt.master_addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("RANK", std::to_string(i).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
-      ::setenv("GROUP_RANK", "0", 1);
-      ::setenv("ROLE_RANK", std::to_string(i).c_str(), 1);
-      ::setenv("ROLE_WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
-      if (opt.n > 1) ::setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun does
-      if (opt.timeout > 0) ::setenv("TERSE_TIMEOUT", fmt::format("{}", opt.timeout).c_str(), 1);
-      if (!binding[i].empty()) {
-        try {
-          kit::bind_to(binding[i]);
-        } catch (const std::exception& e) {  // the rank still runs, unbound
-          write_all(2, fmt::format("terse run: rank {} runs unbound: {}\n", i, e.what()));
-        }
-      }
-      std::vector<char*> argv;
-      for (const auto& a : opt.command) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execvp(argv[0], argv.data());
-      std::string msg = fmt::format("terse run: cannot execute {}: {}\n", argv[0], strerror(errno));
-      write_all(2, msg);
-      ::_exit(127);
-    }
-    ::setpgid(pid, pid);
-    ::close(out[1]);
-    ::close(err[1]);
-    ranks[i].pid = pid;
-    ranks[i].running = true;
-    streams.push_back(Stream{out[0], 1, fmt::format("[rank {}] ", i), {}});
-    streams.push_back(Stream{err[0], 2, fmt::format("[rank {}] ", i), {}});
+  Job job;
+  job.grace = std::chrono::milliseconds(static_cast<long>(opt.grace * 1000));
+  if (const int code = start_ranks(opt, port, binding, job); code != 0) return code;
+  supervise(job);
+  if (job.first_failed >= 0) {
+    fmt::print(stderr, "terse run: failed: rank {} {}\n", job.first_failed,
+               describe_status(job.ranks[job.first_failed].status));
+    return exit_code_of(job.ranks[job.first_failed].status);
   }
-
-  int first_failed = -1;
-  int interrupted_by = 0;
-  std::optional<Clock::time_point> kill_at;
-  std::optional<Clock::time_point> reaped_at;
-  bool killed = false;
-  auto signal_all = [&](int signo) {
-    for (auto& r : ranks) {
-      if (r.running) ::kill(-r.pid, signo);
-    }
-  };
-  const auto grace = std::chrono::milliseconds(static_cast<long>(opt.grace * 1000));
-
-  while (true) {
-    int running = 0;
-    for (auto& r : ranks) running += r.running ? 1 : 0;
-    bool open_streams = false;
-    for (auto& s : streams) open_streams |= s.fd >= 0;
-    if (running == 0) {
-      if (!reaped_at) reaped_at = Clock::now();
-      // A rank's own children may keep a pipe open; do not wait for them for long.
-      if (!open_streams || Clock::now() - *reaped_at > std::chrono::seconds(2)) break;
-    }
-    if (kill_at && !killed && Clock::now() >= *kill_at) {
-      signal_all(SIGKILL);
-      killed = true;
-    }
-
-    std::vector<pollfd> fds;
-    fds.push_back({signal_pipe[0], POLLIN, 0});
-    std::vector<Stream*> polled;
-    for (auto& s : streams) {
-      if (s.fd >= 0) {
-        fds.push_back({s.fd, POLLIN, 0});
-        polled.push_back(&s);
-      }
-    }
-    ::poll(fds.data(), fds.size(), 100);
-
-    if (fds[0].revents & POLLIN) {
-      char sigs[64];
-      ssize_t got = ::read(signal_pipe[0], sigs, sizeof(sigs));
-      for (ssize_t k = 0; k < got; ++k) {
-        const int signo = sigs[k];
-        if (signo == SIGCHLD) continue;  // reaped below in every iteration
-        if (interrupted_by == 0) interrupted_by = signo;
-        fmt::print(stderr, "terse run: got signal {}, forwarding it to the ranks\n", signo);
-        signal_all(signo);
-        if (!kill_at) kill_at = Clock::now() + grace;
-      }
-    }
-    for (std::size_t k = 0; k < polled.size(); ++k) {
-      if (!(fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      Stream& s = *polled[k];
-      char buf[65536];
-      ssize_t r = ::read(s.fd, buf, sizeof(buf));
-      if (r > 0) {
-        s.pending.append(buf, static_cast<std::size_t>(r));
-        s.drain(false);
-      } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
-        s.drain(true);
-        ::close(s.fd);
-        s.fd = -1;
-      }
-    }
-
-    while (true) {
-      int status = 0;
-      pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
-      for (int i = 0; i < opt.n; ++i) {
-        if (ranks[i].pid != pid) continue;
-        ranks[i].running = false;
-        ranks[i].status = status;
-        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (!ok && first_failed < 0 && interrupted_by == 0) {
-          first_failed = i;
-          fmt::print(stderr, "terse run: rank {} failed ({}); stopping the other ranks\n", i,
-                     describe_status(status));
-          signal_all(SIGTERM);
-          signal_all(SIGCONT);  // a stopped rank only sees SIGTERM once it runs again
-          kill_at = Clock::now() + grace;
-        }
-      }
-    }
-  }
-  for (auto& s : streams) {
-    if (s.fd >= 0) {
-      s.drain(true);
-      ::close(s.fd);
-    }
-  }
-  if (first_failed >= 0) {
-    fmt::print(stderr, "terse run: failed: rank {} {}\n", first_failed,
-               describe_status(ranks[first_failed].status));
-    return exit_code_of(ranks[first_failed].status);
-  }
-  if (interrupted_by != 0) return 128 + interrupted_by;
+  if (job.interrupted_by != 0) return 128 + job.interrupted_by;
   return 0;
 }
 

@@ -493,6 +493,221 @@ class _Meter:
         self._marks = None
 
 
+def _init_process_group(config: RunConfig) -> None:
+    import torch.distributed as dist
+
+    if config.method == "ddp-terse-backend":
+        import terse.backend
+
+        terse.backend.configure(codec=config.codec, min_bytes=config.min_bytes)
+        dist.init_process_group("cpu:terse")
+    else:
+        dist.init_process_group("gloo")
+
+
+def _wrapped_model(config: RunConfig, dtype: Any) -> Any:
+    """The model of ``config`` in its method's wrapper: DDP, or FSDP for FSDP_METHODS."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if config.method in ("ddp-powersgd", "ddp-powersgd-batched"):
+        # PyTorch's powerSGD_hook starts its second allreduce (of Q) from a callback of the
+        # first; with several buckets that callback races the next bucket's hook, the ranks
+        # enqueue Gloo collectives in different orders and Gloo aborts ("op.preamble.length <=
+        # op.nbytes"). One bucket holding every parameter keeps the order the same everywhere.
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 62
+        return DDP(build_model(config.model, config.seed).to(dtype), bucket_cap_mb=1 << 20)
+    if config.method in FSDP_METHODS:
+        return _fsdp_model(config)
+    return DDP(build_model(config.model, config.seed).to(dtype))
+
+
+def _eval_steps(config: RunConfig, steps_per_epoch: int) -> set:
+    """The steps after which test accuracy is measured: ``evals_per_epoch`` in every epoch."""
+    eval_steps = set()
+    if steps_per_epoch and config.evals_per_epoch > 0:
+        for e in range(config.epochs):
+            for j in range(1, config.evals_per_epoch + 1):
+                eval_steps.add(e * steps_per_epoch + round(j * steps_per_epoch /
+                                                           config.evals_per_epoch))
+    return eval_steps
+
+
+class _Rank:
+    """One rank's run: made by :func:`_setup`, trained by :func:`_train` (which fills in
+    ``times``, ``train_seconds`` and ``curve``), reported by :func:`_result`."""
+
+
+def _setup(config: RunConfig, started: float) -> _Rank:
+    """Joins the process group and builds the model, its communication, optimizer and data."""
+    import torch
+    import torch.distributed as dist
+
+    run = _Rank()
+    run.config = config
+    torch.set_num_threads(1)
+    _init_process_group(config)
+    run.rank, run.world = dist.get_rank(), dist.get_world_size()
+    run.spec = spec = MODELS[config.model]
+    run.data = data = _Data(spec, config, run.rank, run.world)
+    run.dtype = getattr(torch, config.dtype)
+    run.model = model = _wrapped_model(config, run.dtype)
+    run.state = state = (_fsdp_communication(model, config) if config.method in FSDP_METHODS
+                         else _communication(model, config, data.steps_per_epoch))
+    run.momentum = config.momentum if config.momentum >= 0 else spec.momentum
+    run.optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=run.momentum)
+    run.parameters = sum(p.numel() for p in model.parameters())
+    if config.lr_drops and hasattr(state, "watch"):
+        state.watch(run.optimizer)  # a drop makes Accordion's tensors critical
+    run.label = config.label or method_label(config)
+    run.meter = _Meter(os.environ.get("TERSE_IFNAME"), state)
+
+    run.steps_per_epoch = steps_per_epoch = data.steps_per_epoch
+    run.total = total = config.steps if config.steps > 0 else steps_per_epoch * config.epochs
+    if steps_per_epoch and config.steps <= 0 and total == 0:
+        raise ValueError("too few samples for one global batch")
+    run.eval_steps = _eval_steps(config, steps_per_epoch)
+    run.progress_every = config.progress_every or max(1, total // 10)
+    run.global_batch = spec.batch * run.world
+    if run.rank == 0:
+        print(f"[{run.label}] {run.world} ranks connected, data ready "
+              f"({time.perf_counter() - started:.1f} s); {total} steps of {run.global_batch} "
+              "samples", flush=True)
+    return run
+
+
+def _train(run: _Rank) -> None:
+    """Runs the training steps, with the evaluations between them and rank 0's progress."""
+    import torch.nn.functional as F
+
+    config, data, model, optimizer, meter = (run.config, run.data, run.model, run.optimizer,
+                                             run.meter)
+    steps_per_epoch, total, label = run.steps_per_epoch, run.total, run.label
+    times: List[Tuple[float, float, float]] = []  # (forward, backward, optimizer) after warm-up
+    train_seconds = 0.0
+    curve: List[Dict[str, float]] = []
+    loss_sum, loss_count = 0.0, 0
+    step = 0
+    while step < total:
+        if steps_per_epoch:
+            if step > 0 and hasattr(run.state, "epoch_end"):  # the DDP hook's state
+                run.state.epoch_end()  # a codec schedule's window, when its windows are epochs
+            data.start_epoch(step // steps_per_epoch)
+            if step // steps_per_epoch in config.lr_drops:
+                for group in optimizer.param_groups:
+                    group["lr"] *= config.lr_drop_factor
+        for i in range(steps_per_epoch or total):
+            if step == total:
+                break
+            if step == config.warmup_steps:
+                meter.start()
+            xb, yb = data.batch_of_step(i)
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(xb.to(run.dtype)), yb)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            optimizer.step()
+            t3 = time.perf_counter()
+            train_seconds += t3 - t0
+            if step >= config.warmup_steps:
+                times.append((t1 - t0, t2 - t1, t3 - t2))
+            loss_sum += loss.item()
+            loss_count += 1
+            step += 1
+            if step in run.eval_steps or (steps_per_epoch and step == total):
+                meter.stop()
+                accuracy = evaluate(_unwrapped(model), data)
+                curve.append({"step": step, "epoch": step / steps_per_epoch,
+                              "train_seconds": train_seconds, "accuracy": accuracy,
+                              "wire_bytes": meter.wire, "payload_bytes": meter.payload})
+                if run.rank == 0:
+                    print(f"[{label}] step {step}/{total} epoch {step / steps_per_epoch:.2f} "
+                          f"train time {train_seconds:.1f} s: test accuracy "
+                          f"{100 * accuracy:.2f} %", flush=True)
+                if step >= config.warmup_steps:
+                    meter.start()
+            if run.rank == 0 and (step % run.progress_every == 0 or step == total):
+                med = _median([sum(t) for t in times])
+                rate = f"{run.global_batch / med:,.0f} samples/s" if med else "warming up"
+                print(f"[{label}] step {step}/{total} loss {loss_sum / loss_count:.3f} {rate}",
+                      flush=True)
+                loss_sum, loss_count = 0.0, 0
+    meter.stop()
+    run.times, run.train_seconds, run.curve = times, train_seconds, curve
+
+
+def _gather(run: _Rank) -> Tuple[List[Optional[Dict[str, Any]]], List[Any], Optional[Any]]:
+    """Every rank's bytes per step and digest (gathered on every rank), and the terse state's
+    final plan and codec schedule; closes that state."""
+    import torch.distributed as dist
+
+    meter, state, timed = run.meter, run.state, len(run.times)
+    mine = {
+        "wire_bytes_per_step": meter.wire / timed if meter.wire is not None and timed else None,
+        "payload_bytes_per_step": (meter.payload / timed if meter.payload is not None and timed
+                                   else None),
+        "digest": parameter_digest(_unwrapped(run.model)),
+    }
+    everyone: List[Optional[Dict[str, Any]]] = [None] * run.world
+    dist.all_gather_object(everyone, mine)
+    plan = []
+    schedule = None
+    if state is not None:
+        if hasattr(state, "plan"):
+            plan = [(name, n, p.codec, p.strategy, p.partitions)
+                    for name, n, p in state.plan()]
+        if getattr(state, "schedule", None) is not None:
+            schedule = state.schedule.state_dict()  # the final decisions (no tensors in it)
+        state.close()
+    return everyone, plan, schedule
+
+
+def _result(run: _Rank, everyone: List[Optional[Dict[str, Any]]], plan: List[Any],
+            schedule: Optional[Any]) -> Dict[str, Any]:
+    """Rank 0's result (the keys :func:`run_rank` describes)."""
+    import torch
+
+    def mean_over_ranks(key: str) -> Optional[float]:
+        values = [r[key] for r in everyone]
+        return None if any(v is None for v in values) else sum(values) / len(values)
+
+    config, spec, times, curve = run.config, run.spec, run.times, run.curve
+    global_batch = run.global_batch
+    steps = [sum(t) for t in times]
+    median_step = _median(steps)
+    target = spec.target_accuracy
+    reached = [c for c in curve if target is not None and c["accuracy"] >= target]
+    digests = [r["digest"] for r in everyone]
+    return {
+        "config": dataclasses.asdict(config), "label": run.label, "model": config.model,
+        "model_description": spec.description, "method": config.method,
+        "ranks": run.world, "batch_per_rank": spec.batch, "global_batch": global_batch,
+        "torch_version": torch.__version__.split("+")[0],
+        "lr": spec.lr, "momentum": run.momentum, "parameters": run.parameters,
+        "gradient_bytes": run.parameters * 4, "train_samples": run.data.train_size,
+        "steps_per_epoch": run.steps_per_epoch, "steps": run.total, "timed_steps": len(times),
+        "samples_per_second": global_batch / median_step if median_step else None,
+        "median_step_seconds": median_step,
+        "median_forward_seconds": _median([t[0] for t in times]),
+        "median_backward_seconds": _median([t[1] for t in times]),
+        "median_optimizer_seconds": _median([t[2] for t in times]),
+        "step_seconds": steps,
+        "train_seconds": run.train_seconds, "curve": curve,
+        "test_accuracy": curve[-1]["accuracy"] if curve else None,
+        "target_accuracy": target,
+        "time_to_accuracy": reached[0]["train_seconds"] if reached else None,
+        "epochs_to_accuracy": reached[0]["epoch"] if reached else None,
+        "wire_bytes_per_step": mean_over_ranks("wire_bytes_per_step"),
+        "wire_bytes_per_step_by_rank": [r["wire_bytes_per_step"] for r in everyone],
+        "payload_bytes_per_step": mean_over_ranks("payload_bytes_per_step"),
+        "interface": os.environ.get("TERSE_IFNAME"),
+        "digests": digests, "replicas_identical": len(set(digests)) == 1, "plan": plan,
+        "schedule": schedule,
+    }
+
+
 def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     """Trains one rank of ``config`` (torch.distributed's environment: RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT; TERSE_IFNAME names the interface whose bytes are counted).
@@ -510,175 +725,18 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     ``replicas_identical`` and, under a codec schedule, ``schedule`` (its final decisions:
     terse.Accordion's or terse.SparseWarmup's ``state_dict()``).
     """
-    import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     started = time.perf_counter()
-    torch.set_num_threads(1)
-    if config.method == "ddp-terse-backend":
-        import terse.backend
-
-        terse.backend.configure(codec=config.codec, min_bytes=config.min_bytes)
-        dist.init_process_group("cpu:terse")
-    else:
-        dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    spec = MODELS[config.model]
-    data = _Data(spec, config, rank, world)
-    dtype = getattr(torch, config.dtype)
-    if config.method in ("ddp-powersgd", "ddp-powersgd-batched"):
-        # PyTorch's powerSGD_hook starts its second allreduce (of Q) from a callback of the
-        # first; with several buckets that callback races the next bucket's hook, the ranks
-        # enqueue Gloo collectives in different orders and Gloo aborts ("op.preamble.length <=
-        # op.nbytes"). One bucket holding every parameter keeps the order the same everywhere.
-        dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 62
-        model = DDP(build_model(config.model, config.seed).to(dtype), bucket_cap_mb=1 << 20)
-    elif config.method in FSDP_METHODS:
-        model = _fsdp_model(config)
-    else:
-        model = DDP(build_model(config.model, config.seed).to(dtype))
-    state = (_fsdp_communication(model, config) if config.method in FSDP_METHODS
-             else _communication(model, config, data.steps_per_epoch))
-    momentum = config.momentum if config.momentum >= 0 else spec.momentum
-    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=momentum)
-    parameters = sum(p.numel() for p in model.parameters())
-    if config.lr_drops and hasattr(state, "watch"):
-        state.watch(optimizer)  # a drop makes Accordion's tensors critical
-    label = config.label or method_label(config)
-    meter = _Meter(os.environ.get("TERSE_IFNAME"), state)
-
-    steps_per_epoch = data.steps_per_epoch
-    total = config.steps if config.steps > 0 else steps_per_epoch * config.epochs
-    if steps_per_epoch and config.steps <= 0 and total == 0:
-        raise ValueError("too few samples for one global batch")
-    eval_steps = set()
-    if steps_per_epoch and config.evals_per_epoch > 0:
-        for e in range(config.epochs):
-            for j in range(1, config.evals_per_epoch + 1):
-                eval_steps.add(e * steps_per_epoch + round(j * steps_per_epoch /
-                                                           config.evals_per_epoch))
-    progress_every = config.progress_every or max(1, total // 10)
-    global_batch = spec.batch * world
-    if rank == 0:
-        print(f"[{label}] {world} ranks connected, data ready "
-              f"({time.perf_counter() - started:.1f} s); {total} steps of {global_batch} samples",
-              flush=True)
-
-    times: List[Tuple[float, float, float]] = []  # (forward, backward, optimizer) after warm-up
-    train_seconds = 0.0
-    curve: List[Dict[str, float]] = []
-    loss_sum, loss_count = 0.0, 0
-    step = 0
-    while step < total:
-        if steps_per_epoch:
-            if step > 0 and hasattr(state, "epoch_end"):  # the DDP hook's state
-                state.epoch_end()  # a codec schedule's window, when its windows are epochs
-            data.start_epoch(step // steps_per_epoch)
-            if step // steps_per_epoch in config.lr_drops:
-                for group in optimizer.param_groups:
-                    group["lr"] *= config.lr_drop_factor
-        for i in range(steps_per_epoch or total):
-            if step == total:
-                break
-            if step == config.warmup_steps:
-                meter.start()
-            xb, yb = data.batch_of_step(i)
-            t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(model(xb.to(dtype)), yb)
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            optimizer.step()
-            t3 = time.perf_counter()
-            train_seconds += t3 - t0
-            if step >= config.warmup_steps:
-                times.append((t1 - t0, t2 - t1, t3 - t2))
-            loss_sum += loss.item()
-            loss_count += 1
-            step += 1
-            if step in eval_steps or (steps_per_epoch and step == total):
-                meter.stop()
-                accuracy = evaluate(_unwrapped(model), data)
-                curve.append({"step": step, "epoch": step / steps_per_epoch,
-                              "train_seconds": train_seconds, "accuracy": accuracy,
-                              "wire_bytes": meter.wire, "payload_bytes": meter.payload})
-                if rank == 0:
-                    print(f"[{label}] step {step}/{total} epoch {step / steps_per_epoch:.2f} "
-                          f"train time {train_seconds:.1f} s: test accuracy "
-                          f"{100 * accuracy:.2f} %", flush=True)
-                if step >= config.warmup_steps:
-                    meter.start()
-            if rank == 0 and (step % progress_every == 0 or step == total):
-                med = _median([sum(t) for t in times])
-                rate = f"{global_batch / med:,.0f} samples/s" if med else "warming up"
-                print(f"[{label}] step {step}/{total} loss {loss_sum / loss_count:.3f} {rate}",
-                      flush=True)
-                loss_sum, loss_count = 0.0, 0
-    meter.stop()
-
-    timed = len(times)
-    mine = {
-        "wire_bytes_per_step": meter.wire / timed if meter.wire is not None and timed else None,
-        "payload_bytes_per_step": (meter.payload / timed if meter.payload is not None and timed
-                                   else None),
-        "digest": parameter_digest(_unwrapped(model)),
-    }
-    everyone: List[Optional[Dict[str, Any]]] = [None] * world
-    dist.all_gather_object(everyone, mine)
-    plan = []
-    schedule = None
-    if state is not None:
-        if hasattr(state, "plan"):
-            plan = [(name, n, p.codec, p.strategy, p.partitions)
-                    for name, n, p in state.plan()]
-        if getattr(state, "schedule", None) is not None:
-            schedule = state.schedule.state_dict()  # the final decisions (no tensors in it)
-        state.close()
-
-    result = None
-    if rank == 0:
-        def mean_over_ranks(key: str) -> Optional[float]:
-            values = [r[key] for r in everyone]
-            return None if any(v is None for v in values) else sum(values) / len(values)
-
-        steps = [sum(t) for t in times]
-        median_step = _median(steps)
-        target = spec.target_accuracy
-        reached = [c for c in curve if target is not None and c["accuracy"] >= target]
-        digests = [r["digest"] for r in everyone]
-        result = {
-            "config": dataclasses.asdict(config), "label": label, "model": config.model,
-            "model_description": spec.description, "method": config.method,
-            "ranks": world, "batch_per_rank": spec.batch, "global_batch": global_batch,
-            "torch_version": torch.__version__.split("+")[0],
-            "lr": spec.lr, "momentum": momentum, "parameters": parameters,
-            "gradient_bytes": parameters * 4, "train_samples": data.train_size,
-            "steps_per_epoch": steps_per_epoch, "steps": total, "timed_steps": timed,
-            "samples_per_second": global_batch / median_step if median_step else None,
-            "median_step_seconds": median_step,
-            "median_forward_seconds": _median([t[0] for t in times]),
-            "median_backward_seconds": _median([t[1] for t in times]),
-            "median_optimizer_seconds": _median([t[2] for t in times]),
-            "step_seconds": steps,
-            "train_seconds": train_seconds, "curve": curve,
-            "test_accuracy": curve[-1]["accuracy"] if curve else None,
-            "target_accuracy": target,
-            "time_to_accuracy": reached[0]["train_seconds"] if reached else None,
-            "epochs_to_accuracy": reached[0]["epoch"] if reached else None,
-            "wire_bytes_per_step": mean_over_ranks("wire_bytes_per_step"),
-            "wire_bytes_per_step_by_rank": [r["wire_bytes_per_step"] for r in everyone],
-            "payload_bytes_per_step": mean_over_ranks("payload_bytes_per_step"),
-            "interface": os.environ.get("TERSE_IFNAME"),
-            "digests": digests, "replicas_identical": len(set(digests)) == 1, "plan": plan,
-            "schedule": schedule,
-        }
+    run = _setup(config, started)
+    _train(run)
+    everyone, plan, schedule = _gather(run)
+    result = _result(run, everyone, plan, schedule) if run.rank == 0 else None
     # DDP's reducer holds the process group: if it outlived destroy_process_group(), its
     # destructor would join Gloo's threads while holding the GIL, which a thread still freeing a
-    # tensor waits for (a torch 1.13 deadlock at exit). So the model goes first.
-    del model, optimizer, state, meter
+    # tensor waits for (a torch 1.13 deadlock at exit). So the model (with the rest of the
+    # rank's run) goes first.
+    del run
     gc.collect()
     dist.destroy_process_group()
     return result
