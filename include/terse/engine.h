@@ -79,21 +79,20 @@ namespace terse {
 
 struct HandleAccess;
 
-// One tensor of a submission. `data` is read as this rank's contribution and overwritten with
+// One tensor of a submission. `tensor` is read as this rank's contribution and overwritten with
 // the result; it must stay valid and untouched until the submission completes.
 struct TensorRef {
   TensorRef() = default;
+  // An fp32 tensor.
   TensorRef(std::string name, std::span<float> data, AllreduceOptions options = {})
-      : name(std::move(name)), data(data), options(std::move(options)) {}
+      : name(std::move(name)), tensor(data), options(std::move(options)) {}
   // A tensor of any DType (see Engine::allreduce).
   TensorRef(std::string name, TensorView tensor, AllreduceOptions options = {})
-      : name(std::move(name)), options(std::move(options)), typed(tensor) {}
+      : name(std::move(name)), tensor(tensor), options(std::move(options)) {}
 
   std::string name;
-  std::span<float> data;
+  TensorView tensor;
   AllreduceOptions options;
-  // A tensor of another element type instead (then `data` stays empty).
-  TensorView typed;
 };
 
 // The outcome of a submission. Copyable; all copies share it.

@@ -134,7 +134,7 @@ class PyEngine {
       }
       TensorRef ref;
       ref.name = t[0].cast<std::string>();
-      ref.typed = tensor_view(t[1], ref.name);
+      ref.tensor = tensor_view(t[1], ref.name);
       if (t.size() == 3 && !t[2].is_none()) ref.options = t[2].cast<AllreduceOptions>();
       borrowed.append(t[1]);
       refs.push_back(std::move(ref));

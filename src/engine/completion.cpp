@@ -116,7 +116,7 @@ void Completion::finish(const std::shared_ptr<Job>& job_ptr) {
     e.stage = "allreduce";
     e.tensor = job.items.size() == 1 ? job.items[0].ref.name
                                      : fmt::format("group of {}", job.items.size());
-    for (const auto& it : job.items) e.bytes += it.ref.typed.bytes();
+    for (const auto& it : job.items) e.bytes += it.ref.tensor.bytes();
     e.begin_ns = job.submitted_ns;
     e.end_ns = trace_now_ns();
     e.thread = 1000;  // a track of its own
@@ -205,12 +205,12 @@ void Completion::check_raw_sums(const Job& job) const {
     const std::size_t bad = it.plan.fused ? kit::find_non_finite(sum) : it.not_finite;
     if (bad >= sum.size()) continue;
     // The input survives only when the result was staged.
-    const std::size_t own = it.staged ? kit::find_non_finite(it.ref.data) : it.ref.data.size();
+    const std::size_t own = it.staged ? kit::find_non_finite(it.floats) : it.floats.size();
     throw InvalidArgument(fmt::format(
         "rank {}: allreduce of tensor '{}' failed on every rank{}: the sum holds NaN or Inf at "
         "element {} ({})",
         comm_.rank(), it.ref.name, outcome(), bad,
-        own < it.ref.data.size()
+        own < it.floats.size()
             ? fmt::format("this rank's input holds NaN or Inf at element {}", own)
             : std::string("some rank's input was not finite, or the sum overflowed")));
   }
@@ -219,11 +219,11 @@ void Completion::check_raw_sums(const Job& job) const {
 void Completion::copy_back(const Job& job) {
   for (std::size_t i = 0; i < job.items.size(); ++i) {
     const Item& it = job.items[i];
-    if (!it.staged || it.ref.typed.elements == 0) continue;
-    const void* from = it.ref.typed.dtype == DType::kFloat32
+    if (!it.staged || it.ref.tensor.elements == 0) continue;
+    const void* from = it.ref.tensor.dtype == DType::kFloat32
                            ? static_cast<const void*>(result(job, static_cast<int>(i)).data())
                            : half_result(job, static_cast<int>(i)).data();
-    std::memcpy(it.ref.typed.data, from, it.ref.typed.bytes());
+    std::memcpy(it.ref.tensor.data, from, it.ref.tensor.bytes());
   }
 }
 

@@ -33,7 +33,10 @@ struct TensorRecord;
 
 struct Item {
   Operation op = Operation::kAllreduce;
-  TensorRef ref;  // reduce_scatter, all_gather, all_to_all: ref.typed is the input
+  TensorRef ref;  // reduce_scatter, all_gather, all_to_all: ref.tensor is the input
+  // ref.tensor's values when it is fp32 (empty otherwise): the view the fp32 paths read and
+  // write, set once at submission.
+  std::span<float> floats;
   // reduce_scatter, all_gather, all_to_all: the output, and the counts of an all_to_all.
   TensorView output;
   std::vector<std::size_t> send_counts, recv_counts;
@@ -81,10 +84,9 @@ struct Task {
   std::uint64_t tag_base = 0;
 };
 
-// A submitted tensor's size: `typed` once the submission has checked it (fp32 ones too).
-inline std::size_t elements(const TensorRef& t) {
-  return t.typed.dtype == DType::kFloat32 && t.typed.data == nullptr ? t.data.size()
-                                                                     : t.typed.elements;
+// A view's values when it is fp32; empty otherwise.
+inline std::span<float> floats_of(const TensorView& t) {
+  return t.dtype == DType::kFloat32 ? t.floats() : std::span<float>{};
 }
 
 // The description of a tensor's configuration: it is checked across ranks on first use, names
@@ -101,22 +103,22 @@ bool fusable(const Item& it, const EngineOptions& options);
 
 // Floats of staging an item's result takes.
 inline std::size_t staged_floats(const Item& it) {
-  return (it.ref.typed.bytes() + sizeof(float) - 1) / sizeof(float);
+  return (it.ref.tensor.bytes() + sizeof(float) - 1) / sizeof(float);
 }
 
 // Where item i's result is written: its own tensor, or the staging buffer.
 inline std::span<float> result(const Job& job, int i) {
   const Item& it = job.items[i];
-  if (!it.staged) return it.ref.data;
-  return job.staging.as<float>(it.staging + it.ref.data.size()).subspan(it.staging);
+  if (!it.staged) return it.floats;
+  return job.staging.as<float>(it.staging + it.floats.size()).subspan(it.staging);
 }
 
 // The same for a half tensor: its 16-bit values.
 inline std::span<std::uint16_t> half_result(const Job& job, int i) {
   const Item& it = job.items[i];
-  if (!it.staged) return it.ref.typed.half();
+  if (!it.staged) return it.ref.tensor.half();
   auto area = job.staging.as<float>(it.staging + staged_floats(it)).subspan(it.staging);
-  return {reinterpret_cast<std::uint16_t*>(area.data()), it.ref.typed.elements};
+  return {reinterpret_cast<std::uint16_t*>(area.data()), it.ref.tensor.elements};
 }
 
 }  // namespace terse::engine

@@ -128,17 +128,17 @@ void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace)
 void PartitionTasks::run_allreduce(Task& task, PartitionContext& ctx) {
   Job& job = *task.job;
   const Item& it = job.items[task.item];
-  const collectives::Split split(it.ref.typed.elements, task.partitions);
+  const collectives::Split split(it.ref.tensor.elements, task.partitions);
   ctx.tensor = it.ref.name;
   ctx.offset = split.begin(task.partition);
-  const DType dtype = it.ref.typed.dtype;
+  const DType dtype = it.ref.tensor.dtype;
   std::optional<HalfStaging> wide;  // a half tensor's partition in fp32: sums, decoded results
   if (dtype == DType::kFloat32) {
-    ctx.input = split.piece(std::span<const float>(it.ref.data), task.partition);
+    ctx.input = split.piece(std::span<const float>(it.floats), task.partition);
     ctx.output = split.piece(result(job, task.item), task.partition);
   } else {
     const auto half =
-        split.piece(std::span<const std::uint16_t>(it.ref.typed.half()), task.partition);
+        split.piece(std::span<const std::uint16_t>(it.ref.tensor.half()), task.partition);
     wide.emplace(buffers_, dtype, 0, half.size());
     ctx.output = wide->output();
     ctx.input = ctx.output;
@@ -205,11 +205,11 @@ void PartitionTasks::run_collective(Task& task, PartitionContext& ctx) {
 void PartitionTasks::run_reduce_scatter(const Task& task, PartitionContext& ctx) {
   const Item& it = task.job->items[task.item];
   const int n = comm_.size(), r = comm_.rank(), p = task.partition;
-  const DType dtype = it.ref.typed.dtype;
+  const DType dtype = it.ref.tensor.dtype;
   const std::size_t shard = it.output.elements;
   const collectives::Split split(shard, static_cast<std::size_t>(task.partitions));
   if (dtype == DType::kFloat32) {
-    ctx.input = std::span<const float>(it.ref.data);  // failures name input elements
+    ctx.input = std::span<const float>(it.floats);  // failures name input elements
     collectives::reduce_scatter(ctx, it.plan.strategy,
                                 Chunks::strided(shard, split.begin(p), split.size(p), n),
                                 split.piece(it.output.floats(), p));
@@ -219,7 +219,7 @@ void PartitionTasks::run_reduce_scatter(const Task& task, PartitionContext& ctx)
   // into its output and rounded once into the result.
   const std::size_t m = split.size(p);
   HalfStaging wide(buffers_, dtype, n * m, m);
-  const auto half = std::span<const std::uint16_t>(it.ref.typed.half());
+  const auto half = std::span<const std::uint16_t>(it.ref.tensor.half());
   for (int j = 0; j < n; ++j) {
     wide.widen(half.data() + j * shard + split.begin(p), wide.input().subspan(j * m, m));
   }
@@ -245,14 +245,14 @@ void PartitionTasks::run_reduce_scatter(const Task& task, PartitionContext& ctx)
 void PartitionTasks::run_all_gather(const Task& task, PartitionContext& ctx) {
   const Item& it = task.job->items[task.item];
   const int n = comm_.size(), p = task.partition;
-  const DType dtype = it.ref.typed.dtype;
+  const DType dtype = it.ref.tensor.dtype;
   const std::size_t eb = element_bytes(dtype);
-  const std::size_t shard = it.ref.typed.elements;
+  const std::size_t shard = it.ref.tensor.elements;
   const collectives::Split split(shard, static_cast<std::size_t>(task.partitions));
   const Chunks chunks = Chunks::strided(shard, split.begin(p), split.size(p), n);
   ctx.offset = split.begin(p);  // failures name shard elements
   if (it.plan.strategy == Strategy::kRaw) {
-    const auto in = bytes_of(it.ref.typed).subspan(split.begin(p) * eb, split.size(p) * eb);
+    const auto in = bytes_of(it.ref.tensor).subspan(split.begin(p) * eb, split.size(p) * eb);
     const auto out = bytes_of(it.output);
     auto piece = [&](int j) { return out.subspan(chunks.begin(j) * eb, chunks.size(j) * eb); };
     collectives::all_gather_bytes(ctx, in, piece);
@@ -266,7 +266,7 @@ void PartitionTasks::run_all_gather(const Task& task, PartitionContext& ctx) {
     return;
   }
   if (dtype == DType::kFloat32) {
-    ctx.input = split.piece(std::span<const float>(it.ref.data), p);
+    ctx.input = split.piece(std::span<const float>(it.floats), p);
     collectives::all_gather(ctx, chunks, it.output.floats());
     return;
   }
@@ -275,7 +275,7 @@ void PartitionTasks::run_all_gather(const Task& task, PartitionContext& ctx) {
   const std::size_t size = split.size(p);
   HalfStaging wide(buffers_, dtype, 0, size * n);
   ctx.input = wide.output().first(size);  // its size only: the codec reads half_input
-  ctx.half_input = split.piece(std::span<const std::uint16_t>(it.ref.typed.half()), p);
+  ctx.half_input = split.piece(std::span<const std::uint16_t>(it.ref.tensor.half()), p);
   ctx.dtype = dtype;
   const Chunks local = Chunks::strided(size, 0, size, n);
   collectives::all_gather(ctx, local, wide.output());
@@ -291,7 +291,7 @@ void PartitionTasks::run_all_to_all(const Task& task, PartitionContext& ctx) {
   const Item& it = task.job->items[task.item];
   const int n = comm_.size(), r = comm_.rank(), p = task.partition;
   const std::size_t k = static_cast<std::size_t>(task.partitions);
-  const DType dtype = it.ref.typed.dtype;
+  const DType dtype = it.ref.tensor.dtype;
   const std::size_t eb = element_bytes(dtype);
   collectives::AllToAllBlocks b;
   std::size_t send_at = 0, recv_at = 0;
@@ -305,7 +305,7 @@ void PartitionTasks::run_all_to_all(const Task& task, PartitionContext& ctx) {
     recv_at += it.recv_counts[q];
   }
   if (it.plan.strategy == Strategy::kRaw) {
-    const auto in = bytes_of(it.ref.typed);
+    const auto in = bytes_of(it.ref.tensor);
     for (int q = 0; q < n; ++q) {  // our own input's values (the peers scan theirs)
       const std::size_t bad =
           non_finite(in.subspan(b.send_begin[q] * eb, b.send_size[q] * eb), dtype);
@@ -317,7 +317,7 @@ void PartitionTasks::run_all_to_all(const Task& task, PartitionContext& ctx) {
     return;
   }
   if (dtype == DType::kFloat32) {
-    ctx.input = std::span<const float>(it.ref.data);
+    ctx.input = std::span<const float>(it.floats);
     collectives::all_to_all(ctx, b, it.output.floats());
     return;
   }
@@ -333,7 +333,7 @@ void PartitionTasks::run_all_to_all(const Task& task, PartitionContext& ctx) {
     recvs += b.recv_size[q];
   }
   HalfStaging wide(buffers_, dtype, sends, recvs);
-  const std::uint16_t* from = it.ref.typed.half().data();
+  const std::uint16_t* from = it.ref.tensor.half().data();
   for (int q = 0; q < n; ++q) {
     const std::size_t bad = wide.widen(from + b.send_begin[q],
                                        wide.input().subspan(local.send_begin[q], b.send_size[q]));
@@ -366,7 +366,7 @@ void PartitionTasks::run_fused(Task& task, PartitionContext& ctx) {
       auto dst = job.staging.as<float>(job.fused_elements);
       std::size_t at = 0;
       for (int i : job.fused) {
-        const auto& src = job.items[i].ref.data;
+        const auto& src = job.items[i].floats;
         if (!src.empty()) std::memcpy(dst.data() + at, src.data(), src.size_bytes());
         at += src.size();
       }

@@ -300,11 +300,11 @@ planner::Use Plans::use_of(const Item& it) const {
   const AllreduceOptions& o = it.ref.options;
   const Tier tier = auto_tier(o.codec).value_or(Tier::kLight);
   if (it.op == Operation::kAllreduce) {
-    return {it.ref.typed.elements, threads_, o.strategy, o.partitions, tier,
+    return {it.ref.tensor.elements, threads_, o.strategy, o.partitions, tier,
             Operation::kAllreduce, options_.partition_bytes};
   }
   // A collective's size is the larger of input and output (N shards).
-  return {std::max(it.ref.typed.elements, it.output.elements), threads_, o.strategy, o.partitions,
+  return {std::max(it.ref.tensor.elements, it.output.elements), threads_, o.strategy, o.partitions,
           tier, it.op, options_.partition_bytes};
 }
 
@@ -312,7 +312,7 @@ void Plans::before_submission(const std::vector<TensorRef>& tensors) {
   std::vector<planner::Use> uses;
   for (const auto& t : tensors) {
     if (const auto tier = auto_tier(t.options.codec)) {
-      uses.push_back({elements(t), threads_, t.options.strategy, t.options.partitions, *tier,
+      uses.push_back({t.tensor.elements, threads_, t.options.strategy, t.options.partitions, *tier,
                       Operation::kAllreduce, options_.partition_bytes});
     }
   }
@@ -402,7 +402,7 @@ void Plans::release(const Job& job, bool succeeded) {
       const Item& it = job.items[i];
       // The planner's model prices fp32 tensors; half ones are not what it measured.
       if (!auto_tier(it.ref.options.codec) || it.plan.fused || it.step == 0 ||
-          it.ref.typed.dtype != DType::kFloat32 || job.spans[i].second < job.spans[i].first) {
+          it.ref.tensor.dtype != DType::kFloat32 || job.spans[i].second < job.spans[i].first) {
         continue;
       }
       const planner::Use u = use_of(it);

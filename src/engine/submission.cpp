@@ -18,9 +18,9 @@ namespace terse::engine {
 std::string config_of(const TensorRef& t, const TensorPlan& p) {
   // fp32 tensors keep the description they always had (it names saved state and message tags).
   const std::string values =
-      t.typed.dtype == DType::kFloat32
-          ? fmt::format("{} floats", elements(t))
-          : fmt::format("{} {} values", elements(t), to_string(t.typed.dtype));
+      t.tensor.dtype == DType::kFloat32
+          ? fmt::format("{} floats", t.tensor.elements)
+          : fmt::format("{} {} values", t.tensor.elements, to_string(t.tensor.dtype));
   return fmt::format("{}, codec {}, strategy {}, {} partition{}, {}", values, p.codec,
                      to_string(p.strategy), p.partitions, p.partitions == 1 ? "" : "s",
                      t.options.average ? "average" : "sum");
@@ -34,7 +34,7 @@ std::string record_key(const Item& it) {
 // Rank-independent (it is compared across ranks): an all_to_all's counts are not part of it.
 std::string config_of(const Item& it) {
   if (it.op == Operation::kAllreduce) return config_of(it.ref, it.plan);
-  const DType d = it.ref.typed.dtype;
+  const DType d = it.ref.tensor.dtype;
   std::string values;
   switch (it.op) {
     case Operation::kReduceScatter:
@@ -42,7 +42,7 @@ std::string config_of(const Item& it) {
                            to_string(d));
       break;
     case Operation::kAllGather:
-      values = fmt::format("{} of {} {} values per shard", to_string(it.op), it.ref.typed.elements,
+      values = fmt::format("{} of {} {} values per shard", to_string(it.op), it.ref.tensor.elements,
                            to_string(d));
       break;
     default: values = fmt::format("{} of {} blocks", to_string(it.op), to_string(d));
@@ -57,8 +57,8 @@ std::string config_of(const Item& it) {
 
 bool fusable(const Item& it, const EngineOptions& options) {
   return it.op == Operation::kAllreduce && it.plan.strategy == Strategy::kRaw &&
-         it.ref.options.average && it.ref.typed.dtype == DType::kFloat32 &&
-         it.ref.data.size_bytes() <= options.fuse_bytes;
+         it.ref.options.average && it.ref.tensor.dtype == DType::kFloat32 &&
+         it.floats.size_bytes() <= options.fuse_bytes;
 }
 
 namespace {
@@ -75,21 +75,10 @@ std::string indent(const std::string& text) {
   return out.empty() ? "    (nothing)\n" : out;
 }
 
-// Checks a tensor's fields and makes `typed` its view (fp32 ones too).
-void check_view(TensorRef& t) {
-  if (t.typed.data != nullptr || t.typed.elements != 0 || t.typed.dtype != DType::kFloat32) {
-    if (!t.data.empty()) {
-      throw InvalidArgument(fmt::format("allreduce: tensor '{}' has both fp32 data and a "
-                                        "typed view; give one",
-                                        t.name));
-    }
-    if (t.typed.data == nullptr && t.typed.elements != 0) {
-      throw InvalidArgument(fmt::format("allreduce: tensor '{}' has {} elements and no data",
-                                        t.name, t.typed.elements));
-    }
-    if (t.typed.dtype == DType::kFloat32) t.data = t.typed.floats();
-  } else {
-    t.typed = TensorView(t.data);
+void check_view(const TensorRef& t) {
+  if (t.tensor.data == nullptr && t.tensor.elements != 0) {
+    throw InvalidArgument(fmt::format("allreduce: tensor '{}' has {} elements and no data",
+                                      t.name, t.tensor.elements));
   }
 }
 
@@ -124,7 +113,7 @@ Handle Submissions::submit(std::vector<TensorRef> tensors) {
     Item it;
     const Codec* codec = nullptr;
     try {
-      it.plan = plans_.plan(t.typed.elements, t.options, &codec, t.typed.dtype);
+      it.plan = plans_.plan(t.tensor.elements, t.options, &codec, t.tensor.dtype);
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(
           fmt::format("rank {}: allreduce of tensor '{}': {}", comm_.rank(), t.name, e.what()));
@@ -134,6 +123,7 @@ Handle Submissions::submit(std::vector<TensorRef> tensors) {
       if (codec->traits().multi_round) it.rounds = dynamic_cast<const RoundCodec*>(codec);
     }
     if (plans_.needs_check(t.name, config_of(t, it.plan))) need_verify = true;
+    it.floats = floats_of(t.tensor);
     it.ref = std::move(t);
     job->items.push_back(std::move(it));
   }
@@ -244,8 +234,8 @@ Handle Submissions::submit_collective(Operation op, std::string name, TensorView
   it.plan = plans_.plan_collective(op, name, shard, total, options, &codec, input.dtype);
   if (it.plan.strategy != Strategy::kRaw) it.codec = codec;
   it.ref.name = std::move(name);
-  it.ref.typed = input;
-  if (input.dtype == DType::kFloat32) it.ref.data = input.floats();
+  it.ref.tensor = input;
+  it.floats = floats_of(input);
   it.ref.options.codec = options.codec;
   it.ref.options.strategy = options.strategy;
   it.ref.options.partitions = options.partitions;
@@ -288,7 +278,7 @@ void Submissions::lay_out(Job& job) const {
       if (fusable(it, options_)) {
         it.plan.fused = true;
         job.fused.push_back(static_cast<int>(i));
-        job.fused_elements += it.ref.typed.elements;
+        job.fused_elements += it.ref.tensor.elements;
       }
     }
     // Fused tensors are laid out by name: an element's position in the fused ring decides the
@@ -301,7 +291,7 @@ void Submissions::lay_out(Job& job) const {
   for (int i : job.fused) {
     job.items[i].staging = staging;
     job.items[i].staged = true;
-    staging += job.items[i].ref.typed.elements;
+    staging += job.items[i].ref.tensor.elements;
   }
   for (auto& it : job.items) {
     if (it.plan.fused || !options_.keep_input_on_error || it.op != Operation::kAllreduce) continue;
