@@ -34,6 +34,7 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from terse.demo import interface_tx_bytes  # the demo's, also this module's for bench/moe.py
 from terse_harness import launch as launcher, models
 
 # ---- models ---------------------------------------------------------------------------------
@@ -444,19 +445,6 @@ def parameter_digest(module: Any) -> str:
             p = p.float()  # numpy has no bfloat16; widening is exact
         digest.update(p.contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def interface_tx_bytes(ifname: Optional[str]) -> Optional[int]:
-    """Bytes the kernel has sent on interface ``ifname`` of this process's network namespace
-    (/proc/self/net/dev), or None without an interface name or when it does not exist."""
-    if not ifname:
-        return None
-    with open("/proc/self/net/dev") as f:
-        for line in f:
-            name, sep, rest = line.partition(":")
-            if sep and name.strip() == ifname:
-                return int(rest.split()[8])  # receive: 8 fields, then transmit bytes
-    return None
 
 
 # ---- one rank -------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def load_fashion_mnist(split: str = "train", limit: Optional[int] = None,
 # ---- one rank -------------------------------------------------------------------------------
 
 
-def _interface_tx_bytes(ifname: Optional[str]) -> Optional[int]:
+def interface_tx_bytes(ifname: Optional[str]) -> Optional[int]:
     """Bytes the kernel has sent on interface ``ifname`` of this network namespace, or None."""
     if not ifname:
         return None
@@ -177,10 +177,10 @@ def _rank(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     parameters = sum(p.numel() for p in model.parameters())
     ifname = os.environ.get("TERSE_IFNAME")
-    counted = _interface_tx_bytes(ifname) is not None
+    counted = interface_tx_bytes(ifname) is not None
 
     def sent() -> Tuple[int, int]:
-        return (_interface_tx_bytes(ifname) if counted else 0,
+        return (interface_tx_bytes(ifname) if counted else 0,
                 state.bytes_sent if state is not None else 0)
 
     steps_per_epoch = len(x) // (BATCH * world)
