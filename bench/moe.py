@@ -18,7 +18,6 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -129,22 +128,23 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    sys.path[:0] = [os.path.join(ROOT, "build", "python"), HERE]  # the build's terse, the harness
+    from terse_harness import launch
+
     os.makedirs(args.results, exist_ok=True)
-    python_path = os.pathsep.join(p for p in (os.path.join(ROOT, "build", "python"),
-                                              os.environ.get("PYTHONPATH", "")) if p)
     results = []
     for exchange in args.exchanges.split(","):
         out = os.path.abspath(os.path.join(
             args.results, f"{args.link}-w{args.width}-b{args.batch}-{exchange}.json"))
-        cmd = ["bash", os.path.join(ROOT, "scripts", "cluster.sh"), "-n", str(args.ranks),
-               "-r", args.link, "--", "env", f"PYTHONPATH={python_path}", "OMP_NUM_THREADS=1",
-               "PYTHONUNBUFFERED=1", "GLOO_SOCKET_IFNAME=eth0", f"TERSE_LINK={args.link}",
-               "TORCH_CPP_LOG_LEVEL=ERROR", sys.executable, os.path.abspath(__file__), "worker",
-               "--exchange", exchange, "--epochs", str(args.epochs), "--samples",
-               str(args.samples), "--width", str(args.width), "--batch", str(args.batch),
-               "--out", out]
+        rank = ["env", f"TERSE_LINK={args.link}", sys.executable, os.path.abspath(__file__),
+                "worker", "--exchange", exchange, "--epochs", str(args.epochs), "--samples",
+                str(args.samples), "--width", str(args.width), "--batch", str(args.batch),
+                "--out", out]
         print(f"== {exchange} over {args.link}", flush=True)
-        subprocess.run(cmd, check=True)
+        status, _, _ = launch.run(rank, args.ranks, args.link, 60.0,  # TERSE_TIMEOUT's default
+                                  on_line=lambda line, _: print(line, end="", flush=True))
+        if status != 0:
+            raise SystemExit(f"bench/moe.py: {exchange} over {args.link}: exit status {status}")
         with open(out) as f:
             results.append(json.load(f))
     base = next((r for r in results if r["exchange"] == "torch"), None)
