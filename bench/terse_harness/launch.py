@@ -14,7 +14,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 import terse
-from terse import _paths
+from terse import _paths, demo
 
 HARNESS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(HARNESS_ROOT)
@@ -31,20 +31,9 @@ def python_path() -> str:
 
 
 def emulated_hosts_unavailable() -> Optional[str]:
-    """None if this process can emulate hosts with scripts/cluster.sh (root, network
-    namespaces, tc's tbf), else why not. Tries a one-host cluster: about a second."""
-    if os.geteuid() != 0:
-        return "emulated hosts need root (network namespaces and tc)"
-    try:
-        probe = subprocess.run(["bash", CLUSTER_SCRIPT, "-n", "1", "-r", "1gbit", "-p", "29499",
-                                "--", "true"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"scripts/cluster.sh could not run: {e}"
-    if probe.returncode != 0:
-        last = (probe.stdout.strip().splitlines() or ["no output"])[-1]
-        return f"scripts/cluster.sh failed: {last}"
-    return None
+    """None if this process can emulate hosts with the repository's scripts/cluster.sh (root,
+    network namespaces, tc's tbf), else why not (the demo's check, on this script)."""
+    return demo.emulated_hosts_unavailable(CLUSTER_SCRIPT)
 
 
 def command(worker: List[str], ranks: int, link: str, timeout: float) -> Tuple[List[str], str]:

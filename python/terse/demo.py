@@ -263,18 +263,19 @@ def _rank(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
 # ---- the driver -----------------------------------------------------------------------------
 
 
-def emulated_hosts_unavailable() -> Optional[str]:
-    """None if this process can emulate hosts with scripts/cluster.sh (a build tree's package
-    knows the source tree's; root, network namespaces, tc's tbf), else why not. Tries a
-    one-host cluster: about a second."""
-    if not _paths.CLUSTER_SCRIPT:
+def emulated_hosts_unavailable(script: Optional[str] = None) -> Optional[str]:
+    """None if this process can emulate hosts with scripts/cluster.sh (``script``, default: the
+    one a build tree's package knows in the source tree; root, network namespaces, tc's tbf),
+    else why not. Tries a one-host cluster: about a second."""
+    script = script or _paths.CLUSTER_SCRIPT
+    if not script:
         return ("emulated hosts need scripts/cluster.sh of terse's source tree, which the "
                 "installed package does not carry (scripts/run-demo.sh runs the demo there)")
     if os.geteuid() != 0:
         return "emulated hosts need root (network namespaces and tc)"
     try:
-        probe = subprocess.run(["bash", _paths.CLUSTER_SCRIPT, "-n", "1", "-r", "1gbit", "-p",
-                                "29499", "--", "true"], stdout=subprocess.PIPE,
+        probe = subprocess.run(["bash", script, "-n", "1", "-r", "1gbit", "-p", "29499", "--",
+                                "true"], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"scripts/cluster.sh could not run: {e}"
