@@ -16,7 +16,9 @@ compresses FSDP's reduce-scatter and all-gather, and importing :mod:`terse.backe
 terse as the torch.distributed backend ``"cpu:terse"`` (docs/fsdp.md). The hook's codec may also
 be a schedule (:mod:`terse.accordion`): :class:`Accordion`'s adaptive levels or a sparsifier's
 :class:`SparseWarmup`. Every front end decides what it compresses through one
-:class:`Policy` (:mod:`terse.policy`).
+:class:`Policy` (:mod:`terse.policy`). :mod:`terse.optim` (imported separately: it imports torch)
+holds optimizers that communicate themselves: ``terse.optim.OneBitAdam`` and
+``terse.optim.ZeroOneAdam`` exchange their momentum 1-bit compressed (docs/python.md).
 
 Errors are :class:`terse.Error` subclasses carrying the C++ message (rank, tensor, peer):
 SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError.

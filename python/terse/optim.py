@@ -176,6 +176,12 @@ class _CommunicatingAdam(torch.optim.Optimizer):
             params_i = [p for p in group["params"] if p.requires_grad]
             for j, p in enumerate(params_i):
                 name = names.get(id(p), f"group{i}.param{j}")
+                if hasattr(p, "_local_tensor") or getattr(p, "_is_flat_param", False):
+                    raise terse.InvalidArgument(
+                        f"terse.optim: parameter '{name}' is a shard of an FSDP model; the "
+                        "optimizer averages whole replicas of every parameter, which FSDP's "
+                        "ranks do not hold (compress FSDP's reduce-scatter with terse.fsdp and "
+                        "use a local optimizer instead)")
                 terse.torch.check_parameter(name, p)
                 if p.dtype != torch.float32:
                     raise TypeError(f"terse.optim: parameter '{name}' is {p.dtype}; the "
