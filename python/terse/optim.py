@@ -48,9 +48,6 @@ OPTIMIZER = Door(
                          "e.g. 'onebit:ef=1'")
 # The version of the checkpoints state_dict() writes.
 STATE_VERSION = 1
-# Each setting's digest is sent as two integers of this many bits: their sum over up to 16 ranks
-# stays below 2^24, exact in fp32.
-_HASH_BITS = 20
 _RAW = terse.Policy.raw_options()
 
 
@@ -77,9 +74,11 @@ def _check_count(name: str, value: Any, least: int) -> None:
            f"{name} must be an integer >= {least}, not {value!r}")
 
 
-def _hashes(text: str) -> Tuple[int, int]:
+def _hashes(text: str, ranks: int) -> Tuple[int, int]:
+    """Two digests of ``text`` small enough that their sums over ``ranks`` ranks stay below
+    2^24, exact in fp32."""
     digest = hashlib.sha256(text.encode()).digest()
-    mask = (1 << _HASH_BITS) - 1
+    mask = (1 << max(8, 24 - max(ranks - 1, 1).bit_length())) - 1
     return (int.from_bytes(digest[:4], "little") & mask,
             int.from_bytes(digest[4:8], "little") & mask)
 
@@ -220,10 +219,10 @@ class _CommunicatingAdam(torch.optim.Optimizer):
     def _check_agreement(self) -> None:
         """Raises MismatchError on every rank, naming the first setting that differs, unless
         every rank was constructed with the same settings: an exact sum across ranks of two
-        20-bit digests per setting."""
+        digests per setting (20 bits each up to 16 ranks)."""
         settings = self._settings()
         keys = list(settings)
-        local = torch.tensor([h for k in keys for h in _hashes(f"{k}={settings[k]!r}")],
+        local = torch.tensor([h for k in keys for h in _hashes(f"{k}={settings[k]!r}", self.engine.size)],
                              dtype=torch.float32)
         total = local.clone()
         who = f"rank {self.engine.rank}: terse.optim.{type(self).__name__}"
