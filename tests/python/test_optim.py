@@ -47,6 +47,7 @@ def test_compressed_steps_send_at_least_15_times_fewer_bytes_than_fp32(world, ru
     for kind in ("onebit", "onebit-ddp"):
         record = results[0]["replicas"][kind]
         warm = [b for b, f in zip(record["bytes"], record["frozen"]) if not f]
+        # frozen is recorded after each step: the first frozen step was the last warm one.
         compressed = [b for b, f in zip(record["bytes"], record["frozen"]) if f][1:]
         fp32_ring = 2 * (world - 1) / world * 4 * record["parameters"]
         assert min(warm) >= 0.9 * fp32_ring  # warm-up: exact fp32 averages
