@@ -310,9 +310,12 @@ class TerseHookState:
         self._optimizer: Optional[Any] = None
         self._lrs: List[float] = []
 
-        self._engine_options = self.policy.engine_options(
+        # Checked now, made when connecting: a state that has not connected pickles (Lightning's
+        # ddp_spawn sends callbacks to its ranks).
+        self._engine_knobs = dict(
             seed=seed, threads=threads, fuse_bytes=fuse_bytes, partition_bytes=partition_bytes,
             gather_bytes=gather_bytes, keep_input_on_error=keep_input_on_error)
+        self.policy.engine_options(**self._engine_knobs)
         self._communicator = communicator
         self._process_group = process_group
         self._timeout = timeout
@@ -356,7 +359,7 @@ class TerseHookState:
             self._adopt(model)
         comm = self._communicator if self._communicator is not None else communicator_for(
             self._process_group, timeout=self._timeout)
-        engine = terse.Engine(comm, self._engine_options)
+        engine = terse.Engine(comm, self.policy.engine_options(**self._engine_knobs))
         self.policy.calibrate(engine)
         self.engine = engine
 

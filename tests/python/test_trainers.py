@@ -5,6 +5,7 @@ the MLP of trainers_worker.py on Fashion-MNIST with the hook and, as the control
 
 import importlib.util
 import os
+import pickle
 import subprocess
 import sys
 
@@ -122,4 +123,7 @@ def test_lazy_state_validates_now_and_connects_later():
     assert not state.connected and state.engine is None and state.bytes_sent == 0
     with pytest.raises(terse.InvalidArgument, match="state.connect"):
         state.state_dict()
+    # Lightning's ddp_spawn pickles callbacks: an unconnected state travels.
+    copy = pickle.loads(pickle.dumps(state))
+    assert not copy.connected and copy.codec == "fp16"
     state.close()
