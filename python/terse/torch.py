@@ -432,8 +432,8 @@ class TerseHookState:
         engine = self._engine_or_raise("plan()")
         return [(name, self._elements[name],
                  engine.plan(self._elements[name], codec=options.codec,
-                                  strategy=options.strategy, partitions=options.partitions,
-                                  dtype=self._dtypes[name], rows=options.rows))
+                             strategy=options.strategy, partitions=options.partitions,
+                             dtype=self._dtypes[name], rows=options.rows))
                 for name, options in self._options.items()]
 
     # ---- the hook ----------------------------------------------------------------------------

@@ -125,7 +125,10 @@ def accelerate(out: str) -> None:
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         state = None
         if with_terse:
-            state, hook = terse.torch.ddp_hook(model, **KNOBS)
+            # lazy=True: the state connects at its first bucket, inside the first synchronized
+            # backward (the second micro-batch; the first runs under no_sync()). Connecting
+            # here, without lazy, is test_ddp's path.
+            state, hook = terse.torch.ddp_hook(model, lazy=True, **KNOBS)
             model.register_comm_hook(state, hook)
         losses = []
         batches = iter(loader)
