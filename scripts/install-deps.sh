@@ -43,9 +43,15 @@ if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.terse-requirements" 2>/dev/null
   echo "install-deps: $venv is up to date ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
   exit 0
 fi
-echo "install-deps: making $venv from $requirements (torch from PyPI: several GB the first time)"
-"${sudo_cmd[@]}" mkdir -p "$(dirname "$venv")"
-[ -x "$venv/bin/python" ] || "${sudo_cmd[@]}" /usr/bin/python3 -m venv "$venv"
+# An existing venv gets only what changed: pip keeps installed packages that meet the pins
+# (torch is not downloaded again when only other lines changed).
+if [ -x "$venv/bin/python" ]; then
+  echo "install-deps: bringing $venv up to date with $requirements"
+else
+  echo "install-deps: making $venv from $requirements (torch from PyPI: several GB the first time)"
+  "${sudo_cmd[@]}" mkdir -p "$(dirname "$venv")"
+  "${sudo_cmd[@]}" /usr/bin/python3 -m venv "$venv"
+fi
 "${sudo_cmd[@]}" "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"
 echo "$digest" | "${sudo_cmd[@]}" tee "$venv/.terse-requirements" >/dev/null
 echo "install-deps: $venv ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

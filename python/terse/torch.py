@@ -224,6 +224,13 @@ class TerseHookState:
     process_group
         The DDP model's process group (None: the default group). terse connects its own Gloo
         TCP mesh over the same ranks, bootstrapped through the default group's store.
+    lazy
+        Validate the knobs (and the model, if given) now, connect later: at :meth:`connect`
+        or at the first bucket the hook reduces. For trainers that create the state before the
+        process group exists or wrap the model in DDP themselves (:mod:`terse.lightning`,
+        :mod:`terse.hf`). Codec ``"auto"`` then calibrates when it connects, which at the first
+        bucket is inside the first backward. Until then ``engine`` is None, ``bytes_sent`` 0,
+        and :meth:`plan`, :meth:`state_dict` and :meth:`load_state_dict` raise.
 
     ``codec``, ``min_bytes``, ``strategy``, ``partitions``, ``auto_codecs`` and
     ``heavy_codecs`` make the hook's :class:`terse.Policy` (validated before connecting, shared
@@ -267,6 +274,7 @@ class TerseHookState:
         timeout: Optional[float] = None,
         process_group: Optional[Any] = None,
         communicator: Optional[terse.Communicator] = None,
+        lazy: bool = False,
     ) -> None:
         if warmup_steps < 0:
             raise terse.InvalidArgument(f"warmup_steps must be >= 0, not {warmup_steps}")
@@ -282,20 +290,7 @@ class TerseHookState:
 
         self._names: Dict[int, str] = {}
         if model is not None:
-            if getattr(model, "_use_python_reducer", False):  # torch 2.x only
-                raise terse.InvalidArgument(
-                    _PYTHON_REDUCER.format(mode=torch._dynamo.config.optimize_ddp))
-            module = getattr(model, "module", model)  # DDP wraps the user's module
-            self._names = {id(p): name for name, p in module.named_parameters()}
-            # Fail on this rank, before connecting, for what the hook could never reduce.
-            sparse = _sparse_parameters(module)
-            if sparse:
-                raise terse.InvalidArgument(
-                    f"terse.torch: parameter '{sparse[0]}' gets sparse gradients (a sparse "
-                    "embedding); the hook reduces dense gradients only: use sparse=False")
-            for name, p in module.named_parameters():
-                if p.requires_grad:
-                    check_parameter(name, p)
+            self._adopt(model)
         self._options: Dict[str, terse.AllreduceOptions] = {}  # each parameter's, this step
         self._level_options: Dict[Tuple[str, str], terse.AllreduceOptions] = {}
         self._raw: Dict[str, bool] = {}  # parameters below min_bytes
@@ -315,14 +310,65 @@ class TerseHookState:
         self._optimizer: Optional[Any] = None
         self._lrs: List[float] = []
 
-        comm = communicator if communicator is not None else communicator_for(
-            process_group, timeout=timeout)
-        self.engine = terse.Engine(
-            comm, self.policy.engine_options(seed=seed, threads=threads, fuse_bytes=fuse_bytes,
-                                             partition_bytes=partition_bytes,
-                                             gather_bytes=gather_bytes,
-                                             keep_input_on_error=keep_input_on_error))
-        self.policy.calibrate(self.engine)
+        # Checked now, made when connecting: a state that has not connected pickles (Lightning's
+        # ddp_spawn sends callbacks to its ranks).
+        self._engine_knobs = dict(
+            seed=seed, threads=threads, fuse_bytes=fuse_bytes, partition_bytes=partition_bytes,
+            gather_bytes=gather_bytes, keep_input_on_error=keep_input_on_error)
+        self.policy.engine_options(**self._engine_knobs)
+        self._communicator = communicator
+        self._process_group = process_group
+        self._timeout = timeout
+        self.engine: Optional[terse.Engine] = None
+        if not lazy:
+            self.connect()
+
+    def _adopt(self, model: torch.nn.Module) -> None:
+        """Takes the parameter names of ``model`` and checks, on this rank before connecting,
+        what the hook could never reduce."""
+        if getattr(model, "_use_python_reducer", False):  # torch 2.x only
+            raise terse.InvalidArgument(
+                _PYTHON_REDUCER.format(mode=torch._dynamo.config.optimize_ddp))
+        module = getattr(model, "module", model)  # DDP wraps the user's module
+        sparse = _sparse_parameters(module)
+        if sparse:
+            raise terse.InvalidArgument(
+                f"terse.torch: parameter '{sparse[0]}' gets sparse gradients (a sparse "
+                "embedding); the hook reduces dense gradients only: use sparse=False")
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                check_parameter(name, p)
+        self._names = {id(p): name for name, p in module.named_parameters()}
+
+    @property
+    def connected(self) -> bool:
+        """Whether the state holds its engine (a ``lazy=True`` state connects later)."""
+        return self.engine is not None
+
+    def connect(self, model: Optional[torch.nn.Module] = None) -> None:
+        """Connects terse's Gloo mesh over the process group and makes the engine (with codec
+        ``"auto"``, also calibrates). A collective: every rank calls it, after
+        ``torch.distributed.init_process_group``. The constructor does it unless ``lazy=True``;
+        a lazy state does it at its first bucket unless called before (every rank reaches its
+        first backward, so the collective is safe there). ``model`` (the DDP model or the
+        module it wraps) names the parameters if the constructor was given none. Does nothing
+        once connected."""
+        if self.engine is not None:
+            return
+        if model is not None and not self._names:
+            self._adopt(model)
+        comm = self._communicator if self._communicator is not None else communicator_for(
+            self._process_group, timeout=self._timeout)
+        engine = terse.Engine(comm, self.policy.engine_options(**self._engine_knobs))
+        self.policy.calibrate(engine)
+        self.engine = engine
+
+    def _engine_or_raise(self, what: str) -> terse.Engine:
+        if self.engine is None:
+            raise terse.InvalidArgument(
+                f"terse.torch: {what} needs the hook state's engine, and this lazy state has "
+                "not connected yet: call state.connect() on every rank first (or train a step)")
+        return self.engine
 
     # The policy's knobs, as given (terse.Policy).
     codec = property(lambda self: self.policy.codec)
@@ -383,10 +429,11 @@ class TerseHookState:
     def plan(self) -> List[Tuple[str, int, terse.TensorPlan]]:
         """(name, elements, plan) of every parameter the hook has seen: what travels how (after
         warm-up; during it, everything travels raw; under a schedule, at the latest step)."""
+        engine = self._engine_or_raise("plan()")
         return [(name, self._elements[name],
-                 self.engine.plan(self._elements[name], codec=options.codec,
-                                  strategy=options.strategy, partitions=options.partitions,
-                                  dtype=self._dtypes[name], rows=options.rows))
+                 engine.plan(self._elements[name], codec=options.codec,
+                             strategy=options.strategy, partitions=options.partitions,
+                             dtype=self._dtypes[name], rows=options.rows))
                 for name, options in self._options.items()]
 
     # ---- the hook ----------------------------------------------------------------------------
@@ -515,6 +562,8 @@ class TerseHookState:
     def submit(self, bucket: dist.GradBucket) -> "torch.futures.Future[torch.Tensor]":
         """Starts the allreduce of one bucket; the future completes with the averaged buffer."""
         try:
+            if self.engine is None:
+                self.connect()
             if not self._in_step:
                 self._begin_step()
                 self._in_step = True
@@ -561,7 +610,7 @@ class TerseHookState:
         optimizer after ``optimizer.step()``; every rank saves its own (residuals differ per
         rank). Under a schedule, also its decisions, its window's progress and (Accordion) this
         rank's gradient sums over the current window."""
-        self.engine.synchronize()
+        self._engine_or_raise("state_dict()").synchronize()
         return {
             **self.policy.state_dict(rank=self.engine.rank, size=self.engine.size),
             "schedule": None if self.schedule is None else self.schedule.state_dict(),
@@ -576,6 +625,7 @@ class TerseHookState:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores :meth:`state_dict` output (from the same rank of a job of the same size and
         configuration), so that training continues bit for bit."""
+        self._engine_or_raise("load_state_dict()")
         # A checkpoint of a hook without warm-up counts as warmup_steps=0.
         self.policy.load_state_dict(state, rank=self.engine.rank, size=self.engine.size,
                                     what="terse hook state",
@@ -596,11 +646,12 @@ class TerseHookState:
 
     @property
     def bytes_sent(self) -> int:
-        return self.engine.bytes_sent
+        return 0 if self.engine is None else self.engine.bytes_sent
 
     def close(self) -> None:
         """Waits for outstanding allreduces and releases the engine's threads and connections."""
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()
 
 
 def _unwrap(done: "torch.futures.Future[Any]") -> torch.Tensor:
@@ -627,6 +678,6 @@ def ddp_hook(
     keyword arguments are :class:`TerseHookState`'s knobs (``codec``, ``strategy``,
     ``partitions``, ``min_bytes``, ``process_group``, ``timeout``, ...). Call it on every rank
     after ``torch.distributed.init_process_group``; it connects terse's own Gloo mesh (a
-    collective, bounded by ``timeout``).
+    collective, bounded by ``timeout``), or, with ``lazy=True``, at the first bucket.
     """
     return TerseHookState(model, **knobs), hook
