@@ -703,6 +703,10 @@ def plots(table, directory: str, suffix: str = "") -> List[str]:
 
     for model in models:
         spec = MODELS[model]
+        if spec.task == "lm":
+            written.append(loss_plot(table, model, [l for l in links if (l, model) in table],
+                                     names, styles, colors, directory, suffix))
+            continue
         if not spec.target_accuracy:
             continue
         panels = [l for l in links if (l, model) in table]
@@ -743,6 +747,36 @@ def plots(table, directory: str, suffix: str = "") -> List[str]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def loss_plot(table, model: str, links: List[str], names: List[str], styles: Dict,
+              colors: Dict, directory: str, suffix: str) -> str:
+    """The language model's validation loss against training time, one panel a link rate;
+    returns the file written."""
+    import matplotlib.pyplot as plt
+
+    spec = MODELS[model]
+    fig, axes = plt.subplots(1, len(links), figsize=(6 * len(links) + 4, 5), squeeze=False)
+    for ax, link in zip(axes[0], links):
+        for name in names:
+            r = table[(link, model)].get(name)
+            if not r or name in FLOORS or not r["curve"]:
+                continue
+            ax.plot([c["train_seconds"] for c in r["curve"]],
+                     [c["val_loss"] for c in r["curve"]], styles[name], marker=".",
+                     color=colors[name], label=r["label"])
+        if spec.target_loss:
+            ax.axhline(spec.target_loss, color="gray", lw=0.8)
+        ax.set_title(f"{spec.description}, {LINK_NAMES.get(link, link)}", fontsize=9)
+        ax.set_xlabel("training time, s (evaluation excluded)")
+        ax.set_ylabel("validation loss, nats per byte")
+        ax.grid(True, alpha=0.3)
+    _legend(axes[0])
+    fig.tight_layout()
+    path = os.path.join(directory, f"training-loss-{model}{suffix}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def markers(section: str) -> Tuple[str, str]:

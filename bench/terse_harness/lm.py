@@ -56,10 +56,12 @@ class TextData:
         return self._windows(self.train, starts)
 
     def eval_batches(self, size: int = 16):
-        """This rank's share of the validation windows, in batches of ``size``."""
+        """This rank's share of the validation windows, in batches of at most ``size``: as
+        many batches on every rank (a sharded model's forward is a collective)."""
         mine = self.eval_starts[self.rank::self.world]
-        for i in range(0, len(mine), size):
-            yield self._windows(self.validation, mine[i:i + size])
+        count = -(-len(self.eval_starts[0::self.world]) // size)  # the largest share's
+        for chunk in np.array_split(np.array(mine, dtype=np.int64), count):
+            yield self._windows(self.validation, chunk)
 
 
 def loss_of(module: Any, x: Any, y: Any, reduction: str = "mean") -> Any:

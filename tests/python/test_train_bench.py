@@ -94,8 +94,9 @@ def test_driver_trains_the_language_model(tmp_path):
         # From ln 256 = 5.55 nats per byte at the start, down within a few AdamW steps.
         assert losses[-1] == r["val_loss"] and losses[-1] < losses[0] < 5.55, losses
         assert r["time_to_loss"] is None  # far from the target after 8 steps
-    text = driver("report", "--results", str(results))
+    text = driver("report", "--results", str(results), "--plots", str(tmp_path / "plots"))
     assert "| DDP fp32 | " in text and "| terse fp16 | " in text and "time to target s" in text
+    assert (tmp_path / "plots" / "training-loss-gpt.png").stat().st_size > 0
 
 
 def test_run_config_checks_the_optimizer():
