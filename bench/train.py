@@ -244,7 +244,8 @@ def run(args: argparse.Namespace) -> None:
         accuracy = result["test_accuracy"]
         quality = (f"validation loss {result['val_loss']:.4f}" if result.get("task") == "lm"
                    else f"test accuracy {'-' if accuracy is None else f'{100 * accuracy:.2f} %'}")
-        print(f"{head}: {result['samples_per_second']:,.0f} samples/s, "
+        unit = "windows/s" if result.get("task") == "lm" else "samples/s"
+        print(f"{head}: {result['samples_per_second']:,.0f} {unit}, "
               f"{_mb(result['wire_bytes_per_step'])} MB/step/rank on the wire, {quality}, "
               f"replicas {'identical' if result['replicas_identical'] else 'DIFFER'}, "
               f"{result['wall_seconds']:.0f} s", flush=True)
@@ -515,7 +516,7 @@ def summary_tables(table) -> List[str]:
                 if r is None:
                     cells.append("-")
                     continue
-                cell = f"{r['samples_per_second']:,.0f}"
+                cell = f"{r['samples_per_second']:,.{1 if spec.task == 'lm' else 0}f}"
                 if spec.task == "lm" and name not in FLOORS:
                     cell += f" ({_loss_text(r)})"
                 elif spec.target_accuracy and name not in FLOORS:

@@ -334,9 +334,13 @@ def _unwrapped(model: Any) -> Any:
 
 
 def method_label(config: RunConfig) -> str:
-    """How the method reads in tables: "DDP fp32", "DDP PowerSGD r4", "terse fp16", ...; a
-    model in bfloat16 or float16 adds its dtype: "DDP fp32 [bfloat16 model]"."""
+    """How the method reads in tables: "DDP fp32", "DDP PowerSGD r4", "terse fp16", ...; an
+    optimizer other than the model's default adds its name ("DDP fp32 [adamw]"), a model in
+    bfloat16 or float16 its dtype: "DDP fp32 [bfloat16 model]". The momentum in a label is
+    SGD's (AdamW has none)."""
     label = _method_label(config)
+    if config.optimizer and config.optimizer != MODELS[config.model].optimizer:
+        label += f" [{config.optimizer}]"  # not the model's default optimizer
     return label if config.dtype == "float32" else f"{label} [{config.dtype} model]"
 
 
