@@ -8,6 +8,8 @@ cluster (scripts/cluster.sh: one network namespace per host), at several link ra
     bench/train.py report [--results results/train] [--update docs/training.md] [--plots docs]
     bench/train.py list                    # the matrix: models, methods, budgets
     bench/train.py run --link loopback --dtype bfloat16   # the model (and gradients) in bf16
+    bench/train.py run --link loopback --model gpt --methods ddp,terse-fp16,compute-only
+                                           # the language model (AdamW, validation loss)
 
 `run` trains every (model, method) of one link rate ("unshaped", "1gbit", "100mbit", or
 "loopback": local processes without an emulated network) and writes one JSON per configuration,
@@ -27,6 +29,12 @@ payload count), forward/backward/optimizer time per step, and a digest of every 
 parameters. "compute only" runs every step without communicating (each rank keeps its own
 gradient): the compute floor of a step, against which communication time is
 (step time - floor).
+
+The language model (gpt: a byte-level GPT on Debian's fortunes, AdamW; terse_harness.lm) trains
+a fixed number of steps and reports validation loss (nats per byte) instead of test accuracy:
+its final value and the training time until the model's target loss is first reached; with the
+floor in the race, each method's time to the target over the floor's time for as many steps.
+It is not in the default --models; name it (--model gpt).
 """
 
 import argparse
@@ -152,7 +160,12 @@ BUDGETS: Dict[str, Dict] = {
     "cnn": dict(epochs=2, evals_per_epoch=4),
     "transformer": dict(epochs=2, evals_per_epoch=4),
     "vgg-small": dict(steps=25),
+    # The language model: a fixed number of steps (it has no epochs), validation loss 20 times.
+    "gpt": dict(steps=300, evals_per_epoch=20),
 }
+# What `run` trains without --models: the image models (the published matrix); the language
+# model runs when named (--models gpt).
+DEFAULT_MODELS = [m for m in MODELS if MODELS[m].task != "lm"]
 COMPUTE_ONLY_STEPS = 40
 LINKS = ("100mbit", "1gbit", "unshaped")
 LINK_NAMES = {"100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s", "unshaped": "unshaped veth",
@@ -194,7 +207,8 @@ def run(args: argparse.Namespace) -> None:
                                    ("samples", args.samples), ("warmup_steps", args.warmup),
                                    ("evals_per_epoch", args.evals_per_epoch),
                                    ("seed", args.seed),
-                                   ("windows_per_epoch", args.windows_per_epoch))
+                                   ("windows_per_epoch", args.windows_per_epoch),
+                                   ("optimizer", args.optimizer))
                  if v is not None}
     if args.lr_drops:
         overrides["lr_drops"] = tuple(int(e) for e in args.lr_drops.split(","))
@@ -228,9 +242,11 @@ def run(args: argparse.Namespace) -> None:
             json.dump(result, f, indent=1)
         os.replace(partial, out)  # a JSON exists only for a finished configuration
         accuracy = result["test_accuracy"]
-        print(f"{head}: {result['samples_per_second']:,.0f} samples/s, "
-              f"{_mb(result['wire_bytes_per_step'])} MB/step/rank on the wire, "
-              f"test accuracy {'-' if accuracy is None else f'{100 * accuracy:.2f} %'}, "
+        quality = (f"validation loss {result['val_loss']:.4f}" if result.get("task") == "lm"
+                   else f"test accuracy {'-' if accuracy is None else f'{100 * accuracy:.2f} %'}")
+        unit = "windows/s" if result.get("task") == "lm" else "samples/s"
+        print(f"{head}: {result['samples_per_second']:,.0f} {unit}, "
+              f"{_mb(result['wire_bytes_per_step'])} MB/step/rank on the wire, {quality}, "
               f"replicas {'identical' if result['replicas_identical'] else 'DIFFER'}, "
               f"{result['wall_seconds']:.0f} s", flush=True)
     print(f"bench/train.py: {args.link} finished in {time.perf_counter() - started:.0f} s",
@@ -358,8 +374,71 @@ def best_terse(table, link: str, model: str, by: str) -> Optional[str]:
     return min(candidates)[1] if candidates else None
 
 
+def _loss_text(r: Dict) -> str:
+    return "not reached" if r.get("time_to_loss") is None else (
+        f"{r['time_to_loss']:.0f} ({r['steps_to_loss']})")
+
+
+def time_to_loss(r: Dict, loss: float) -> Optional[Tuple[float, int]]:
+    """(training seconds, step) of run r's first evaluation at or below ``loss``, or None."""
+    reached = [c for c in r["curve"] if c.get("val_loss") is not None and c["val_loss"] <= loss]
+    return (reached[0]["train_seconds"], reached[0]["step"]) if reached else None
+
+
+def lm_table(table, link: str, model: str) -> List[str]:
+    """The detailed table of the language model at one link rate: final validation loss and
+    time to the target loss instead of accuracy; against the compute-only floor (when it ran),
+    each method's time to the target over the floor's time for as many steps."""
+    runs = table[(link, model)]
+    any_run = next(iter(runs.values()))
+    floor = runs.get("compute-only", {}).get("median_step_seconds")
+    ddp = runs.get("ddp")
+    lines = [
+        f"#### {any_run['model_description']}, {LINK_NAMES.get(link, link)}", "",
+        f"{any_run['ranks']} ranks, batch {any_run['batch_per_rank']} windows of "
+        f"{any_run.get('context')} bytes per rank, {any_run.get('optimizer', 'sgd')} lr "
+        f"{any_run['lr']}, {any_run['parameters']:,} parameters "
+        f"({any_run['gradient_bytes'] / 1e6:.1f} MB fp32 gradient); {any_run['steps']} steps; "
+        f"time to validation loss {any_run.get('target_loss')} nats/byte.", "",
+        "| method | windows/s | step ms (fwd / bwd+comm / opt) | comm ms | wire MB/step "
+        "| terse payload MB | val loss | vs DDP fp32 | time to target s (step) | x floor "
+        "| replicas | others' CPU |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for name in _order(runs):
+        r = runs[name]
+        step, local = r["median_step_seconds"], name in FLOORS
+        parts = " / ".join(f"{1000 * r[k]:.0f}" for k in (
+            "median_forward_seconds", "median_backward_seconds", "median_optimizer_seconds"))
+        comm = f"{1000 * (step - floor):.0f}" if floor and name != "compute-only" else "-"
+        loss = "-" if local or r.get("val_loss") is None else f"{r['val_loss']:.4f}"
+        delta = ("-" if local or not ddp or r.get("val_loss") is None
+                 else f"{r['val_loss'] - ddp['val_loss']:+.4f}")
+        slow = ("-" if local or not floor or r.get("time_to_loss") is None
+                else f"{r['time_to_loss'] / (r['steps_to_loss'] * floor):.2f}")
+        machine = r.get("machine", {})
+        others = (f"{100 * machine['cpu_seconds_others'] / machine['cpu_seconds_available']:.0f} %"
+                  if machine.get("cpu_seconds_available") else "-")
+        replicas = "n/a (floor)" if local else ("identical" if r["replicas_identical"]
+                                                  else "**DIFFER**")
+        lines.append(
+            f"| {r['label']} | {r['samples_per_second']:,.1f} | {1000 * step:.0f} ({parts}) "
+            f"| {comm} | {_mb(r['wire_bytes_per_step'])} | {_mb(r['payload_bytes_per_step'])} "
+            f"| {loss} | {delta} | {'-' if local else _loss_text(r)} | {slow} | {replicas} "
+            f"| {others} |")
+    reached = time_to_loss(ddp, ddp["val_loss"]) if ddp and ddp.get("val_loss") else None
+    if reached and floor:
+        lines += ["", f"S = DDP fp32's time to its final validation loss ({ddp['val_loss']:.4f}): "
+                  f"{reached[0]:.0f} s at step {reached[1]}, over the compute-only floor's "
+                  f"{reached[1] * floor:.0f} s for as many steps: "
+                  f"S = {reached[0] / (reached[1] * floor):.2f}."]
+    return lines + [""]
+
+
 def model_table(table, link: str, model: str) -> List[str]:
     """The detailed table of one model at one link rate."""
+    if MODELS[model].task == "lm":
+        return lm_table(table, link, model)
     runs = table[(link, model)]
     any_run = next(iter(runs.values()))
     ddp, fp16, psgd = (runs.get(n, {}).get("samples_per_second")
@@ -424,7 +503,10 @@ def summary_tables(table) -> List[str]:
         spec = MODELS[model]
         lines += [f"#### {spec.description}: samples/s (and time to "
                   f"{100 * spec.target_accuracy:.0f} % test accuracy, s)"
-                  if spec.target_accuracy else f"#### {spec.description}: samples/s", "",
+                  if spec.target_accuracy else
+                  f"#### {spec.description}: windows/s (and time to validation loss "
+                  f"{spec.target_loss} nats/byte, s (step))"
+                  if spec.task == "lm" else f"#### {spec.description}: samples/s", "",
                   "| method | " + " | ".join(LINK_NAMES.get(l, l) for l in links) + " |",
                   "|---|" + "---:|" * len(links)]
         for name in names:
@@ -434,8 +516,10 @@ def summary_tables(table) -> List[str]:
                 if r is None:
                     cells.append("-")
                     continue
-                cell = f"{r['samples_per_second']:,.0f}"
-                if spec.target_accuracy and name not in FLOORS:
+                cell = f"{r['samples_per_second']:,.{1 if spec.task == 'lm' else 0}f}"
+                if spec.task == "lm" and name not in FLOORS:
+                    cell += f" ({_loss_text(r)})"
+                elif spec.target_accuracy and name not in FLOORS:
                     cell += f" ({_tta_text(table, link, model, name)})"
                 cells.append(cell)
             label = next(r["label"] for l in links
@@ -456,7 +540,7 @@ def targets(table) -> List[str]:
     for link in ("100mbit", "1gbit"):
         for model in MODELS:
             runs = table.get((link, model))
-            if not runs:
+            if not runs or MODELS[model].task == "lm":  # the targets are the image models'
                 continue
             where = f"{model}, {LINK_NAMES[link]}"
             base = {n: runs.get(n) for n in ("ddp", "ddp-fp16", "ddp-powersgd-r4")}
@@ -620,6 +704,10 @@ def plots(table, directory: str, suffix: str = "") -> List[str]:
 
     for model in models:
         spec = MODELS[model]
+        if spec.task == "lm":
+            written.append(loss_plot(table, model, [l for l in links if (l, model) in table],
+                                     names, styles, colors, directory, suffix))
+            continue
         if not spec.target_accuracy:
             continue
         panels = [l for l in links if (l, model) in table]
@@ -660,6 +748,36 @@ def plots(table, directory: str, suffix: str = "") -> List[str]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def loss_plot(table, model: str, links: List[str], names: List[str], styles: Dict,
+              colors: Dict, directory: str, suffix: str) -> str:
+    """The language model's validation loss against training time, one panel a link rate;
+    returns the file written."""
+    import matplotlib.pyplot as plt
+
+    spec = MODELS[model]
+    fig, axes = plt.subplots(1, len(links), figsize=(6 * len(links) + 4, 5), squeeze=False)
+    for ax, link in zip(axes[0], links):
+        for name in names:
+            r = table[(link, model)].get(name)
+            if not r or name in FLOORS or not r["curve"]:
+                continue
+            ax.plot([c["train_seconds"] for c in r["curve"]],
+                     [c["val_loss"] for c in r["curve"]], styles[name], marker=".",
+                     color=colors[name], label=r["label"])
+        if spec.target_loss:
+            ax.axhline(spec.target_loss, color="gray", lw=0.8)
+        ax.set_title(f"{spec.description}, {LINK_NAMES.get(link, link)}", fontsize=9)
+        ax.set_xlabel("training time, s (evaluation excluded)")
+        ax.set_ylabel("validation loss, nats per byte")
+        ax.grid(True, alpha=0.3)
+    _legend(axes[0])
+    fig.tight_layout()
+    path = os.path.join(directory, f"training-loss-{model}{suffix}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def markers(section: str) -> Tuple[str, str]:
@@ -706,7 +824,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     r = sub.add_parser("run", help="train every selected configuration at one link rate")
     r.add_argument("--link", required=True,
                    help="unshaped, 1gbit, 100mbit (any tc rate), or loopback (no emulation)")
-    r.add_argument("--models", default=",".join(MODELS))
+    r.add_argument("--models", "--model", dest="models", default=",".join(DEFAULT_MODELS),
+                   help=f"models, comma-separated (default {','.join(DEFAULT_MODELS)}; "
+                        f"known: {','.join(MODELS)})")
     r.add_argument("--methods", default=",".join(n for n, _ in METHODS))
     r.add_argument("--results", help="default: results/train, or results/train-DTYPE")
     r.add_argument("--ranks", type=int, default=4)
@@ -726,6 +846,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                    "rate drops 10x, e.g. 4 or 3,5")
     r.add_argument("--windows-per-epoch", type=int,
                    help="override: Accordion's and the warm-up's windows per epoch (0: epochs)")
+    r.add_argument("--optimizer", choices=("sgd", "adamw"),
+                   help="override: the optimizer (default: the model's, adamw for gpt, sgd "
+                        "for the others)")
     r.add_argument("--seed", type=int,
                    help="initial weights and batch order (default 0); a run per seed, e.g. "
                         "--results results/train-seed1")

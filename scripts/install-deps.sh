@@ -13,8 +13,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
   # python side: Debian's torch, tests, plots
   python3 python3-dev python3-venv python3-torch python3-pytest python3-numpy python3-matplotlib
-  # data and cluster emulation
-  dataset-fashion-mnist iproute2 iperf3
+  # data (Fashion-MNIST, the language model's text) and cluster emulation
+  dataset-fashion-mnist fortunes iproute2 iperf3
 )
 
 sudo_cmd=()

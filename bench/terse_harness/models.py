@@ -26,6 +26,8 @@ DEFINITIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models.j
 # The pipeline benchmark's sequence task: tokens, sequence length, transformer width.
 VOCAB, SEQ, D_MODEL = 16, 32, 64
 PIPELINE_MLP_WIDTH = 1024
+# The byte-level language model: vocabulary, context, width, blocks, heads.
+GPT_VOCAB, GPT_CONTEXT, GPT_WIDTH, GPT_BLOCKS, GPT_HEADS = 256, 128, 256, 4, 4
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,6 +164,72 @@ def _pipeline_transformer():
     return nn.Sequential(*layers)
 
 
+def _gpt():
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    d, heads = GPT_WIDTH, GPT_HEADS
+    sdpa = getattr(F, "scaled_dot_product_attention", None)  # torch 2.x; 1.13 has none
+    masks: Dict[int, Any] = {}  # length -> causal mask (an attribute, not a buffer: DDP
+    # would broadcast a buffer every step)
+
+    def attention(q, k, v):
+        if sdpa is not None:
+            return sdpa(q, k, v, is_causal=True)
+        n = q.shape[-2]
+        if n not in masks:
+            masks[n] = torch.ones(n, n, dtype=torch.bool).triu(1)
+        scores = (q @ k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)
+        return scores.masked_fill(masks[n], float("-inf")).softmax(-1) @ v
+
+    class Block(nn.Module):
+        """Pre-LayerNorm decoder block: causal self-attention, then a GELU MLP of width 4d."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1 = nn.LayerNorm(d)
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+            self.ln2 = nn.LayerNorm(d)
+            self.fc = nn.Linear(d, 4 * d)
+            self.out = nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = (t.reshape(b, n, heads, d // heads).transpose(1, 2)
+                       for t in self.qkv(self.ln1(x)).chunk(3, dim=-1))
+            x = x + self.proj(attention(q, k, v).transpose(1, 2).reshape(b, n, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        """Byte-level decoder: token (256 x d) and learned position (context x d) embeddings,
+        GPT_BLOCKS pre-norm blocks, a final LayerNorm and a separate output head (not tied to
+        the token embedding: FSDP shards the embedding as its own unit). int64 [batch, n <=
+        context] -> logits [batch, n, 256]."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.position = nn.Parameter(torch.randn(GPT_CONTEXT, d) * 0.02)
+            self.tokens = nn.Embedding(GPT_VOCAB, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(GPT_BLOCKS))
+            self.norm = nn.LayerNorm(d)
+            self.head = nn.Linear(d, GPT_VOCAB, bias=False)
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(module.weight, std=0.02)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+        def forward(self, x):
+            h = self.tokens(x) + self.position[:x.shape[1]]
+            for block in self.blocks:
+                h = block(h)
+            return self.head(self.norm(h))
+
+    return GPT()
+
+
 def _mlp():
     from terse.demo import mlp
 
@@ -171,7 +239,7 @@ def _mlp():
 _BUILDERS = {
     "mlp": _mlp, "cnn": _cnn, "vgg": _vgg, "vgg-small": _vgg_small, "transformer": _transformer,
     "pipeline-mlp": _pipeline_mlp, "pipeline-cnn": _pipeline_cnn,
-    "pipeline-transformer": _pipeline_transformer,
+    "pipeline-transformer": _pipeline_transformer, "gpt": _gpt,
 }
 
 

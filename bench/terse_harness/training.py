@@ -15,7 +15,7 @@ What a run measures (the result's keys are described in :func:`run_rank`):
   communication) and optimizer step; throughput is the global batch over the median step time
   after ``warmup_steps``;
 * test accuracy at fixed points (``evals_per_epoch``), each stamped with the training time so
-  far; evaluation itself is not training time, for every method alike, so time-to-accuracy is
+  far (for the language model, gpt: validation loss in nats per byte, terse_harness.lm); evaluation itself is not training time, for every method alike, so time-to-accuracy is
   the training clock at the first evaluation that reaches the model's target;
 * bytes each rank sent per step: on an emulated host from the kernel's counters of its
   interface (``/proc/self/net/dev``; what any method puts on the wire, TCP/IP headers
@@ -35,7 +35,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from terse.demo import interface_tx_bytes  # the demo's, also this module's for bench/moe.py
-from terse_harness import launch as launcher, models
+from terse_harness import launch as launcher, lm, models
 
 # ---- models ---------------------------------------------------------------------------------
 
@@ -47,11 +47,22 @@ class ModelSpec:
 
     name: str
     description: str
-    dataset: str  # "fashion-mnist" or "synthetic" (throughput only: no accuracy)
-    batch: int  # per rank
-    lr: float
+    # "fashion-mnist", "synthetic" (throughput only: no accuracy) or "text" (the language
+    # model's bytes, terse_harness.lm)
+    dataset: str
+    batch: int  # per rank (windows of ``context`` bytes for the language model)
+    lr: float  # SGD's
     momentum: float
     target_accuracy: Optional[float]  # the time-to-accuracy level; None for synthetic data
+    task: str = "classify"  # or "lm": next-byte prediction, validation loss instead of accuracy
+    context: int = 0  # the language model's context, bytes
+    optimizer: str = "sgd"  # the default optimizer: "sgd" or "adamw"
+    adamw_lr: float = 1e-3  # AdamW's settings (its schedule: terse_harness.lm.schedule)
+    betas: Tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+    # The time-to-loss level: validation loss, nats per byte (the language model's)
+    target_loss: Optional[float] = None
 
 
 MODELS: Dict[str, ModelSpec] = {
@@ -65,6 +76,10 @@ MODELS: Dict[str, ModelSpec] = {
     "vgg-small": ModelSpec("vgg-small", "VGG-style CNN (conv 32-64-128, fc 2560x3) on "
                            "synthetic 3x32x32 images", "synthetic", batch=32, lr=0.01,
                            momentum=0.9, target_accuracy=None),
+    # SGD's lr for gpt is untuned: AdamW is its optimizer.
+    "gpt": ModelSpec("gpt", "byte-level GPT (4 blocks, width 256, context 128) on Debian's "
+                     "fortunes", "text", batch=4, lr=0.1, momentum=0.9, target_accuracy=None,
+                     task="lm", context=128, optimizer="adamw", target_loss=2.65),
 }
 
 
@@ -84,6 +99,7 @@ FSDP_METHODS = ("fsdp", "fsdp-bf16", "fsdp-terse")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+OPTIMIZERS = ("sgd", "adamw")
 
 
 @dataclasses.dataclass
@@ -140,10 +156,12 @@ class RunConfig:
     # a step schedule. The terse hook watches the optimizer (Accordion's drop detection).
     lr_drops: Tuple[int, ...] = ()
     lr_drop_factor: float = 0.1
-    samples: int = 60000  # training images used (Fashion-MNIST)
+    samples: int = 60000  # training images used (Fashion-MNIST; not the LM's: it has no epochs)
     steps: int = 0  # > 0: stop after this many steps (the only limit for synthetic data)
     warmup_steps: int = 5  # excluded from the throughput median
-    evals_per_epoch: int = 0  # test accuracy this often per epoch; always once at the end
+    # Test accuracy this often per epoch, always once at the end; for the language model
+    # (no epochs) validation loss this often per run, evenly spaced, and at the end.
+    evals_per_epoch: int = 0
     timeout: float = 120.0  # seconds every terse wait is bounded by
     label: str = ""
     # Initial weights and the order of the batches (0: the benchmark's published runs).
@@ -152,6 +170,9 @@ class RunConfig:
     # The model's parameters, and with them its gradients and DDP's buckets: float32, or
     # bfloat16 / float16 (the model cast with model.to(dtype), inputs cast to match).
     dtype: str = "float32"
+    # "sgd" (with ``momentum``), "adamw" (terse_harness.lm.adamw: warm-up and cosine decay over
+    # the run's steps), or "": the model's default (adamw for gpt, sgd for the others).
+    optimizer: str = ""
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -162,6 +183,19 @@ class RunConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPES)}")
         if MODELS[self.model].dataset == "synthetic" and self.steps <= 0:
             raise ValueError(f"model {self.model} trains on synthetic data: give steps > 0")
+        if MODELS[self.model].task == "lm" and self.steps <= 0:
+            raise ValueError(f"model {self.model} is a language model without epochs: give "
+                             "steps > 0")
+        if self.optimizer not in ("",) + OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; known: "
+                             f"{', '.join(OPTIMIZERS)} ('': the model's default)")
+        if self.lr_drops and self.optimizer_name() == "adamw":
+            raise ValueError("lr_drops are SGD's step schedule; AdamW follows its own "
+                             "(warm-up, cosine decay)")
+
+    def optimizer_name(self) -> str:
+        """The optimizer this run trains with: ``optimizer``, else the model's default."""
+        return self.optimizer or MODELS[self.model].optimizer
 
 
 def _local_hook():
@@ -300,9 +334,13 @@ def _unwrapped(model: Any) -> Any:
 
 
 def method_label(config: RunConfig) -> str:
-    """How the method reads in tables: "DDP fp32", "DDP PowerSGD r4", "terse fp16", ...; a
-    model in bfloat16 or float16 adds its dtype: "DDP fp32 [bfloat16 model]"."""
+    """How the method reads in tables: "DDP fp32", "DDP PowerSGD r4", "terse fp16", ...; an
+    optimizer other than the model's default adds its name ("DDP fp32 [adamw]"), a model in
+    bfloat16 or float16 its dtype: "DDP fp32 [bfloat16 model]". The momentum in a label is
+    SGD's (AdamW has none)."""
     label = _method_label(config)
+    if config.optimizer and config.optimizer != MODELS[config.model].optimizer:
+        label += f" [{config.optimizer}]"  # not the model's default optimizer
     return label if config.dtype == "float32" else f"{label} [{config.dtype} model]"
 
 
@@ -537,16 +575,14 @@ def _setup(config: RunConfig, started: float) -> _Rank:
     _init_process_group(config)
     run.rank, run.world = dist.get_rank(), dist.get_world_size()
     run.spec = spec = MODELS[config.model]
-    run.data = data = _Data(spec, config, run.rank, run.world)
+    run.data = data = (lm.TextData(spec.context, spec.batch, config.seed, run.rank, run.world)
+                       if spec.task == "lm" else _Data(spec, config, run.rank, run.world))
     run.dtype = getattr(torch, config.dtype)
     run.model = model = _wrapped_model(config, run.dtype)
     run.state = state = (_fsdp_communication(model, config) if config.method in FSDP_METHODS
                          else _communication(model, config, data.steps_per_epoch))
     run.momentum = config.momentum if config.momentum >= 0 else spec.momentum
-    run.optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=run.momentum)
     run.parameters = sum(p.numel() for p in model.parameters())
-    if config.lr_drops and hasattr(state, "watch"):
-        state.watch(run.optimizer)  # a drop makes Accordion's tensors critical
     run.label = config.label or method_label(config)
     run.meter = _Meter(os.environ.get("TERSE_IFNAME"), state)
 
@@ -554,7 +590,11 @@ def _setup(config: RunConfig, started: float) -> _Rank:
     run.total = total = config.steps if config.steps > 0 else steps_per_epoch * config.epochs
     if steps_per_epoch and config.steps <= 0 and total == 0:
         raise ValueError("too few samples for one global batch")
-    run.eval_steps = _eval_steps(config, steps_per_epoch)
+    _optimizer(run, model, total)
+    if config.lr_drops and hasattr(state, "watch"):
+        state.watch(run.optimizer)  # a drop makes Accordion's tensors critical
+    run.eval_steps = (lm.eval_steps(config.evals_per_epoch, total) if spec.task == "lm"
+                      else _eval_steps(config, steps_per_epoch))
     run.progress_every = config.progress_every or max(1, total // 10)
     run.global_batch = spec.batch * run.world
     if run.rank == 0:
@@ -562,6 +602,24 @@ def _setup(config: RunConfig, started: float) -> _Rank:
               f"({time.perf_counter() - started:.1f} s); {total} steps of {run.global_batch} "
               "samples", flush=True)
     return run
+
+
+def _optimizer(run: _Rank, model: Any, total: int) -> None:
+    """The run's optimizer (``run.optimizer``, its ``run.lr``) and, for AdamW, its schedule
+    over the ``total`` steps (``run.scheduler``; None for SGD, which keeps a constant rate
+    outside lr_drops)."""
+    import torch
+
+    spec = run.spec
+    run.optimizer_name = run.config.optimizer_name()
+    run.scheduler = None
+    if run.optimizer_name == "adamw":
+        run.lr = spec.adamw_lr
+        run.optimizer, run.scheduler = lm.adamw(model.parameters(), spec.adamw_lr, spec.betas,
+                                                spec.weight_decay, spec.eps, total)
+    else:
+        run.lr = spec.lr
+        run.optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=run.momentum)
 
 
 def _train(run: _Rank) -> None:
@@ -598,6 +656,8 @@ def _train(run: _Rank) -> None:
             t2 = time.perf_counter()
             optimizer.step()
             t3 = time.perf_counter()
+            if run.scheduler is not None:
+                run.scheduler.step()
             train_seconds += t3 - t0
             if step >= config.warmup_steps:
                 times.append((t1 - t0, t2 - t1, t3 - t2))
@@ -622,6 +682,54 @@ def _train(run: _Rank) -> None:
                 print(f"[{label}] step {step}/{total} loss {loss_sum / loss_count:.3f} {rate}",
                       flush=True)
                 loss_sum, loss_count = 0.0, 0
+    meter.stop()
+    run.times, run.train_seconds, run.curve = times, train_seconds, curve
+
+
+def _train_lm(run: _Rank) -> None:
+    """The language model's steps (terse_harness.lm): batches of random windows, validation
+    loss at ``run.eval_steps``, the optimizer's schedule stepped after every step."""
+    config, data, model, optimizer, meter = (run.config, run.data, run.model, run.optimizer,
+                                             run.meter)
+    total, label = run.total, run.label
+    times: List[Tuple[float, float, float]] = []
+    train_seconds, curve = 0.0, []
+    loss_sum, loss_count = 0.0, 0
+    for step in range(total):
+        if step == config.warmup_steps:
+            meter.start()
+        xb, yb = data.batch_of_step(step)
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=False)
+        loss = lm.loss_of(model, xb, yb)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        optimizer.step()
+        t3 = time.perf_counter()
+        if run.scheduler is not None:
+            run.scheduler.step()
+        train_seconds += t3 - t0
+        if step >= config.warmup_steps:
+            times.append((t1 - t0, t2 - t1, t3 - t2))
+        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+        done = step + 1
+        if done in run.eval_steps:
+            meter.stop()
+            val_loss = lm.evaluate_loss(_unwrapped(model), data)
+            curve.append({"step": done, "train_seconds": train_seconds, "val_loss": val_loss,
+                          "wire_bytes": meter.wire, "payload_bytes": meter.payload})
+            if run.rank == 0:
+                print(f"[{label}] step {done}/{total} train time {train_seconds:.1f} s: "
+                      f"validation loss {val_loss:.4f}", flush=True)
+            if done >= config.warmup_steps:
+                meter.start()
+        if run.rank == 0 and (done % run.progress_every == 0 or done == total):
+            med = _median([sum(t) for t in times])
+            rate = f"{run.global_batch / med:,.1f} windows/s" if med else "warming up"
+            print(f"[{label}] step {done}/{total} loss {loss_sum / loss_count:.3f} {rate}",
+                  flush=True)
+            loss_sum, loss_count = 0.0, 0
     meter.stop()
     run.times, run.train_seconds, run.curve = times, train_seconds, curve
 
@@ -667,13 +775,16 @@ def _result(run: _Rank, everyone: List[Optional[Dict[str, Any]]], plan: List[Any
     median_step = _median(steps)
     target = spec.target_accuracy
     reached = [c for c in curve if target is not None and c["accuracy"] >= target]
+    lm_task = spec.task == "lm"
+    reached_loss = lm.first_reached(curve, spec.target_loss) if lm_task else None
     digests = [r["digest"] for r in everyone]
     return {
         "config": dataclasses.asdict(config), "label": run.label, "model": config.model,
         "model_description": spec.description, "method": config.method,
         "ranks": run.world, "batch_per_rank": spec.batch, "global_batch": global_batch,
         "torch_version": torch.__version__.split("+")[0],
-        "lr": spec.lr, "momentum": run.momentum, "parameters": run.parameters,
+        "task": spec.task, "optimizer": run.optimizer_name,
+        "lr": run.lr, "momentum": run.momentum, "parameters": run.parameters,
         "gradient_bytes": run.parameters * 4, "train_samples": run.data.train_size,
         "steps_per_epoch": run.steps_per_epoch, "steps": run.total, "timed_steps": len(times),
         "samples_per_second": global_batch / median_step if median_step else None,
@@ -683,10 +794,15 @@ def _result(run: _Rank, everyone: List[Optional[Dict[str, Any]]], plan: List[Any
         "median_optimizer_seconds": _median([t[2] for t in times]),
         "step_seconds": steps,
         "train_seconds": run.train_seconds, "curve": curve,
-        "test_accuracy": curve[-1]["accuracy"] if curve else None,
+        "test_accuracy": curve[-1]["accuracy"] if curve and not lm_task else None,
         "target_accuracy": target,
         "time_to_accuracy": reached[0]["train_seconds"] if reached else None,
         "epochs_to_accuracy": reached[0]["epoch"] if reached else None,
+        "context": spec.context if lm_task else None,
+        "val_loss": curve[-1]["val_loss"] if curve and lm_task else None,
+        "target_loss": spec.target_loss if lm_task else None,
+        "time_to_loss": reached_loss["train_seconds"] if reached_loss else None,
+        "steps_to_loss": reached_loss["step"] if reached_loss else None,
         "wire_bytes_per_step": mean_over_ranks("wire_bytes_per_step"),
         "wire_bytes_per_step_by_rank": [r["wire_bytes_per_step"] for r in everyone],
         "payload_bytes_per_step": mean_over_ranks("payload_bytes_per_step"),
@@ -710,14 +826,18 @@ def run_rank(config: RunConfig) -> Optional[Dict[str, Any]]:
     None),
     ``wire_bytes_per_step`` (per rank, mean over ranks, measured on the interface),
     ``payload_bytes_per_step`` (terse's count), ``gradient_bytes``, ``digests``,
-    ``replicas_identical`` and, under a codec schedule, ``schedule`` (its final decisions:
+    ``replicas_identical``, ``optimizer``; for the language model (task "lm") the curve's
+    evaluations carry ``val_loss`` (nats per byte) instead of accuracy, and the result has
+    ``val_loss`` (at the end), ``target_loss``, ``time_to_loss`` and ``steps_to_loss`` (the
+    training time and step of the first evaluation at or below the target, or None); and, under
+    a codec schedule, ``schedule`` (its final decisions:
     terse.Accordion's or terse.SparseWarmup's ``state_dict()``).
     """
     import torch.distributed as dist
 
     started = time.perf_counter()
     run = _setup(config, started)
-    _train(run)
+    (_train_lm if run.spec.task == "lm" else _train)(run)
     everyone, plan, schedule = _gather(run)
     result = _result(run, everyone, plan, schedule) if run.rank == 0 else None
     # DDP's reducer holds the process group: if it outlived destroy_process_group(), its

@@ -6,6 +6,8 @@ what the full benchmark's report reads, not any figure."""
 import json
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, REPO
 
 DRIVER = str(REPO / "bench" / "train.py")
@@ -73,3 +75,39 @@ def test_driver_runs_a_tiny_configuration_and_reports(tmp_path):
     assert "| sync only (1 float per bucket) | " in text and "n/a (floor)" in text
     assert (tmp_path / "plots" / "training-throughput.png").stat().st_size > 0
     assert (tmp_path / "plots" / "training-accuracy-mlp.png").stat().st_size > 0
+
+
+def test_driver_trains_the_language_model(tmp_path):
+    """The byte-level GPT on the fortunes (AdamW by default): a few steps of DDP and of the
+    terse hook, validation loss reported and falling, replicas identical; then its report."""
+    results = tmp_path / "results"
+    driver("run", "--link", "loopback", "--ranks", "2", "--model", "gpt", "--methods",
+           "ddp,terse-fp16", "--steps", "8", "--warmup", "2", "--evals-per-epoch", "2",
+           "--results", str(results))
+    for name in ("ddp", "terse-fp16"):
+        r = json.loads((results / "loopback" / "gpt" / f"{name}.json").read_text())
+        assert r["task"] == "lm" and r["optimizer"] == "adamw" and r["lr"] == 1e-3
+        assert r["steps"] == 8 and r["timed_steps"] == 6 and r["replicas_identical"]
+        assert r["test_accuracy"] is None and r["target_loss"] > 0
+        losses = [c["val_loss"] for c in r["curve"]]
+        assert [c["step"] for c in r["curve"]] == [4, 8]
+        # From ln 256 = 5.55 nats per byte at the start, down within a few AdamW steps.
+        assert losses[-1] == r["val_loss"] and losses[-1] < losses[0] < 5.55, losses
+        assert r["time_to_loss"] is None  # far from the target after 8 steps
+    text = driver("report", "--results", str(results), "--plots", str(tmp_path / "plots"))
+    assert "| DDP fp32 | " in text and "| terse fp16 | " in text and "time to target s" in text
+    assert (tmp_path / "plots" / "training-loss-gpt.png").stat().st_size > 0
+
+
+def test_run_config_checks_the_optimizer():
+    from terse_harness.training import RunConfig
+
+    assert RunConfig(model="mlp").optimizer_name() == "sgd"
+    assert RunConfig(model="gpt", steps=1).optimizer_name() == "adamw"
+    assert RunConfig(model="mlp", optimizer="adamw").optimizer_name() == "adamw"
+    with pytest.raises(ValueError, match="unknown optimizer 'adam'"):
+        RunConfig(model="mlp", optimizer="adam")
+    with pytest.raises(ValueError, match="give steps > 0"):
+        RunConfig(model="gpt")
+    with pytest.raises(ValueError, match="lr_drops"):
+        RunConfig(model="gpt", steps=1, lr_drops=(1,))
