@@ -142,6 +142,9 @@ METHODS: List[Tuple[str, Dict]] = [
                               all_gather_codec="minmax8")),
     # DDP without a hook on the process group backend "cpu:terse" (fp16 above 64 KiB).
     ("ddp-terse-backend", dict(method="ddp-terse-backend", codec="fp16")),
+    # terse.optim's optimizers (AdamW's settings and schedule; they communicate themselves).
+    ("onebit-adam", dict(method="ddp", optimizer="onebit-adam")),
+    ("zeroone-adam", dict(method="ddp", optimizer="zeroone-adam")),
     ("compute-only", dict(method="local")),
     # Ranks in step bucket by bucket, next to no bytes: what any allreduce costs beyond its
     # bytes on this machine (waiting for the slowest rank, scheduling 4 ranks on the cores).
@@ -184,7 +187,10 @@ def configs(models: Iterable[str], methods: Iterable[str],
                 fields.pop("epochs", None)
                 fields.update(steps=min(COMPUTE_ONLY_STEPS, fields.get("steps", 10 ** 9)),
                               evals_per_epoch=0)
+            own_optimizer = table[name].get("optimizer")
             fields.update(overrides)
+            if own_optimizer:  # a method that is an optimizer keeps it
+                fields["optimizer"] = own_optimizer
             fields["model"] = model
             out.append((model, name, RunConfig(**fields)))
     return out

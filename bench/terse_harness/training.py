@@ -99,7 +99,12 @@ FSDP_METHODS = ("fsdp", "fsdp-bf16", "fsdp-terse")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "onebit-adam", "zeroone-adam")
+# terse.optim's optimizers communicate themselves (under DDP through their own hook): method
+# "ddp" only. They freeze the variance after this fraction of the run (the 1-bit Adam paper
+# freezes after 15-25 % of training), with AdamW's settings and schedule otherwise.
+COMMUNICATING_OPTIMIZERS = ("onebit-adam", "zeroone-adam")
+FREEZE_FRACTION = 0.2
 
 
 @dataclasses.dataclass
@@ -189,7 +194,10 @@ class RunConfig:
         if self.optimizer not in ("",) + OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; known: "
                              f"{', '.join(OPTIMIZERS)} ('': the model's default)")
-        if self.lr_drops and self.optimizer_name() == "adamw":
+        if self.optimizer in COMMUNICATING_OPTIMIZERS and self.method != "ddp":
+            raise ValueError(f"optimizer {self.optimizer} communicates itself: use it with "
+                             f"method ddp, not {self.method}")
+        if self.lr_drops and self.optimizer_name() != "sgd":
             raise ValueError("lr_drops are SGD's step schedule; AdamW follows its own "
                              "(warm-up, cosine decay)")
 
@@ -339,7 +347,10 @@ def method_label(config: RunConfig) -> str:
     bfloat16 or float16 its dtype: "DDP fp32 [bfloat16 model]". The momentum in a label is
     SGD's (AdamW has none)."""
     label = _method_label(config)
-    if config.optimizer and config.optimizer != MODELS[config.model].optimizer:
+    if config.optimizer in COMMUNICATING_OPTIMIZERS:
+        label = {"onebit-adam": "terse 1-bit Adam", "zeroone-adam": "terse 0/1 Adam"}[
+            config.optimizer]
+    elif config.optimizer and config.optimizer != MODELS[config.model].optimizer:
         label += f" [{config.optimizer}]"  # not the model's default optimizer
     return label if config.dtype == "float32" else f"{label} [{config.dtype} model]"
 
@@ -584,13 +595,15 @@ def _setup(config: RunConfig, started: float) -> _Rank:
     run.momentum = config.momentum if config.momentum >= 0 else spec.momentum
     run.parameters = sum(p.numel() for p in model.parameters())
     run.label = config.label or method_label(config)
-    run.meter = _Meter(os.environ.get("TERSE_IFNAME"), state)
 
     run.steps_per_epoch = steps_per_epoch = data.steps_per_epoch
     run.total = total = config.steps if config.steps > 0 else steps_per_epoch * config.epochs
     if steps_per_epoch and config.steps <= 0 and total == 0:
         raise ValueError("too few samples for one global batch")
     _optimizer(run, model, total)
+    if run.optimizer_name in COMMUNICATING_OPTIMIZERS:
+        run.state = state = run.optimizer  # what counts the bytes and is closed at the end
+    run.meter = _Meter(os.environ.get("TERSE_IFNAME"), state)
     if config.lr_drops and hasattr(state, "watch"):
         state.watch(run.optimizer)  # a drop makes Accordion's tensors critical
     run.eval_steps = (lm.eval_steps(config.evals_per_epoch, total) if spec.task == "lm"
@@ -617,9 +630,35 @@ def _optimizer(run: _Rank, model: Any, total: int) -> None:
         run.lr = spec.adamw_lr
         run.optimizer, run.scheduler = lm.adamw(model.parameters(), spec.adamw_lr, spec.betas,
                                                 spec.weight_decay, spec.eps, total)
+    elif run.optimizer_name in COMMUNICATING_OPTIMIZERS:
+        run.lr = spec.adamw_lr
+        run.optimizer, run.scheduler = _communicating_adam(run, model, total)
     else:
         run.lr = spec.lr
         run.optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=run.momentum)
+
+
+def _communicating_adam(run: _Rank, model: Any, total: int) -> Tuple[Any, Any]:
+    """terse.optim's 1-bit Adam or 0/1 Adam over AdamW's parameter groups, settings and
+    schedule, freezing after FREEZE_FRACTION of the ``total`` steps, with its hook on the DDP
+    ``model`` (which then sends nothing once the optimizer communicates)."""
+    import torch
+    import terse.optim
+
+    spec, freeze = run.spec, max(1, round(FREEZE_FRACTION * total))
+    parameters = list(model.parameters())
+    groups = [{"params": [p for p in parameters if p.dim() >= 2],
+               "weight_decay": spec.weight_decay},
+              {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    common = dict(lr=spec.adamw_lr, betas=spec.betas, eps=spec.eps, model=model,
+                  timeout=run.config.timeout)
+    if run.optimizer_name == "onebit-adam":
+        optimizer = terse.optim.OneBitAdam(groups, freeze_step=freeze, **common)
+    else:
+        optimizer = terse.optim.ZeroOneAdam(groups, var_freeze_step=freeze, **common)
+    model.register_comm_hook(*optimizer.ddp_hook())
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lm.schedule(total))
 
 
 def _train(run: _Rank) -> None:

@@ -82,11 +82,12 @@ def test_driver_trains_the_language_model(tmp_path):
     terse hook, validation loss reported and falling, replicas identical; then its report."""
     results = tmp_path / "results"
     driver("run", "--link", "loopback", "--ranks", "2", "--model", "gpt", "--methods",
-           "ddp,terse-fp16", "--steps", "8", "--warmup", "2", "--evals-per-epoch", "2",
-           "--results", str(results))
-    for name in ("ddp", "terse-fp16"):
+           "ddp,terse-fp16,onebit-adam", "--steps", "8", "--warmup", "2", "--evals-per-epoch",
+           "2", "--results", str(results))
+    for name in ("ddp", "terse-fp16", "onebit-adam"):
         r = json.loads((results / "loopback" / "gpt" / f"{name}.json").read_text())
-        assert r["task"] == "lm" and r["optimizer"] == "adamw" and r["lr"] == 1e-3
+        assert r["task"] == "lm" and r["lr"] == 1e-3
+        assert r["optimizer"] == ("onebit-adam" if name == "onebit-adam" else "adamw")
         assert r["steps"] == 8 and r["timed_steps"] == 6 and r["replicas_identical"]
         assert r["test_accuracy"] is None and r["target_loss"] > 0
         losses = [c["val_loss"] for c in r["curve"]]
@@ -94,6 +95,10 @@ def test_driver_trains_the_language_model(tmp_path):
         # From ln 256 = 5.55 nats per byte at the start, down within a few AdamW steps.
         assert losses[-1] == r["val_loss"] and losses[-1] < losses[0] < 5.55, losses
         assert r["time_to_loss"] is None  # far from the target after 8 steps
+    # 1-bit Adam freezes after 2 of the 8 steps: the counted steps 3-8 send the momentum in
+    # about 1 bit per element twice (to the shard owners and back), not DDP's 32.
+    onebit = json.loads((results / "loopback" / "gpt" / "onebit-adam.json").read_text())
+    assert 0 < onebit["payload_bytes_per_step"] < onebit["gradient_bytes"] / 8
     text = driver("report", "--results", str(results), "--plots", str(tmp_path / "plots"))
     assert "| DDP fp32 | " in text and "| terse fp16 | " in text and "time to target s" in text
     assert (tmp_path / "plots" / "training-loss-gpt.png").stat().st_size > 0
@@ -111,3 +116,5 @@ def test_run_config_checks_the_optimizer():
         RunConfig(model="gpt")
     with pytest.raises(ValueError, match="lr_drops"):
         RunConfig(model="gpt", steps=1, lr_drops=(1,))
+    with pytest.raises(ValueError, match="communicates itself: use it with method ddp"):
+        RunConfig(model="gpt", steps=1, method="terse", optimizer="zeroone-adam")
