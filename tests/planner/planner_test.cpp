@@ -1091,7 +1091,7 @@ TEST(PlanCommand, BuiltInModelsMatchThePythonScript) {
     GTEST_SKIP() << "this build has no Python package at " << package;
   }
   const std::string dir = testing::temp_dir();
-  for (const char* model : {"mlp", "cnn", "vgg"}) {
+  for (const char* model : {"mlp", "cnn", "vgg", "gpt"}) {
     auto py = testing::shell(fmt::format(
         "PYTHONPATH={}:{}/bench /usr/bin/python3 -m terse_harness.models {} "
         "--out {}/{}.py.json",
