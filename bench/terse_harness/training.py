@@ -661,6 +661,24 @@ def _communicating_adam(run: _Rank, model: Any, total: int) -> Tuple[Any, Any]:
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lm.schedule(total))
 
 
+def _timed_step(run: _Rank, forward: Any) -> Tuple[Any, Tuple[float, float, float]]:
+    """One training step: the gradients zeroed, ``forward()``'s loss, its backward pass (which
+    includes waiting for DDP's communication), the optimizer's step, then the learning-rate
+    schedule's (AdamW's; outside the timing). Returns the loss and the seconds of forward,
+    backward and optimizer step."""
+    t0 = time.perf_counter()
+    run.optimizer.zero_grad(set_to_none=False)
+    loss = forward()
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    run.optimizer.step()
+    t3 = time.perf_counter()
+    if run.scheduler is not None:
+        run.scheduler.step()
+    return loss, (t1 - t0, t2 - t1, t3 - t2)
+
+
 def _train(run: _Rank) -> None:
     """Runs the training steps, with the evaluations between them and rank 0's progress."""
     import torch.nn.functional as F
@@ -687,19 +705,10 @@ def _train(run: _Rank) -> None:
             if step == config.warmup_steps:
                 meter.start()
             xb, yb = data.batch_of_step(i)
-            t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(model(xb.to(run.dtype)), yb)
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            optimizer.step()
-            t3 = time.perf_counter()
-            if run.scheduler is not None:
-                run.scheduler.step()
-            train_seconds += t3 - t0
+            loss, timed = _timed_step(run, lambda: F.cross_entropy(model(xb.to(run.dtype)), yb))
+            train_seconds += sum(timed)
             if step >= config.warmup_steps:
-                times.append((t1 - t0, t2 - t1, t3 - t2))
+                times.append(timed)
             loss_sum += loss.item()
             loss_count += 1
             step += 1
@@ -728,8 +737,7 @@ def _train(run: _Rank) -> None:
 def _train_lm(run: _Rank) -> None:
     """The language model's steps (terse_harness.lm): batches of random windows, validation
     loss at ``run.eval_steps``, the optimizer's schedule stepped after every step."""
-    config, data, model, optimizer, meter = (run.config, run.data, run.model, run.optimizer,
-                                             run.meter)
+    config, data, model, meter = run.config, run.data, run.model, run.meter
     total, label = run.total, run.label
     times: List[Tuple[float, float, float]] = []
     train_seconds, curve = 0.0, []
@@ -738,19 +746,10 @@ def _train_lm(run: _Rank) -> None:
         if step == config.warmup_steps:
             meter.start()
         xb, yb = data.batch_of_step(step)
-        t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=False)
-        loss = lm.loss_of(model, xb, yb)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        optimizer.step()
-        t3 = time.perf_counter()
-        if run.scheduler is not None:
-            run.scheduler.step()
-        train_seconds += t3 - t0
+        loss, timed = _timed_step(run, lambda: lm.loss_of(model, xb, yb))
+        train_seconds += sum(timed)
         if step >= config.warmup_steps:
-            times.append((t1 - t0, t2 - t1, t3 - t2))
+            times.append(timed)
         loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
         done = step + 1
         if done in run.eval_steps:
