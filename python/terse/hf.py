@@ -21,8 +21,7 @@ module.
 
 from typing import Any, Optional
 
-import terse
-from terse.torch import TerseHookState, hook
+from terse.torch import TerseHookState, register_on
 
 __all__ = ["register"]
 
@@ -34,7 +33,6 @@ def _callback_class() -> type:
         import transformers
     except ImportError:
         raise ImportError("terse.hf needs transformers (pip install transformers)") from None
-    from torch.nn.parallel import DistributedDataParallel
 
     class TerseDDPHook(transformers.TrainerCallback):
         """Registers ``state``'s hook on the Trainer's DDP model when training begins."""
@@ -46,15 +44,12 @@ def _callback_class() -> type:
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             ddp = self.trainer.model_wrapped
-            if not isinstance(ddp, DistributedDataParallel):
-                raise terse.InvalidArgument(
-                    f"terse.hf: the Trainer's model_wrapped is a {type(ddp).__name__}, not "
-                    "DistributedDataParallel; the terse hook needs 2 or more processes "
-                    "(torchrun or accelerate launch) on CPU, without FSDP or DeepSpeed")
             if ddp is self._registered:
                 return
-            self.state.connect(self.trainer.model)
-            ddp.register_comm_hook(self.state, hook)
+            register_on(self.state, ddp, self.trainer.model,
+                        door="terse.hf: the Trainer's model_wrapped",
+                        needs="2 or more processes (torchrun or accelerate launch) on CPU, "
+                              "without FSDP or DeepSpeed")
             self._registered = ddp
 
     TerseDDPHook.__qualname__ = TerseDDPHook.__name__

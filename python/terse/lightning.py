@@ -25,8 +25,7 @@ neither are). Lightning is imported when :func:`callback` is called, not with th
 import sys
 from typing import Any, Dict
 
-import terse
-from terse.torch import TerseHookState, hook
+from terse.torch import TerseHookState, register_on
 
 __all__ = ["callback"]
 
@@ -50,7 +49,6 @@ def _lightning() -> Any:
 
 
 def _callback_class(pl: Any) -> type:
-    from torch.nn.parallel import DistributedDataParallel
 
     class TerseDDPHook(pl.Callback):
         """Registers terse's DDP hook on the model Lightning wraps; ``state`` is its
@@ -62,15 +60,11 @@ def _callback_class(pl: Any) -> type:
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             ddp = trainer.strategy.model
-            if not isinstance(ddp, DistributedDataParallel):
-                raise terse.InvalidArgument(
-                    f"terse.lightning: the strategy's model is a {type(ddp).__name__}, not "
-                    "DistributedDataParallel; the terse hook needs strategy='ddp' (or "
-                    "DDPStrategy) with 2 or more processes")
             if ddp is self._registered:
                 return
-            self.state.connect(pl_module)
-            ddp.register_comm_hook(self.state, hook)
+            register_on(self.state, ddp, pl_module,
+                        door="terse.lightning: the strategy's model",
+                        needs="strategy='ddp' (or DDPStrategy) with 2 or more processes")
             self._registered = ddp
 
     TerseDDPHook.__qualname__ = TerseDDPHook.__name__

@@ -668,6 +668,21 @@ def hook(state: TerseHookState,
     return state.submit(bucket)
 
 
+def register_on(state: TerseHookState, ddp: Any, module: Optional[torch.nn.Module], *,
+                door: str, needs: str) -> None:
+    """Connects ``state`` (naming the parameters of ``module``) and registers its hook on
+    ``ddp``, the model a trainer wrapped: the trainers' adapters (:mod:`terse.lightning`,
+    :mod:`terse.hf`) call it when training begins. Raises InvalidArgument, saying what ``door``
+    ``needs``, when ``ddp`` is not DistributedDataParallel."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(ddp, DistributedDataParallel):
+        raise terse.InvalidArgument(f"{door} is a {type(ddp).__name__}, not "
+                                    f"DistributedDataParallel; the terse hook needs {needs}")
+    state.connect(module)
+    ddp.register_comm_hook(state, hook)
+
+
 def ddp_hook(
     model: Optional[torch.nn.Module] = None, **knobs: Any
 ) -> Tuple[TerseHookState, Callable[[TerseHookState, dist.GradBucket], torch.futures.Future]]:
