@@ -26,7 +26,6 @@ are views into it), and the compressed exchange submits every group's buffer at 
 cuts each into partitions and pipelines them. Results are bit-identical on every rank.
 """
 
-import hashlib
 import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -72,15 +71,6 @@ def _check_hyper(group: Dict[str, Any], where: str) -> None:
 def _check_count(name: str, value: Any, least: int) -> None:
     _check(isinstance(value, int) and not isinstance(value, bool) and value >= least,
            f"{name} must be an integer >= {least}, not {value!r}")
-
-
-def _hashes(text: str, ranks: int) -> Tuple[int, int]:
-    """Two digests of ``text`` small enough that their sums over ``ranks`` ranks stay below
-    2^24, exact in fp32."""
-    digest = hashlib.sha256(text.encode()).digest()
-    mask = (1 << max(8, 24 - max(ranks - 1, 1).bit_length())) - 1
-    return (int.from_bytes(digest[:4], "little") & mask,
-            int.from_bytes(digest[4:8], "little") & mask)
 
 
 class _Group:
@@ -217,28 +207,8 @@ class _CommunicatingAdam(torch.optim.Optimizer):
         return settings
 
     def _check_agreement(self) -> None:
-        """Raises MismatchError on every rank, naming the first setting that differs, unless
-        every rank was constructed with the same settings: an exact sum across ranks of two
-        digests per setting (20 bits each up to 16 ranks)."""
-        settings = self._settings()
-        keys = list(settings)
-        local = torch.tensor([h for k in keys for h in _hashes(f"{k}={settings[k]!r}", self.engine.size)],
-                             dtype=torch.float32)
-        total = local.clone()
-        who = f"rank {self.engine.rank}: terse.optim.{type(self).__name__}"
-        try:
-            self.engine.allreduce(f"terse.optim settings {len(keys)}", total, codec="none",
-                                  average=False).wait()
-        except terse.MismatchError as e:
-            raise terse.MismatchError(
-                f"{who}: the ranks' settings differ (the number of settings, or of parameter "
-                f"groups); every rank must construct the optimizer alike. {e}") from e
-        differs = (total != local * self.engine.size).tolist()
-        for i, key in enumerate(keys):
-            if differs[2 * i] or differs[2 * i + 1]:
-                raise terse.MismatchError(
-                    f"{who}: setting '{key}' differs across ranks (this rank has "
-                    f"{settings[key]!r}); every rank must construct the optimizer alike")
+        terse.torch.check_agreement(self.engine, self._settings(),
+                                    f"terse.optim.{type(self).__name__}", "optimizer")
 
     # ---- communication -----------------------------------------------------------------------
 

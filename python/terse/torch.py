@@ -30,6 +30,7 @@ travel in the bucket's own precision (terse's summable ring of fp16 or bf16), as
 CPU autocast with fp32 master weights keeps fp32 gradients and the fp32 path.
 """
 
+import hashlib
 import itertools
 import math
 import os
@@ -43,7 +44,8 @@ from terse.accordion import Accordion, SparseWarmup
 from terse.pipeline import Autoencoder, Delta, Pipeline, pipeline
 from terse.policy import AUTO_TIERS as _AUTO, HOOK
 
-__all__ = ["TerseHookState", "ddp_hook", "hook", "check_parameter", "communicator_for",
+__all__ = ["TerseHookState", "ddp_hook", "hook", "check_parameter", "check_agreement",
+           "communicator_for",
            "pipeline", "Pipeline", "Autoencoder", "Delta"]
 
 # Communicators created by this process, numbered in creation order. Every rank creates its
@@ -73,6 +75,42 @@ def check_parameter(name: str, param: torch.Tensor) -> None:
         raise TypeError(
             f"terse.torch: parameter '{name}' is {param.dtype}; the hook reduces {supported} "
             "parameters (convert the model, e.g. model.float() or model.bfloat16())")
+
+
+def _hashes(text: str, ranks: int) -> Tuple[int, int]:
+    """Two digests of ``text`` small enough that their sums over ``ranks`` ranks stay below
+    2^24, exact in fp32."""
+    digest = hashlib.sha256(text.encode()).digest()
+    mask = (1 << max(8, 24 - max(ranks - 1, 1).bit_length())) - 1
+    return (int.from_bytes(digest[:4], "little") & mask,
+            int.from_bytes(digest[4:8], "little") & mask)
+
+
+def check_agreement(engine: terse.Engine, settings: Dict[str, Any], who: str,
+                    what: str) -> None:
+    """Raises MismatchError on every rank, naming the first of ``settings`` (name: value, in the
+    order a mismatch names them) that differs, unless every rank of ``engine`` has the same:
+    an exact sum across ranks of two digests per setting (20 bits each up to 16 ranks). ``who``
+    names the front end ("terse.optim.OneBitAdam") and ``what`` the thing every rank must
+    construct alike ("optimizer"). A collective: every rank calls it at the same point."""
+    keys = list(settings)
+    local = torch.tensor([h for k in keys for h in _hashes(f"{k}={settings[k]!r}", engine.size)],
+                         dtype=torch.float32)
+    total = local.clone()
+    who = f"rank {engine.rank}: {who}"
+    try:
+        engine.allreduce(f"{who.split(': ', 1)[1]} settings {len(keys)}", total, codec="none",
+                         average=False).wait()
+    except terse.MismatchError as e:
+        raise terse.MismatchError(
+            f"{who}: the ranks' settings differ (their number); every rank must construct the "
+            f"{what} alike. {e}") from e
+    differs = (total != local * engine.size).tolist()
+    for i, key in enumerate(keys):
+        if differs[2 * i] or differs[2 * i + 1]:
+            raise terse.MismatchError(
+                f"{who}: setting '{key}' differs across ranks (this rank has "
+                f"{settings[key]!r}); every rank must construct the {what} alike")
 
 
 def _sparse_parameters(module: torch.nn.Module) -> List[str]:
