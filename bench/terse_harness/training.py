@@ -94,8 +94,12 @@ def build_model(name: str, seed: int = 0):
 # ---- how gradients travel -------------------------------------------------------------------
 
 METHODS = ("ddp", "ddp-fp16", "ddp-bf16", "ddp-powersgd", "ddp-powersgd-batched", "terse",
-           "local", "sync", "fsdp", "fsdp-bf16", "fsdp-terse", "ddp-terse-backend")
+           "local", "sync", "fsdp", "fsdp-bf16", "fsdp-terse", "ddp-terse-backend", "diloco",
+           "torchft-diloco")
 FSDP_METHODS = ("fsdp", "fsdp-bf16", "fsdp-terse")
+# Infrequent synchronization: each rank trains alone (DDP with the floor's hook) and an outer
+# loop around its optimizer averages the pseudo-gradients every sync_every steps.
+DILOCO_METHODS = ("diloco", "torchft-diloco")
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -128,9 +132,14 @@ class RunConfig:
     without a hook on the process group backend ``cpu:terse``, which compresses float tensors
     of at least ``min_bytes`` with ``codec``), ``local`` (a hook that returns
     each rank's own gradient without communicating: the compute-only floor of a step; replicas
-    diverge by design), or ``sync`` (as ``local``, after an allreduce of one float per bucket
+    diverge by design), ``sync`` (as ``local``, after an allreduce of one float per bucket
     through the default process group: the floor of a step whose ranks keep in step bucket by
-    bucket but send next to nothing; replicas diverge).
+    bucket but send next to nothing; replicas diverge), ``diloco`` (each rank trains alone as
+    ``local`` does, and terse.diloco.DiLoCo around its optimizer averages the pseudo-gradients
+    every ``sync_every`` steps, compressed with ``codec``, in ``fragments`` with Streaming
+    DiLoCo's ``delay`` and ``mixing``, the outer Nesterov SGD of ``outer_lr`` and
+    ``outer_momentum``; accuracy, loss and the digests are the global parameters'), or
+    ``torchft-diloco`` (the same with torchft's DiLoCo, uncompressed).
     """
 
     model: str = "mlp"
@@ -178,6 +187,14 @@ class RunConfig:
     # "sgd" (with ``momentum``), "adamw" (terse_harness.lm.adamw: warm-up and cosine decay over
     # the run's steps), or "": the model's default (adamw for gpt, sgd for the others).
     optimizer: str = ""
+    # DiLoCo (DILOCO_METHODS): H, the fragments, Streaming DiLoCo's delay (tau) and mixing
+    # (alpha), and the outer Nesterov SGD.
+    sync_every: int = 50
+    fragments: int = 1
+    delay: int = 0
+    mixing: float = 0.0
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -240,6 +257,9 @@ def _communication(model: Any, config: RunConfig, steps_per_epoch: int = 0) -> O
     terse hook state for method ``terse`` (else None). ``steps_per_epoch`` sizes a codec
     schedule's windows (0: synthetic data, whose epoch is the whole run)."""
     if config.method == "ddp":
+        return None
+    if config.method in DILOCO_METHODS:
+        model.register_comm_hook(None, _local_hook())  # DiLoCo's outer loop communicates
         return None
     if config.method == "ddp-fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -377,6 +397,16 @@ def _method_label(config: RunConfig) -> str:
         return "FSDP fp32"
     if config.method == "fsdp-bf16":
         return "FSDP bf16 reduce"
+    if config.method in DILOCO_METHODS:
+        who = "torchft DiLoCo" if config.method == "torchft-diloco" else (
+            "terse Streaming DiLoCo" if config.fragments > 1 or config.delay > 0
+            else "terse DiLoCo")
+        extra = [f"H={config.sync_every}"]
+        extra += [] if config.method == "torchft-diloco" else [_codec_label(config.codec)]
+        extra += [] if config.fragments == 1 else [f"{config.fragments} fragments"]
+        extra += [] if config.delay == 0 else [f"tau={config.delay}"]
+        extra += [] if config.mixing == 0 else [f"alpha={config.mixing:g}"]
+        return f"{who} ({', '.join(extra)})"
     extra = [] if config.strategy == "auto" else [config.strategy]
     extra += [] if config.partitions == 0 else [f"K={config.partitions}"]
     codec = _codec_label(config.codec)
@@ -601,6 +631,9 @@ def _setup(config: RunConfig, started: float) -> _Rank:
     if steps_per_epoch and config.steps <= 0 and total == 0:
         raise ValueError("too few samples for one global batch")
     _optimizer(run, model, total)
+    if config.method in DILOCO_METHODS:
+        run.optimizer = _diloco(run, model)
+        run.state = state = run.optimizer  # what counts the bytes and is closed at the end
     if run.optimizer_name in COMMUNICATING_OPTIMIZERS:
         run.state = state = run.optimizer  # what counts the bytes and is closed at the end
     run.meter = _Meter(os.environ.get("TERSE_IFNAME"), state)
@@ -661,6 +694,42 @@ def _communicating_adam(run: _Rank, model: Any, total: int) -> Tuple[Any, Any]:
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lm.schedule(total))
 
 
+def _diloco(run: _Rank, model: Any) -> Any:
+    """The run's DiLoCo around its optimizer (whose schedule keeps stepping the inner one):
+    terse.diloco's, or torchft's (terse_harness.torchft_diloco)."""
+    config = run.config
+    knobs = dict(sync_every=config.sync_every, fragments=config.fragments, delay=config.delay,
+                 timeout=config.timeout)
+    if config.method == "torchft-diloco":
+        from terse_harness import torchft_diloco
+
+        return torchft_diloco.make(model, run.optimizer, outer_lr=config.outer_lr,
+                                   outer_momentum=config.outer_momentum, **knobs)
+    import terse.diloco
+
+    return terse.diloco.DiLoCo(
+        model, run.optimizer, mixing=config.mixing, codec=config.codec,
+        min_bytes=config.min_bytes, threads=config.threads,
+        outer_optimizer=terse.diloco.nesterov(config.outer_lr, config.outer_momentum), **knobs)
+
+
+def _evaluated(run: _Rank) -> Any:
+    """The module evaluated (and digested): the model's, or DiLoCo's global parameters."""
+    if run.config.method in DILOCO_METHODS:
+        return run.optimizer.global_model()
+    return _unwrapped(run.model)
+
+
+def _finished(run: _Rank, step: int) -> float:
+    """After the last step, DiLoCo's last outer step (terse.diloco.DiLoCo.finish); returns its
+    seconds, which count as training time."""
+    if step != run.total or run.config.method not in DILOCO_METHODS:
+        return 0.0
+    started = time.perf_counter()
+    run.optimizer.finish()
+    return time.perf_counter() - started
+
+
 def _timed_step(run: _Rank, forward: Any) -> Tuple[Any, Tuple[float, float, float]]:
     """One training step: the gradients zeroed, ``forward()``'s loss, its backward pass (which
     includes waiting for DDP's communication), the optimizer's step, then the learning-rate
@@ -712,9 +781,10 @@ def _train(run: _Rank) -> None:
             loss_sum += loss.item()
             loss_count += 1
             step += 1
+            train_seconds += _finished(run, step)
             if step in run.eval_steps or (steps_per_epoch and step == total):
                 meter.stop()
-                accuracy = evaluate(_unwrapped(model), data)
+                accuracy = evaluate(_evaluated(run), data)
                 curve.append({"step": step, "epoch": step / steps_per_epoch,
                               "train_seconds": train_seconds, "accuracy": accuracy,
                               "wire_bytes": meter.wire, "payload_bytes": meter.payload})
@@ -752,9 +822,10 @@ def _train_lm(run: _Rank) -> None:
             times.append(timed)
         loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
         done = step + 1
+        train_seconds += _finished(run, done)
         if done in run.eval_steps:
             meter.stop()
-            val_loss = lm.evaluate_loss(_unwrapped(model), data)
+            val_loss = lm.evaluate_loss(_evaluated(run), data)
             curve.append({"step": done, "train_seconds": train_seconds, "val_loss": val_loss,
                           "wire_bytes": meter.wire, "payload_bytes": meter.payload})
             if run.rank == 0:
@@ -782,7 +853,7 @@ def _gather(run: _Rank) -> Tuple[List[Optional[Dict[str, Any]]], List[Any], Opti
         "wire_bytes_per_step": meter.wire / timed if meter.wire is not None and timed else None,
         "payload_bytes_per_step": (meter.payload / timed if meter.payload is not None and timed
                                    else None),
-        "digest": parameter_digest(_unwrapped(run.model)),
+        "digest": parameter_digest(_evaluated(run)),
     }
     everyone: List[Optional[Dict[str, Any]]] = [None] * run.world
     dist.all_gather_object(everyone, mine)
@@ -794,6 +865,8 @@ def _gather(run: _Rank) -> Tuple[List[Optional[Dict[str, Any]]], List[Any], Opti
                     for name, n, p in state.plan()]
         if getattr(state, "schedule", None) is not None:
             schedule = state.schedule.state_dict()  # the final decisions (no tensors in it)
+        if run.config.method in DILOCO_METHODS:
+            run.diloco_stats = state.stats()
         state.close()
     return everyone, plan, schedule
 
@@ -847,6 +920,8 @@ def _result(run: _Rank, everyone: List[Optional[Dict[str, Any]]], plan: List[Any
         "interface": os.environ.get("TERSE_IFNAME"),
         "digests": digests, "replicas_identical": len(set(digests)) == 1, "plan": plan,
         "schedule": schedule,
+        # DiLoCo: outer_steps, bytes_sent, exchange_seconds, waited_seconds, hidden (rank 0's).
+        "diloco": getattr(run, "diloco_stats", None),
     }
 
 
