@@ -7,7 +7,8 @@ Each rank trains a small MLP on its own regression data with AdamW inside torchf
 Checked: the global parameters are bit-identical on every rank after every step; with one
 fragment and no delay every rank's model equals them after each outer step; they equal a
 reference outer step (Nesterov SGD on the pseudo-gradients averaged by torch.distributed) to
-1e-6; the loss falls. Prints the seconds the outer steps added and exits non-zero on a failure.
+1e-6; the loss falls. Prints the seconds the outer steps added (beside a bare allreduce of the
+parameters through torch.distributed) and exits non-zero on a failure.
 """
 
 import argparse
@@ -36,13 +37,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--fragments", type=int, default=1)
     ap.add_argument("--delay", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=64, help="the MLP's width")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(32, args.hidden), torch.nn.Tanh(),
+                                torch.nn.Linear(args.hidden, 1))
     w_true = torch.randn(32, 1)
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -112,19 +115,29 @@ def main() -> int:
         failures.append(f"rank {rank}: {stats['outer_steps']} outer steps, "
                         f"expected {expected_outer}")
     opt.close()
+    # The bare exchange for comparison: each parameter's fp32 allreduce over the default group.
+    dist.barrier()
+    t = time.perf_counter()
+    for p in model.parameters():
+        dist.all_reduce(p.detach().clone())
+    bare = time.perf_counter() - t
 
     everyone = [None] * world
     dist.all_gather_object(everyone, failures)
     if rank == 0:
         bad = [f for fs in everyone for f in fs]
         syncs = max(1, stats["outer_steps"])
+        synced = " ".join(f"{s * 1e3:.1f}" for i, s in enumerate(step_seconds)
+                          if (i + 1) % h == 0)
         plain = sorted(s for i, s in enumerate(step_seconds) if (i + 1) % h)
-        print(f"torchft DiLoCo H={h} fragments={args.fragments} delay={args.delay} "
+        n = sum(p.numel() for p in model.parameters())
+        print(f"torchft DiLoCo {n} parameters H={h} fragments={args.fragments} delay={args.delay} "
               f"steps={args.steps}: startup {startup:.2f} s, loss {first:.4f} -> {last:.4f}, "
               f"{stats['outer_steps']} outer steps, {stats['waited_seconds']:.3f} s waited "
               f"({stats['waited_seconds'] / syncs * 1e3:.1f} ms per outer step; median "
               f"plain step {plain[len(plain) // 2] * 1e3:.2f} ms; the steps with an outer "
-              f"step: {' '.join(f'{s * 1e3:.1f}' for i, s in enumerate(step_seconds) if (i + 1) % h == 0)} ms)")
+              f"step: {synced} ms; a bare "
+              f"torch.distributed allreduce of the parameters {bare * 1e3:.1f} ms)")
         print("\n".join(bad) if bad else "OK")
     dist.destroy_process_group()
     return 1 if any(everyone) else 0

@@ -5,9 +5,11 @@ Every rank is one worker, a torchft replica group of size 1: :func:`make` starts
 Lighthouse on rank 0 (in process), then on every rank its own TCP store, a ``Manager`` with
 ``replica_id`` = rank and a reconfigurable ``ProcessGroupGloo`` over the replicas, and
 torchft's ``DiLoCo`` on the inner optimizer's step hooks. The default process group
-(torch.distributed, already initialized) only carries the Lighthouse's address.
+(torch.distributed, already initialized) carries only the Lighthouse's address and barriers.
 
-Limits: fp32 pseudo-gradients (torchft's quantization needs CUDA and Triton); the outer
+Limits: fp32 pseudo-gradients (torchft's ``should_quantize`` needs a GPU: on CPU its
+``Manager.allreduce`` fails in ``torch.accelerator.current_stream()``, swallows the error and
+every ``should_commit`` is False, so no outer step is ever applied); the outer
 optimizer is Nesterov SGD; torchft's per-fragment schedule starts a fragment's exchange ``delay``
 steps before its slot and merges it at the slot (terse starts at the slot and merges ``delay``
 steps later); the bytes sent are not counted here (``bytes_sent`` is None).
@@ -71,6 +73,9 @@ class TorchftDiLoCo:
                  fragments: Union[int, Sequence[Sequence[str]]], delay: int,
                  timeout: float) -> None:
         import torch.distributed as dist
+
+        # torchft's Rust servers log every quorum and commit at INFO; warnings are enough here.
+        os.environ.setdefault("RUST_LOG", "warn")
         from torchft import Manager, ProcessGroupGloo
         from torchft.coordination import LighthouseServer
         from torchft.local_sgd import DiLoCo
@@ -196,7 +201,8 @@ def make(model: torch.nn.Module, inner: torch.optim.Optimizer, *, sync_every: in
     H = ``sync_every``, Nesterov SGD(``outer_lr``, ``outer_momentum``) per fragment,
     ``fragments`` (a count or lists of parameter names; H must be a multiple of their number)
     and ``delay`` (tau < H / fragments). Every rank calls it alike after
-    torch.distributed.init_process_group."""
+    torch.distributed.init_process_group, with the same initial parameters (torchft's initial
+    synchronization is off)."""
     return TorchftDiLoCo(model, inner, sync_every=sync_every, outer_lr=outer_lr,
                          outer_momentum=outer_momentum, fragments=fragments, delay=delay,
                          timeout=timeout)
