@@ -607,7 +607,8 @@ void add_plan_command(CLI::App& app) {
                   "One-way link latency in seconds (default: the calibration's, else 50e-6)");
   cmd->add_option("--codecs", opt->codecs,
                   "The light tier's codecs, what codec auto chooses from (default: "
-                  "TERSE_PLAN_CODECS, else fp16 minmax8:ef=1)");
+                  "TERSE_PLAN_CODECS, else fp16 minmax8:ef=1 powersgd:rank=8 "
+                  "powersgd:rank=8,wire=fp16)");
   cmd->add_option("--heavy", opt->heavy,
                   "The heavy tier's codecs, which codec auto:heavy adds (default: "
                   "TERSE_PLAN_HEAVY_CODECS, else onebit:ef=1 powersgd; none: no heavy codec)");
