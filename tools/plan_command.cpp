@@ -636,9 +636,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--diloco", opt->diloco, "DiLoCo's sync periods H to price, e.g. 25,50,100")
       ->delimiter(',');
   cmd->add_option("--diloco-codecs", opt->diloco_codecs,
-                  "Pseudo-gradient codecs, one spec a value (specs hold commas: separate them "
-                  "by spaces), auto and auto:heavy included")
-      ->capture_default_str();
+                  "Pseudo-gradient codecs, separated by spaces (specs hold commas), auto and "
+                  "auto:heavy included (default: none minmax8:ef=1 minmax8:bits=4,ef=1)");
   cmd->add_option("--fragments", opt->fragments, "Streaming DiLoCo's fragments P (1 to H)")
       ->capture_default_str();
   cmd->add_option("--delay", opt->delay,
