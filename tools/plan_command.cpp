@@ -1,12 +1,17 @@
 // terse plan: before a job runs, what the planner would do with each tensor of a model on N ranks
 // and links of a given rate, the predicted time of each, and the predicted communication time of
 // one step against raw allreduce. With --scale, the same per-step prediction for each strategy
-// over a range of world sizes (docs/planner.md plots it).
+// over a range of world sizes (docs/planner.md plots it). With --compute-ms, each method's time
+// per (inner) step, compute included: raw and codec "auto" every step against DiLoCo's
+// pseudo-gradient exchange every H steps (docs/planner.md, "Per-step compression or DiLoCo").
 //
 // Model of a step: tensors are reduced one after another (no overlap between tensors), and raw
 // tensors up to --fuse-bytes travel in one fused message, as the engine does for a group (a DDP
 // bucket). The raw baseline reduces every tensor raw with the engine's default partitions,
-// fused the same way.
+// fused the same way. A fixed codec reduces every tensor with it as the engine runs the codec
+// (strategy auto, the engine's default partitions), as terse.diloco.DiLoCo does with the
+// pseudo-gradients. Compute and communication do not overlap, except where Streaming DiLoCo's
+// delay hides an exchange behind inner steps.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -62,6 +67,12 @@ struct Options {
   std::string json;
   std::string write_sizes;
   bool sizes_only = false;
+  double compute_ms = 0;
+  bool compute_given = false;  // whether --compute-ms was
+  std::vector<int> diloco;
+  std::vector<std::string> diloco_codecs = {"none", "minmax8:ef=1", "minmax8:bits=4,ef=1"};
+  int fragments = 1;
+  int delay = 0;
 };
 
 // ---- tensor sizes -----------------------------------------------------------------------------
@@ -135,6 +146,15 @@ struct Step {
   double fused_seconds = 0;
   double seconds = 0;
   double raw_seconds = 0;
+  double bytes = 0;  // bytes each rank sends (the step's plans)
+  double raw_bytes = 0;
+};
+
+// One collective per tensor (and the fused message): its time and the bytes each rank sends,
+// which every rank's link carries alike in these collectives.
+struct Exchange {
+  double seconds = 0;
+  double bytes = 0;
 };
 
 struct StepModel {
@@ -150,10 +170,20 @@ struct StepModel {
     return static_cast<int>(std::clamp<std::size_t>(
         (n * sizeof(float) + partition_bytes - 1) / partition_bytes, 1, 256));
   }
-  double raw(std::size_t n) const {
-    return PlannerAccess::model(planner)
-        .predict(n, "none", Strategy::kRaw, default_partitions(n), ranks, threads)
-        .seconds;
+  Prediction raw(std::size_t n) const {
+    return PlannerAccess::model(planner).predict(n, "none", Strategy::kRaw, default_partitions(n),
+                                                 ranks, threads);
+  }
+  // Codec c (not none) on n floats as the engine runs it with strategy auto and partitions 0
+  // (src/engine/plans.cpp): summable or multi-round codecs on rings (multi-round on one
+  // partition), codecs with feedback state of their own gathered, the others sharded.
+  Prediction fixed(std::size_t n, const Codec& c) const {
+    const CodecTraits t = c.traits();
+    const Strategy s = t.summable || t.multi_round ? Strategy::kSummable
+                       : t.builtin_feedback        ? Strategy::kAllgather
+                                                   : Strategy::kSharded;
+    const int k = t.multi_round ? 1 : planner::clamp_partitions(default_partitions(n), n);
+    return PlannerAccess::model(planner).predict(n, c.spec(), s, k, ranks, threads);
   }
 
   // only: every tensor with this strategy (its best codec and K); kAuto: the planner's choice.
@@ -165,7 +195,9 @@ struct StepModel {
       if (small) {
         raw_fused_elements += t.elements;
       } else {
-        step.raw_seconds += raw(t.elements);
+        const Prediction r = raw(t.elements);
+        step.raw_seconds += r.seconds;
+        step.raw_bytes += r.bytes_sent;
       }
       const PlanDecision d = planner.decide(t.elements, ranks, threads, only, 0, tier);
       if (small && d.chosen.plan.strategy == Strategy::kRaw) {
@@ -173,14 +205,47 @@ struct StepModel {
         fused_elements += t.elements;
         continue;
       }
-      Row row{t, d.chosen.plan, d.chosen.predicted.seconds, small ? 0.0 : raw(t.elements), small};
+      Row row{t, d.chosen.plan, d.chosen.predicted.seconds, small ? 0.0 : raw(t.elements).seconds,
+              small};
       step.seconds += row.seconds;
+      step.bytes += d.chosen.predicted.bytes_sent;
       step.rows.push_back(std::move(row));
     }
-    if (fused_elements > 0) step.fused_seconds = raw(fused_elements);
+    if (fused_elements > 0) {
+      const Prediction f = raw(fused_elements);
+      step.fused_seconds = f.seconds;
+      step.bytes += f.bytes_sent;
+    }
     step.seconds += step.fused_seconds;
-    if (raw_fused_elements > 0) step.raw_seconds += raw(raw_fused_elements);
+    if (raw_fused_elements > 0) {
+      const Prediction f = raw(raw_fused_elements);
+      step.raw_seconds += f.seconds;
+      step.raw_bytes += f.bytes_sent;
+    }
     return step;
+  }
+
+  // Every tensor with codec spec: none is the raw baseline (small tensors fused), auto and
+  // auto:heavy the planner's plans of that tier, any other codec every tensor on its own with
+  // it, small ones too (DiLoCo's default min_bytes 0).
+  Exchange exchange(const std::vector<TensorSize>& tensors, const std::string& spec) const {
+    if (const std::optional<Tier> t = auto_tier(spec)) {
+      const StepModel other{planner, ranks, threads, fuse_bytes, partition_bytes, *t};
+      const Step s = other.predict(tensors);
+      return {s.seconds, s.bytes};
+    }
+    const std::unique_ptr<Codec> c = make_codec(spec);
+    if (c->name() == "none") {
+      const Step s = predict(tensors, Strategy::kRaw);
+      return {s.raw_seconds, s.raw_bytes};
+    }
+    Exchange e;
+    for (const auto& t : tensors) {
+      const Prediction p = fixed(t.elements, *c);
+      e.seconds += p.seconds;
+      e.bytes += p.bytes_sent;
+    }
+    return e;
   }
 };
 
@@ -191,6 +256,13 @@ std::string short_plan(const TensorPlan& p) {
     codec = codec.substr(0, colon) + (codec.find("ef=1") != std::string::npos ? "+ef" : "");
   }
   return fmt::format("{} {} K={}", to_string(p.strategy), codec, p.partitions);
+}
+
+// "raw" for none, auto or auto:heavy, else the canonical spec.
+std::string codec_label(const std::string& spec) {
+  if (const std::optional<Tier> t = auto_tier(spec)) return std::string(auto_codec(*t));
+  const std::string canonical = make_codec(spec)->spec();
+  return canonical == "none" ? "raw" : canonical;
 }
 
 // ---- the command ----------------------------------------------------------------------------
@@ -210,6 +282,51 @@ std::vector<TensorSize> tensors_of(const Options& opt) {
   return tensors;
 }
 
+// The canonical specs of the compressing fixed codecs of --diloco-codecs (with --compute-ms),
+// which the calibration must hold.
+std::vector<std::string> diloco_codecs(const Options& opt) {
+  std::vector<std::string> out;
+  if (!opt.compute_given) return out;
+  for (const auto& spec : opt.diloco_codecs) {
+    if (auto_tier(spec)) continue;
+    const std::string canonical = make_codec(spec)->spec();
+    if (canonical != "none") out.push_back(canonical);
+  }
+  return out;
+}
+
+// --compute-ms, --diloco, --fragments, --delay: refused before any calibration.
+void check_methods(const Options& opt) {
+  if (opt.compute_given && opt.compute_ms < 0) {
+    throw InvalidArgument(
+        fmt::format("--compute-ms {}: the step's compute time, 0 or more ms", opt.compute_ms));
+  }
+  if (opt.diloco.empty()) return;
+  if (!opt.compute_given) {
+    throw InvalidArgument(
+        "--diloco needs --compute-ms (the step's compute time without communication)");
+  }
+  for (int h : opt.diloco) {
+    if (h < 1) throw InvalidArgument(fmt::format("--diloco {}: H is 1 or more inner steps", h));
+    if (opt.fragments < 1 || opt.fragments > h) {
+      throw InvalidArgument(
+          fmt::format("--fragments {}: P is 1 to H (--diloco {})", opt.fragments, h));
+    }
+    if (opt.delay < 0 || opt.delay >= h) {
+      throw InvalidArgument(
+          fmt::format("--delay {}: tau is 0 to H - 1 (--diloco {})", opt.delay, h));
+    }
+  }
+  for (const auto& spec : opt.diloco_codecs) {
+    if (auto_tier(spec)) continue;
+    try {
+      make_codec(spec);
+    } catch (const Error& e) {
+      throw InvalidArgument(fmt::format("--diloco-codecs {}: {}", spec, e.what()));
+    }
+  }
+}
+
 // CPU costs: a calibration file (from `terse calibrate`), else measured here and now. source:
 // where they came from, for the report's header.
 Calibration cpu_costs(const Options& opt, const Planner& defaults, std::string& source) {
@@ -225,6 +342,11 @@ Calibration cpu_costs(const Options& opt, const Planner& defaults, std::string& 
     CalibrationOptions co;
     co.codecs = defaults.allowed();
     for (const auto& spec : defaults.heavy()) co.codecs.push_back(spec);
+    for (const auto& spec : diloco_codecs(opt)) {
+      if (std::find(co.codecs.begin(), co.codecs.end(), spec) == co.codecs.end()) {
+        co.codecs.push_back(spec);
+      }
+    }
     cal = calibrate_local(co, opt.ranks, opt.ranks_per_host,
                           allreduce_probes(engine_options_from_environment().threads));
     source =
@@ -331,8 +453,102 @@ void report_scale(const Options& opt, const std::vector<TensorSize>& tensors,
   }
 }
 
+// --compute-ms: each method's time per (inner) step, compute included, into report too. Every
+// step: compute + the step's exchange. DiLoCo every H steps with exchange E: compute + P *
+// max(0, E/P - tau * compute) / H (P fragments each exchanging E/P, each hidden by tau inner
+// steps; P = 1, tau = 0: compute + E/H).
+void report_methods(const Options& opt, const std::vector<TensorSize>& tensors,
+                    const StepModel& model, nlohmann::json& report) {
+  const double compute = opt.compute_ms * 1e-3;
+  struct Method {
+    std::string name;
+    nlohmann::json json;
+    double seconds = 0;
+    double bytes = 0;
+  };
+  // Raw, the planner's tier and the DiLoCo codecs every step, each exchange priced once. A
+  // codec is shown as given ("raw" for none) and keyed by its canonical spec.
+  struct Priced {
+    std::string shown;
+    std::string codec;
+    Exchange e;
+  };
+  std::vector<Priced> exchanges;
+  auto exchange = [&](const std::string& spec) {
+    const std::string codec = codec_label(spec);
+    for (const auto& p : exchanges) {
+      if (p.codec == codec) return p;
+    }
+    exchanges.push_back({codec == "raw" ? codec : spec, codec, model.exchange(tensors, spec)});
+    return exchanges.back();
+  };
+  exchange("none");
+  exchange(std::string(auto_codec(model.tier)));
+  for (const auto& spec : opt.diloco_codecs) exchange(spec);
+  std::vector<Method> methods;
+  for (const auto& p : exchanges) {
+    methods.push_back({p.shown + ", every step",
+                       {{"method", "every step"}, {"codec", p.codec}},
+                       compute + p.e.seconds,
+                       p.e.bytes});
+  }
+  const std::string streaming = opt.fragments > 1 || opt.delay > 0
+                                    ? fmt::format(" P={} tau={}", opt.fragments, opt.delay)
+                                    : std::string();
+  for (const auto& spec : opt.diloco_codecs) {
+    const Priced p = exchange(spec);
+    const Exchange& e = p.e;
+    for (int h : opt.diloco) {
+      const double exposed =
+          opt.fragments * std::max(0.0, e.seconds / opt.fragments - opt.delay * compute);
+      methods.push_back({fmt::format("diloco H={}{} {}", h, streaming, p.shown),
+                         {{"method", "diloco"},
+                          {"codec", p.codec},
+                          {"H", h},
+                          {"fragments", opt.fragments},
+                          {"delay", opt.delay},
+                          {"exchange_s", e.seconds}},
+                         compute + exposed / h,
+                         e.bytes / h});
+    }
+  }
+  const Method& raw = methods.front();
+  std::size_t width = 0;
+  for (const auto& m : methods) width = std::max(width, m.name.size());
+  fmt::print(
+      "\nper step with {:.1f} ms of compute (every step: compute + exchange, not overlapped; "
+      "DiLoCo every H steps: compute + P * max(0, E/P - tau * compute) / H)\n{:<{}} {:>10} "
+      "{:>8} {:>11} {:>9}\n",
+      opt.compute_ms, "method", width, "ms/step", "speedup", "sent/step", "of raw");
+  report["compute_s"] = compute;
+  report["methods"] = nlohmann::json::array();
+  const Method* fastest = &raw;
+  // a / b, or nothing where b is 0 (no compute and one rank: no time, no bytes).
+  auto ratio = [](double a, double b) { return b > 0 ? std::optional(a / b) : std::nullopt; };
+  for (const auto& m : methods) {
+    if (m.seconds < fastest->seconds) fastest = &m;
+    const auto speedup = ratio(raw.seconds, m.seconds), bytes = ratio(m.bytes, raw.bytes);
+    fmt::print("{:<{}} {:>10.3f} {:>8} {:>11} {:>9}\n", m.name, width, m.seconds * 1e3,
+               speedup ? fmt::format("{:.2f}x", *speedup) : "-", format_bytes(m.bytes),
+               bytes ? fmt::format("{:.2f}%", 100 * *bytes) : "-");
+    nlohmann::json j = m.json;
+    j["name"] = m.name;
+    j["step_s"] = m.seconds;
+    j["speedup"] = speedup ? nlohmann::json(*speedup) : nlohmann::json();
+    j["bytes"] = m.bytes;
+    report["methods"].push_back(j);
+  }
+  fmt::print("fastest: {}, {:.3f} ms/step ({}){}\n", fastest->name, fastest->seconds * 1e3,
+             fastest == &raw ? "raw" : fmt::format("{:.2f}x raw", raw.seconds / fastest->seconds),
+             opt.diloco.empty() ? ""
+                                : "; DiLoCo's loss per step is not synchronous training's: "
+                                  "check it (docs/diloco.md)");
+  report["fastest"] = fastest->name;
+}
+
 void run(const Options& opt) {
   if (opt.ranks < 1) throw InvalidArgument("--ranks: the number of ranks of the job (1 or more)");
+  check_methods(opt);
   const std::vector<TensorSize> tensors = tensors_of(opt);
   if (opt.sizes_only) return;
 
@@ -347,6 +563,14 @@ void run(const Options& opt) {
   std::string source;
   Calibration cal = cpu_costs(opt, defaults, source);
   set_links(opt, cal);
+  for (const auto& spec : diloco_codecs(opt)) {
+    if (cal.find(spec) == nullptr) {
+      throw InvalidArgument(fmt::format(
+          "--diloco-codecs {}: the calibration {} has no costs of it (terse calibrate --heavy "
+          "adds codecs)",
+          spec, source));
+    }
+  }
   cal.world_size = opt.ranks;
   const std::unique_ptr<Planner> made = PlannerAccess::with_calibration(po, std::move(cal));
   Planner& planner = *made;
@@ -361,6 +585,7 @@ void run(const Options& opt) {
   nlohmann::json report;
   report_step(opt, tensors, model, source, report);
   if (!opt.scale.empty()) report_scale(opt, tensors, model, report);
+  if (opt.compute_given) report_methods(opt, tensors, model, report);
   if (!opt.json.empty()) {
     std::ofstream(opt.json) << report.dump(1) << "\n";
     fmt::print("wrote {}\n", opt.json);
@@ -382,7 +607,8 @@ void add_plan_command(CLI::App& app) {
                   "One-way link latency in seconds (default: the calibration's, else 50e-6)");
   cmd->add_option("--codecs", opt->codecs,
                   "The light tier's codecs, what codec auto chooses from (default: "
-                  "TERSE_PLAN_CODECS, else fp16 minmax8:ef=1)");
+                  "TERSE_PLAN_CODECS, else fp16 minmax8:ef=1 powersgd:rank=8 "
+                  "powersgd:rank=8,wire=fp16)");
   cmd->add_option("--heavy", opt->heavy,
                   "The heavy tier's codecs, which codec auto:heavy adds (default: "
                   "TERSE_PLAN_HEAVY_CODECS, else onebit:ef=1 powersgd; none: no heavy codec)");
@@ -403,7 +629,24 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--json", opt->json, "Write the predictions as JSON");
   cmd->add_option("--write-sizes", opt->write_sizes, "Write the tensor sizes used as JSON");
   cmd->add_flag("--sizes-only", opt->sizes_only, "Stop after --write-sizes (no calibration)");
-  cmd->callback([opt] { run(*opt); });
+  CLI::Option* compute =
+      cmd->add_option("--compute-ms", opt->compute_ms,
+                      "The step's compute time without communication, in ms: adds each method's "
+                      "time per step");
+  cmd->add_option("--diloco", opt->diloco, "DiLoCo's sync periods H to price, e.g. 25,50,100")
+      ->delimiter(',');
+  cmd->add_option("--diloco-codecs", opt->diloco_codecs,
+                  "Pseudo-gradient codecs, separated by spaces (specs hold commas), auto and "
+                  "auto:heavy included (default: none minmax8:ef=1 minmax8:bits=4,ef=1)");
+  cmd->add_option("--fragments", opt->fragments, "Streaming DiLoCo's fragments P (1 to H)")
+      ->capture_default_str();
+  cmd->add_option("--delay", opt->delay,
+                  "Streaming DiLoCo's delay tau: inner steps that hide a fragment's exchange")
+      ->capture_default_str();
+  cmd->callback([opt, compute] {
+    opt->compute_given = compute->count() > 0;
+    run(*opt);
+  });
 }
 
 }  // namespace terse::tools

@@ -1153,6 +1153,122 @@ TEST(PlanCommand, PredictsEveryTensorAndTheStep) {
   std::filesystem::remove_all(dir);
 }
 
+// `terse plan --compute-ms` with a calibration file: no measuring, the rows follow the rule.
+struct MethodsRun {
+  testing::Result shell;
+  nlohmann::json report;
+  // The row of this name's step_s (NaN where absent).
+  double step(const std::string& name) const {
+    for (const auto& m : report["methods"]) {
+      if (m["name"] == name) return m["step_s"].get<double>();
+    }
+    ADD_FAILURE() << "no row " << name << " in " << shell.output;
+    return std::nan("");
+  }
+  const nlohmann::json& row(const std::string& name) const {
+    for (const auto& m : report["methods"]) {
+      if (m["name"] == name) return m;
+    }
+    static const nlohmann::json none;
+    ADD_FAILURE() << "no row " << name << " in " << shell.output;
+    return none;
+  }
+};
+
+MethodsRun plan_methods(const std::string& dir, const std::string& args) {
+  static const std::vector<std::string> codecs = {"fp16", "minmax8:ef=1", "minmax8:bits=4,ef=1"};
+  std::ofstream(dir + "/cal.json") << synthetic(12.5e6, 100e-6, 4, codecs).to_json();
+  std::ofstream(dir + "/sizes.json")
+      << R"([{"name": "big", "elements": 4194304}, {"name": "bias", "elements": 10}])";
+  MethodsRun r;
+  r.shell = testing::shell(fmt::format(
+      "{0} plan --sizes {1}/sizes.json --ranks 4 --calibration {1}/cal.json --codecs fp16 "
+      "minmax8:ef=1 --heavy none {2} "
+      "--json {1}/methods.json",
+      kCli, dir, args));
+  if (r.shell.code == 0) r.report = nlohmann::json::parse(std::ifstream(dir + "/methods.json"));
+  return r;
+}
+
+TEST(PlanCommand, PricesDiLoCoAgainstCompressionEveryStep) {
+  const std::string dir = testing::temp_dir();
+  const MethodsRun r = plan_methods(dir, "--compute-ms 100 --diloco 10,20");
+  ASSERT_EQ(r.shell.code, 0) << r.shell.output;
+  const std::string m8 = "minmax8:ef=1", m4 = "minmax8:bits=4,ef=1";  // as given
+  for (const std::string& name :
+       std::vector<std::string>{"raw, every step", "auto, every step", "diloco H=10 raw",
+                                "diloco H=20 " + m4, "fastest:", "docs/diloco.md"}) {
+    EXPECT_NE(r.shell.output.find(name), std::string::npos) << name << "\n" << r.shell.output;
+  }
+  // Every step: compute + the step's exchange, raw's and auto's as the per-tensor table's.
+  EXPECT_DOUBLE_EQ(r.step("raw, every step"), 0.1 + r.report["raw_step_s"].get<double>());
+  EXPECT_DOUBLE_EQ(r.step("auto, every step"), 0.1 + r.report["step_s"].get<double>());
+  // DiLoCo: compute + E/H, E the codec's exchange every step; doubling H halves what shows.
+  for (const std::string& codec : {std::string("raw"), m8, m4}) {
+    const double every = r.step(codec + ", every step") - 0.1;
+    const double h10 = r.step("diloco H=10 " + codec) - 0.1;
+    const double h20 = r.step("diloco H=20 " + codec) - 0.1;
+    EXPECT_GT(every, 0) << codec;
+    EXPECT_NEAR(h10, every / 10, 1e-12) << codec;
+    EXPECT_NEAR(h20, h10 / 2, 1e-12) << codec;
+    EXPECT_NEAR(r.row("diloco H=20 " + codec)["bytes"].get<double>(),
+                r.row(codec + ", every step")["bytes"].get<double>() / 20, 1e-6)
+        << codec;
+  }
+  // Fewer bits, fewer bytes: minmax8 at 4 bits sends less than at 8, both less than raw.
+  EXPECT_LT(r.row(m4 + ", every step")["bytes"].get<double>(),
+            r.row(m8 + ", every step")["bytes"].get<double>());
+  EXPECT_LT(r.row(m8 + ", every step")["bytes"].get<double>(),
+            r.row("raw, every step")["bytes"].get<double>());
+  EXPECT_EQ(r.report["fastest"], "diloco H=20 " + m4) << r.shell.output;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PlanCommand, StreamingDiLoCoHidesWhatTheDelayCovers) {
+  const std::string dir = testing::temp_dir();
+  // 5 s of compute a step hides any fragment's exchange here (raw's whole E is about 1.5 s).
+  const MethodsRun hidden =
+      plan_methods(dir, "--compute-ms 5000 --diloco 4 --fragments 2 --delay 1");
+  ASSERT_EQ(hidden.shell.code, 0) << hidden.shell.output;
+  int rows = 0;
+  for (const auto& m : hidden.report["methods"]) {
+    if (m["method"] != "diloco") continue;
+    ++rows;
+    EXPECT_LT(m["exchange_s"].get<double>() / 2, 5.0) << m.dump();
+    EXPECT_EQ(m["step_s"].get<double>(), 5.0) << m.dump();
+  }
+  EXPECT_EQ(rows, 3) << hidden.shell.output;
+  // 100 ms hides 100 ms of each fragment's exchange: compute + P * (E/P - tau * compute) / H.
+  const MethodsRun partly =
+      plan_methods(dir, "--compute-ms 100 --diloco 10 --fragments 2 --delay 1");
+  ASSERT_EQ(partly.shell.code, 0) << partly.shell.output;
+  const auto& raw = partly.row("diloco H=10 P=2 tau=1 raw");
+  const double e = raw["exchange_s"].get<double>();
+  ASSERT_GT(e / 2, 0.1);
+  EXPECT_NEAR(raw["step_s"].get<double>(), 0.1 + 2 * (e / 2 - 0.1) / 10, 1e-12);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PlanCommand, RefusesImpossibleDiLoCoSettingsNamingTheOption) {
+  const std::string dir = testing::temp_dir();
+  const std::pair<const char*, const char*> cases[] = {
+      {"--compute-ms 100 --diloco 0", "--diloco 0:"},
+      {"--compute-ms 100 --diloco 4 --delay 4", "--delay 4:"},
+      {"--compute-ms 100 --diloco 4 --fragments 0", "--fragments 0:"},
+      {"--compute-ms 100 --diloco 8,4 --fragments 5", "--fragments 5: P is 1 to H (--diloco 4)"},
+      {"--diloco 4", "--diloco needs --compute-ms"},
+      {"--compute-ms -1", "--compute-ms -1:"},
+      {"--compute-ms 100 --diloco 4 --diloco-codecs nosuch", "--diloco-codecs nosuch:"},
+      {"--compute-ms 100 --diloco 4 --diloco-codecs onebit:ef=1",
+       "has no costs of it"}};  // not in the calibration file
+  for (const auto& [args, message] : cases) {
+    const MethodsRun r = plan_methods(dir, args);
+    EXPECT_NE(r.shell.code, 0) << args;
+    EXPECT_NE(r.shell.output.find(message), std::string::npos) << args << "\n" << r.shell.output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(PlanCommand, ReplayPredictsARecordAgainWithItsOwnCalibrationOrAnothers) {
   const std::string dir = testing::temp_dir();
   const Calibration own = synthetic(125e6, 100e-6);   // 1 Gbit/s
