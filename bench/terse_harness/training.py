@@ -539,12 +539,13 @@ class _Meter:
     def __init__(self, ifname: Optional[str], state: Optional[Any]) -> None:
         self.ifname, self.state = ifname, state
         self.wire = 0 if interface_tx_bytes(ifname) is not None else None
-        self.payload = 0 if state is not None else None
+        # A state that counts no payload (torchft's DiLoCo) has bytes_sent None.
+        self.payload = 0 if getattr(state, "bytes_sent", None) is not None else None
         self._marks: Optional[Tuple[Optional[int], Optional[int]]] = None
 
     def _now(self) -> Tuple[Optional[int], Optional[int]]:
         return (interface_tx_bytes(self.ifname) if self.wire is not None else None,
-                self.state.bytes_sent if self.state is not None else None)
+                self.state.bytes_sent if self.payload is not None else None)
 
     def start(self) -> None:
         self._marks = self._now()
