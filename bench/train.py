@@ -45,7 +45,7 @@ import sys
 import time
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from terse_harness.training import MODELS, RunConfig, launch, method_label
+from terse_harness.training import DILOCO_METHODS, MODELS, RunConfig, launch, method_label
 
 # ---- the matrix -----------------------------------------------------------------------------
 
@@ -451,7 +451,44 @@ def lm_table(table, link: str, model: str) -> List[str]:
                   f"{reached[0]:.0f} s at step {reached[1]}, over the compute-only floor's "
                   f"{reached[1] * floor:.0f} s for as many steps: "
                   f"S = {reached[0] / (reached[1] * floor):.2f}."]
-    return lines + [""]
+    return lines + diloco_table(table, link, model) + [""]
+
+
+def diloco_table(table, link: str, model: str) -> List[str]:
+    """DiLoCo's exchanges at one link rate (when a DiLoCo method ran): bytes on the wire over
+    the whole run against DDP fp32's in the same invocation, and how much of the exchange time
+    Streaming DiLoCo hid behind inner steps."""
+    runs = table[(link, model)]
+    names = [n for n in _order(runs) if runs[n]["config"]["method"] in DILOCO_METHODS]
+    if not names:
+        return []
+
+    def run_bytes(r: Dict) -> Optional[float]:
+        per_step = r.get("wire_bytes_per_step")
+        return None if per_step is None else per_step * r["timed_steps"]
+
+    ddp = runs.get("ddp")
+    ddp_bytes = run_bytes(ddp) if ddp else None
+    lines = ["", "| DiLoCo method | outer exchanges | wire MB over the run (rank mean) "
+             "| fewer bytes than DDP fp32 | exchange s | waited s | hidden |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in names:
+        r = runs[name]
+        stats = r.get("diloco") or {}
+        sent = run_bytes(r)
+
+        def number(key: str) -> str:
+            value = stats.get(key)
+            return "-" if value is None else f"{value:.1f}"
+
+        hidden = stats.get("hidden")
+        lines.append(
+            f"| {r['label']} | {stats.get('outer_steps', '-')} "
+            f"| {'-' if sent is None else f'{sent / 1e6:.1f}'} "
+            f"| {_ratio(ddp_bytes, sent)} | {number('exchange_seconds')} "
+            f"| {number('waited_seconds')} "
+            f"| {'-' if hidden is None else f'{100 * hidden:.0f} %'} |")
+    return lines
 
 
 def model_table(table, link: str, model: str) -> List[str]:

@@ -303,9 +303,11 @@ class DiLoCo:
         items.append((f"terse.diloco fragment {f.index} non-finite", f.nonfinite,
                       terse.Policy.raw_options(average=False)))
         f.submitted = time.perf_counter()
-        f.completed = []
+        # When this exchange completed (the callback may run after wait() returned, when it gets
+        # the GIL: the end is the earlier of the two).
+        f.completed = completed = []
         f.handle = self.engine.allreduce_group(items)
-        f.handle.on_complete(lambda error, f=f: f.completed.append(time.perf_counter()))
+        f.handle.on_complete(lambda error: completed.append(time.perf_counter()))
         f.started_at = self.steps
         f.due = self.steps + self.delay
 
@@ -318,7 +320,7 @@ class DiLoCo:
         handle.wait()
         t1 = time.perf_counter()
         self._waited += t1 - t0
-        self._exchanged += (f.completed[0] if f.completed else t1) - f.submitted
+        self._exchanged += min(f.completed[0] if f.completed else t1, t1) - f.submitted
         bad = [r for r, v in enumerate(f.nonfinite.tolist()) if v != 0.0]
         if bad:
             raise terse.InvalidArgument(
