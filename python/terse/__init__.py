@@ -19,6 +19,9 @@ be a schedule (:mod:`terse.accordion`): :class:`Accordion`'s adaptive levels or 
 :class:`Policy` (:mod:`terse.policy`). :mod:`terse.optim` (imported separately: it imports torch)
 holds optimizers that communicate themselves: ``terse.optim.OneBitAdam`` and
 ``terse.optim.ZeroOneAdam`` exchange their momentum 1-bit compressed (docs/python.md).
+:mod:`terse.diloco` (imported separately) synchronizes every H steps: ``DiLoCo`` averages
+pseudo-gradients through the engine with a codec, in fragments overlapped with inner steps
+(Streaming DiLoCo; docs/diloco.md).
 
 Errors are :class:`terse.Error` subclasses carrying the C++ message (rank, tensor, peer):
 SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError.
