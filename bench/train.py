@@ -146,7 +146,7 @@ METHODS: List[Tuple[str, Dict]] = [
     ("onebit-adam", dict(method="ddp", optimizer="onebit-adam")),
     ("zeroone-adam", dict(method="ddp", optimizer="zeroone-adam")),
     # DiLoCo (terse.diloco): AdamW inner steps on each rank alone, every H steps the
-    # pseudo-gradients averaged (raw, 8 or 4 bits with error feedback) and an outer Nesterov
+    # pseudo-gradients averaged (raw, 8, 4 or 2 bits with error feedback) and an outer Nesterov
     # step (lr 0.7, momentum 0.9); Streaming DiLoCo: 4 fragments on staggered offsets, each
     # exchange overlapped with 5 inner steps and merged half and half. torchft's DiLoCo
     # (terse_harness.torchft_diloco) at the same H and outer optimizer.
@@ -155,6 +155,8 @@ METHODS: List[Tuple[str, Dict]] = [
     ("diloco-h50-int8", dict(method="diloco", codec="minmax8:ef=1", sync_every=50)),
     ("diloco-h50-int4", dict(method="diloco", codec="minmax8:bits=4,ef=1", sync_every=50)),
     ("diloco-h100-int4", dict(method="diloco", codec="minmax8:bits=4,ef=1", sync_every=100)),
+    ("diloco-h50-int2", dict(method="diloco", codec="minmax8:bits=2,ef=1", sync_every=50)),
+    ("diloco-h100-int2", dict(method="diloco", codec="minmax8:bits=2,ef=1", sync_every=100)),
     ("streaming-diloco-h50-int4", dict(method="diloco", codec="minmax8:bits=4,ef=1",
                                        sync_every=50, fragments=4, delay=5, mixing=0.5)),
     ("torchft-diloco-h50", dict(method="torchft-diloco", sync_every=50)),
