@@ -810,27 +810,39 @@ def plots(table, directory: str, suffix: str = "") -> List[str]:
 
 def loss_plot(table, model: str, links: List[str], names: List[str], styles: Dict,
               colors: Dict, directory: str, suffix: str) -> str:
-    """The language model's validation loss against training time, one panel a link rate;
-    returns the file written."""
+    """The language model's validation loss against training time (top row) and against bytes
+    sent (bottom row), one column a link rate; returns the file written."""
     import matplotlib.pyplot as plt
 
     spec = MODELS[model]
-    fig, axes = plt.subplots(1, len(links), figsize=(6 * len(links) + 4, 5), squeeze=False)
-    for ax, link in zip(axes[0], links):
+    fig, axes = plt.subplots(2, len(links), figsize=(6 * len(links) + 4, 9.5), squeeze=False)
+    for column, link in enumerate(links):
+        top, bottom = axes[0][column], axes[1][column]
         for name in names:
             r = table[(link, model)].get(name)
             if not r or name in FLOORS or not r["curve"]:
                 continue
-            ax.plot([c["train_seconds"] for c in r["curve"]],
-                     [c["val_loss"] for c in r["curve"]], styles[name], marker=".",
+            loss = [c["val_loss"] for c in r["curve"]]
+            top.plot([c["train_seconds"] for c in r["curve"]], loss, styles[name], marker=".",
                      color=colors[name], label=r["label"])
-        if spec.target_loss:
-            ax.axhline(spec.target_loss, color="gray", lw=0.8)
-        ax.set_title(f"{spec.description}, {LINK_NAMES.get(link, link)}", fontsize=9)
-        ax.set_xlabel("training time, s (evaluation excluded)")
-        ax.set_ylabel("validation loss, nats per byte")
-        ax.grid(True, alpha=0.3)
+            sent = curve_bytes(r)
+            if sent:
+                # No point at zero bytes on the logarithmic axis (DiLoCo before its first
+                # outer step).
+                points = [(b, v) for b, v in zip(sent, loss) if b > 0]
+                bottom.plot([b for b, _ in points], [v for _, v in points], styles[name],
+                            marker=".", color=colors[name], label=r["label"])
+        top.set_xlabel("training time, s (evaluation excluded)")
+        bottom.set_xscale("log")  # methods differ by 1000x and more in bytes
+        bottom.set_xlabel("bytes sent per rank (log scale)")
+        for ax in (top, bottom):
+            if spec.target_loss:
+                ax.axhline(spec.target_loss, color="gray", lw=0.8)
+            ax.set_title(f"{spec.description}, {LINK_NAMES.get(link, link)}", fontsize=9)
+            ax.set_ylabel("validation loss, nats per byte")
+            ax.grid(True, which="both", alpha=0.3)
     _legend(axes[0])
+    _legend(axes[1])
     fig.tight_layout()
     path = os.path.join(directory, f"training-loss-{model}{suffix}.png")
     fig.savefig(path, dpi=110)
