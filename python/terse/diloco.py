@@ -430,7 +430,10 @@ class DiLoCo:
             if [tuple(t.shape) for t in saved] != [tuple(g.shape) for g in f.global_params]:
                 raise terse.DecodeError(f"{what}: fragment {f.index}'s global parameters have "
                                         "other shapes")
-        self.finish()
+        for f in self.fragments:  # exchanges in flight are replaced by the checkpoint's
+            if f.handle is not None:
+                f.handle.wait()
+                f.handle = None
         self.engine.synchronize()
         self.engine.load_state(state["engine"])
         with torch.no_grad():

@@ -182,6 +182,13 @@ def resume(path: str, before: int, after: int) -> Dict:
     result: Dict[str, Any] = {"continued": digest(model.parameters()),
                               "continued_global": digest(optimizer.global_parameters().values()),
                               "in_flight": in_flight}
+    # The same DiLoCo, past the save and finished, loaded back: it repeats the same steps.
+    checkpoint = torch.load(path)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["diloco"])
+    train(model, optimizer, before, before + after)
+    optimizer.finish()
+    result["rewound"] = digest(model.parameters())
     optimizer.close()
     for with_state in (True, False):
         checkpoint = torch.load(path)

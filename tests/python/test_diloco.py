@@ -87,6 +87,7 @@ def test_a_resumed_run_continues_bit_for_bit_with_an_exchange_in_flight(run2):
         r = result["resume"]
         assert r["in_flight"], "the save must happen with an exchange in flight"
         assert r["resumed"] == r["continued"]
+        assert r["rewound"] == r["continued"]  # loaded into a DiLoCo that trained on
         assert r["resumed_global"] == r["continued_global"]
         assert r["control"] != r["continued"]  # without the DiLoCo state the run differs
         assert "was saved with sync_every=6" in r["other"]
