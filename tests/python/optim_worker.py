@@ -11,7 +11,6 @@ Scenarios:
 
 import argparse
 import gc
-import hashlib
 import json
 import os
 import sys
@@ -24,45 +23,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import terse
 import terse.optim
-from terse_harness.data import load_fashion_mnist
+from fashion_mlp import batch, digest, make_model
 
-BATCH = 32
-SAMPLES = 2048
 LR = 1e-3
 # With eps = 1e-8 the compressed momentum of weights whose variance is tiny (those of dead ReLU
 # units: about 1e-17) moves them by m / sqrt(v), and this MLP diverges; with 1e-5 0/1 Adam
 # diverges on some machines and seeds (docs/python.md).
 EPS = 1e-4
-_data = None
-
-
-def data():
-    global _data
-    if _data is None:
-        x, y = load_fashion_mnist("test", limit=SAMPLES)
-        _data = torch.from_numpy(x), torch.from_numpy(y)
-    return _data
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(),
-                               torch.nn.Linear(128, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 10))
-
-
-def batch(step: int):
-    x, y = data()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    start = ((step * world + rank) * BATCH) % (SAMPLES - BATCH)
-    return x[start:start + BATCH], y[start:start + BATCH]
-
-
-def digest(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()
 
 
 # Small schedules, so that a short run crosses every phase: 1-bit Adam freezes after 10 steps;
@@ -90,7 +57,7 @@ def setup(kind: str, ddp: bool, **knobs):
 def train(model, optimizer, first: int, last: int, record: Optional[Dict] = None) -> List[float]:
     losses = []
     for step in range(first, last):
-        x, y = batch(step)
+        x, y = batch(step, dist.get_rank(), dist.get_world_size())
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -98,7 +65,7 @@ def train(model, optimizer, first: int, last: int, record: Optional[Dict] = None
         optimizer.step()
         losses.append(loss.item())
         if record is not None:
-            record["digests"].append(digest(model))
+            record["digests"].append(digest(model.parameters()))
             record["synchronized"].append(bool(getattr(optimizer, "synchronized", True)))
             record["bytes"].append(optimizer.bytes_sent - before)
             record["frozen"].append(bool(optimizer.frozen))
@@ -144,7 +111,7 @@ def resume(path: str, before: int, after: int) -> Dict:
         train(model, optimizer, 0, before)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
         train(model, optimizer, before, before + after)
-        result = {"continued": digest(model)}
+        result = {"continued": digest(model.parameters())}
         optimizer.close()
         for with_engine in (True, False):
             checkpoint = torch.load(path)
@@ -155,7 +122,7 @@ def resume(path: str, before: int, after: int) -> Dict:
                 state = {**state, "engine": optimizer.engine.save_state()}
             optimizer.load_state_dict(state)
             train(model, optimizer, before, before + after)
-            result["resumed" if with_engine else "control"] = digest(model)
+            result["resumed" if with_engine else "control"] = digest(model.parameters())
             optimizer.close()
         # A checkpoint of another configuration is refused by name.
         model, optimizer = setup(kind, True, **({"freeze_step": 6} if kind == "onebit"
