@@ -28,6 +28,7 @@
 // Internal headers: the calibration and the cost model are no part of the public API; this
 // command asks them what-if questions (other rates, other world sizes).
 #include "engine/allreduce_probe.h"  // the probe calibration times the engine with
+#include "engine/plans.h"  // auto_strategy: the strategy the engine gives a fixed codec
 #include "planner/calibration.h"  // Calibration records: this command prints and writes them
 #include "planner/cost_model.h"  // per-candidate predictions, beside the measured times
 #include "planner/planner_impl.h"  // PlannerAccess: a planner from a given calibration
@@ -174,16 +175,13 @@ struct StepModel {
     return PlannerAccess::model(planner).predict(n, "none", Strategy::kRaw, default_partitions(n),
                                                  ranks, threads);
   }
-  // Codec c (not none) on n floats as the engine runs it with strategy auto and partitions 0
-  // (src/engine/plans.cpp): summable or multi-round codecs on rings (multi-round on one
-  // partition), codecs with feedback state of their own gathered, the others sharded.
+  // Codec c (not none) on n floats as the engine runs it with strategy auto and partitions 0:
+  // the engine's strategy for it, multi-round codecs on one partition.
   Prediction fixed(std::size_t n, const Codec& c) const {
-    const CodecTraits t = c.traits();
-    const Strategy s = t.summable || t.multi_round ? Strategy::kSummable
-                       : t.builtin_feedback        ? Strategy::kAllgather
-                                                   : Strategy::kSharded;
-    const int k = t.multi_round ? 1 : planner::clamp_partitions(default_partitions(n), n);
-    return PlannerAccess::model(planner).predict(n, c.spec(), s, k, ranks, threads);
+    const int k =
+        c.traits().multi_round ? 1 : planner::clamp_partitions(default_partitions(n), n);
+    return PlannerAccess::model(planner).predict(n, c.spec(), engine::auto_strategy(c), k, ranks,
+                                                 threads);
   }
 
   // only: every tensor with this strategy (its best codec and K); kAuto: the planner's choice.

@@ -32,6 +32,17 @@ std::string with_rows(const std::string& spec, std::size_t rows, bool only_defau
 
 }  // namespace
 
+Strategy auto_strategy(const Codec& c) {
+  const CodecTraits t = c.traits();
+  // A codec with feedback state of its own (DGC's momentum and velocity) encodes each rank's
+  // gradient once and the ranks gather the payloads, as its paper does: under sharded, a
+  // shard's owner would feed the average through that state again (DGC's momentum twice).
+  return c.name() == "none"             ? Strategy::kRaw
+         : t.summable || t.multi_round ? Strategy::kSummable
+         : t.builtin_feedback          ? Strategy::kAllgather
+                                       : Strategy::kSharded;
+}
+
 bool TensorRecord::verified_for(const std::string& c) const {
   if (c == config) return verified;
   auto p = parked.find(c);
@@ -82,16 +93,7 @@ TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** c
   const CodecTraits t = c.traits();
   p.codec = c.spec();
   const bool identity = c.name() == "none";
-  p.strategy = o.strategy;
-  if (p.strategy == Strategy::kAuto) {
-    // A codec with feedback state of its own (DGC's momentum and velocity) encodes each rank's
-    // gradient once and the ranks gather the payloads, as its paper does: under sharded, a
-    // shard's owner would feed the average through that state again (DGC's momentum twice).
-    p.strategy = identity                      ? Strategy::kRaw
-                 : t.summable || t.multi_round ? Strategy::kSummable
-                 : t.builtin_feedback          ? Strategy::kAllgather
-                                               : Strategy::kSharded;
-  }
+  p.strategy = o.strategy == Strategy::kAuto ? auto_strategy(c) : o.strategy;
   if (p.strategy == Strategy::kAllToAll) {
     throw InvalidArgument("strategy alltoall reduces a reduce_scatter or all_to_all, not an "
                           "allreduce; use allgather, sharded, ring or summable");

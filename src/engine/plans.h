@@ -31,6 +31,10 @@
 
 namespace terse::engine {
 
+// The strategy codec c gets under strategy auto: raw for codec none, rings for summable or
+// multi-round codecs, a gather for codecs with feedback state of their own, sharded otherwise.
+Strategy auto_strategy(const Codec& c);
+
 // A tensor's state under one configuration.
 struct ConfigState {
   std::uint64_t step = 0;
