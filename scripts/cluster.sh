@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Emulates an N-host cluster on this machine and runs a command on every host.
+# Emulates an N-host cluster on this machine and runs a command as every rank of every host.
 #
-#   scripts/cluster.sh -n N -r RATE|unshaped [-p PORT] [-b BURST] [-c auto|none] -- COMMAND ...
+#   scripts/cluster.sh -n N -r RATE|unshaped [-l L|L0,L1,...] [-p PORT] [-b BURST] [-c auto|none]
+#                      -- COMMAND ...
 #   scripts/cluster.sh -k RATE     prints the token bucket (bytes) a link of RATE gets, and exits
 #
 # Topology: a "switch" network namespace holding a bridge, and N "host" namespaces, each joined
@@ -12,17 +13,25 @@
 # Namespace names carry a per-invocation prefix, so parallel runs do not clash. Everything is
 # torn down on exit, also on failure or interruption.
 #
-# COMMAND runs in host I with RANK=I, WORLD_SIZE=N, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
-# MASTER_ADDR=10.77.0.1 (host 0), MASTER_PORT=PORT (default 29500) and TERSE_IFNAME=eth0, its
-# output prefixed by "[host I] ". The script fails if any host's command fails; the others are
-# then stopped. Needs root, iproute2 and tc.
-# -c auto (default: TERSE_BIND, else auto) binds host I's command to its own cores as `terse run
-# --bind auto` does (src/kit/host.h, kit::binding): where N divides this machine's cores, each
-# emulated host gets a block of them; -c none does not bind.
+# -l gives the ranks per host (1..64 each; default 1): L for every host, or a comma list with
+# one count per host (N of them), so hosts may be uneven (-n 2 -l 3,2). Ranks are numbered host
+# by host: host I's local rank J is rank R = (the ranks of hosts 0..I-1) + J. COMMAND runs once
+# per rank, in its host's namespace, with RANK=R, WORLD_SIZE=(all ranks), LOCAL_RANK=J,
+# LOCAL_WORLD_SIZE=(host I's ranks), GROUP_RANK=I (torchrun's name for the node index),
+# MASTER_ADDR=10.77.0.1 (host 0), MASTER_PORT=PORT (default 29500) and TERSE_IFNAME=eth0. The
+# ranks of one host share its namespace: between them traffic stays on that namespace's stack,
+# unshaped; only the host's link (its veth) is. Output is prefixed by "[host I] " where every
+# host has one rank, else by "[host I rank R] ". The script fails if any rank's command fails
+# (with that status); the others are then stopped. Needs root, iproute2 and tc.
+# -c auto (default: TERSE_BIND, else auto) binds each rank's command to its own cores as `terse
+# run --bind auto` does (src/kit/host.h, kit::binding): where the total number of ranks divides
+# this machine's cores, each rank gets a block of them, in rank order (with one rank per host:
+# a block per emulated host); otherwise no rank is bound. -c none does not bind.
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 -n N -r RATE [-p PORT] [-b BURST] [-c auto|none] -- COMMAND [ARGS...]" >&2
+  echo "usage: $0 -n N -r RATE [-l L|L0,L1,...] [-p PORT] [-b BURST] [-c auto|none]" \
+    "-- COMMAND [ARGS...]" >&2
   echo "       $0 -k RATE" >&2
   exit 2
 }
@@ -64,8 +73,8 @@ bucket_for() {
   echo "$bytes"
 }
 
-n="" rate="" port=29500 burst="" bind=${TERSE_BIND:-auto}
-while getopts "n:r:p:b:c:k:h" opt; do
+n="" rate="" port=29500 burst="" bind=${TERSE_BIND:-auto} per_host=1
+while getopts "n:r:p:b:c:l:k:h" opt; do
   case "$opt" in
     k) bps=$(rate_bps "$OPTARG"); bucket_for "$bps"; exit 0 ;;
     n) n=$OPTARG ;;
@@ -73,6 +82,7 @@ while getopts "n:r:p:b:c:k:h" opt; do
     p) port=$OPTARG ;;
     b) burst=$OPTARG ;;
     c) bind=$OPTARG ;;
+    l) per_host=$OPTARG ;;
     *) usage ;;
   esac
 done
@@ -83,19 +93,58 @@ shift $((OPTIND - 1))
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (ip netns)" >&2; exit 2; }
 [ "$bind" = auto ] || [ "$bind" = none ] || { echo "$0: -c must be auto or none" >&2; exit 2; }
 
-# Host I's CPUs under -c auto (kit::binding's rule): with N dividing the CPUs this script may
-# use, a block of CPUs/N of them; else (more hosts than CPUs, say) all of them.
+# -l: counts[I] ranks on host I. A count is 1..64 (leading zeros allowed, read as decimal).
+bad_l() {
+  echo "$0: bad -l $per_host: $1; give L (every host runs L ranks) or L0,L1,... (one count" \
+    "per host, $n of them), each 1..64" >&2
+  usage
+}
+counts=()
+if [[ "$per_host" =~ ^[0-9]+$ ]]; then
+  for ((i = 0; i < n; i++)); do counts+=("$per_host"); done
+elif [[ "$per_host" =~ ^[0-9]+(,[0-9]+)+$ ]]; then
+  IFS=, read -r -a counts <<< "$per_host"
+  [ "${#counts[@]}" -eq "$n" ] || bad_l "it lists ${#counts[@]} hosts, -n is $n"
+else
+  bad_l "not a count or a comma list of counts"
+fi
+for ((i = 0; i < n; i++)); do
+  if ! [[ "${counts[$i]}" =~ ^0*[0-9]{1,2}$ ]] || ((10#${counts[$i]} < 1 || 10#${counts[$i]} > 64))
+  then
+    if [[ "$per_host" == *,* ]]; then bad_l "host $i's count ${counts[$i]} is not in 1..64"
+    else bad_l "$per_host ranks per host is not in 1..64"; fi
+  fi
+  counts[i]=$((10#${counts[$i]}))
+done
+# Rank R runs on host rank_host[R] as its local rank rank_local[R]; world: all ranks. A rank is
+# labelled "host I" where every host has one rank (as before -l existed), else "host I rank R".
+rank_host=() rank_local=() labels=() world=0
+for ((i = 0; i < n; i++)); do
+  for ((l = 0; l < counts[i]; l++)); do
+    rank_host+=("$i")
+    rank_local+=("$l")
+  done
+  world=$((world + counts[i]))
+done
+for ((r = 0; r < world; r++)); do
+  if [ "$world" -eq "$n" ]; then labels+=("host ${rank_host[$r]}")
+  else labels+=("host ${rank_host[$r]} rank $r"); fi
+done
+
+# Rank R's CPUs under -c auto (kit::binding's rule, over all ranks of all hosts): with the
+# total number of ranks dividing the CPUs this script may use, the R-th block of CPUs/ranks of
+# them; else (more ranks than CPUs, say) none, and the rank may run on all of them.
 cpus=()
 for range in $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status | tr , ' '); do
   for ((c = ${range%-*}; c <= ${range#*-}; c++)); do cpus+=("$c"); done
 done
-host_cpus() {
-  local i=$1 count=${#cpus[@]}
-  if [ "$bind" = none ] || [ "$n" -le 1 ] || [ "$count" -le 1 ]; then
+rank_cpus() {
+  local r=$1 count=${#cpus[@]}
+  if [ "$bind" = none ] || [ "$world" -le 1 ] || [ "$count" -le 1 ]; then
     return
-  elif ((count % n == 0)); then
-    local block=$((count / n)) list=()
-    for ((c = i * block; c < (i + 1) * block; c++)); do list+=("${cpus[$c]}"); done
+  elif ((count % world == 0)); then
+    local block=$((count / world)) list=()
+    for ((c = r * block; c < (r + 1) * block; c++)); do list+=("${cpus[$c]}"); done
     (IFS=,; echo "${list[*]}")
   fi
 }
@@ -152,24 +201,27 @@ for ((i = 0; i < n; i++)); do
   fi
 done
 
-# Each host's exit status lands in a file, and a line on a FIFO wakes the loop below, so that
-# the first failure can stop the others without relying on job-control corner cases of
+# Each rank's exit status lands in a file of its own, and a line on a FIFO wakes the loop below,
+# so that the first failure can stop the others without relying on job-control corner cases of
 # `wait -n`. The loop waits with bash's own `read -t` (a second at most, in case a wake-up is
-# lost): no process is started while the hosts run, where polling with sleep(1) ten times a
+# lost): no process is started while the ranks run, where polling with sleep(1) ten times a
 # second took about 5% of a 2-core machine away from the training being measured.
 statusdir=$(mktemp -d)
 mkfifo "$statusdir/wake"
 exec {wake}<>"$statusdir/wake"
-for ((i = 0; i < n; i++)); do
+for ((r = 0; r < world; r++)); do
+  i=${rank_host[$r]}
+  tag="[${labels[$r]}] "
   (
     set +e
-    pin=$(host_cpus "$i")
-    ip netns exec "${hosts[$i]}" env RANK="$i" WORLD_SIZE="$n" LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+    pin=$(rank_cpus "$r")
+    ip netns exec "${hosts[$i]}" env RANK="$r" WORLD_SIZE="$world" LOCAL_RANK="${rank_local[$r]}" \
+      LOCAL_WORLD_SIZE="${counts[$i]}" GROUP_RANK="$i" \
       MASTER_ADDR=10.77.0.1 MASTER_PORT="$port" TERSE_IFNAME=eth0 \
       ${pin:+taskset -c "$pin"} "$@" \
-      > >(sed -u "s/^/[host $i] /") 2> >(sed -u "s/^/[host $i] /" >&2)
-    echo $? > "$statusdir/$i"
-    echo "$i" > "$statusdir/wake"
+      > >(sed -u "s/^/$tag/") 2> >(sed -u "s/^/$tag/" >&2)
+    echo $? > "$statusdir/$r"
+    echo "$r" > "$statusdir/wake"
   ) &
   pids+=($!)
 done
@@ -177,19 +229,19 @@ done
 failed=0
 while true; do
   finished=0
-  for ((i = 0; i < n; i++)); do
-    [ -s "$statusdir/$i" ] || continue
+  for ((r = 0; r < world; r++)); do
+    [ -s "$statusdir/$r" ] || continue
     finished=$((finished + 1))
-    read -r status < "$statusdir/$i"
+    read -r status < "$statusdir/$r"
     if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
       failed=$status
-      echo "cluster.sh: host $i failed (status $status); stopping the others" >&2
+      echo "cluster.sh: ${labels[$r]} failed (status $status); stopping the others" >&2
       for ns in "${hosts[@]}"; do
         for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$pid" 2>/dev/null || true; done
       done
     fi
   done
-  [ "$finished" -eq "$n" ] && break
+  [ "$finished" -eq "$world" ] && break
   read -r -t 1 -u "$wake" _ || true
 done
 wait

@@ -224,6 +224,9 @@ class TERSE_API Engine {
   const EngineOptions& options() const;
   int rank() const;
   int size() const;
+  // The job's hosts, as agreed at construction (EngineOptions::topology): each host's ranks in
+  // increasing order, hosts ordered by their lowest rank.
+  const std::vector<std::vector<int>>& hosts() const;
 
   // Bytes this rank has sent (payloads and fp32 chunks, without transport framing) so far.
   std::uint64_t bytes_sent() const;

@@ -48,6 +48,9 @@ struct AllreduceOptions : CommonOptions {
   // its most nearly square default, as an explicit "powersgd:rows=R" would. It must divide the
   // tensor's elements. A codec named explicitly takes its own rows= parameter instead.
   std::size_t rows = 0;
+  // Flat, or in two levels over the job's hosts (EngineOptions::topology): exact inside each
+  // host, this call's codec and strategy across hosts. See Hierarchy.
+  Hierarchy hierarchy = Hierarchy::kAuto;
 };
 
 // Options of reduce_scatter, all_gather and all_to_all (see Engine::reduce_scatter).
@@ -117,6 +120,19 @@ struct EngineOptions {
   // sets trace_directory (engine_options_from_environment).
   std::shared_ptr<Tracer> tracer;
   std::string trace_directory;
+  // Which ranks share a host (docs/topology.md), agreed by every rank at construction (a
+  // collective): "auto" puts ranks on one host when their machine, network namespace and `host`
+  // are equal; "A,B,..." gives the ranks per host, hosts of consecutive ranks ("3,2"); "HxR" H
+  // hosts of R ranks; "flat" a host per rank. Every rank must give the same value
+  // (MismatchError otherwise). engine_options_from_environment: TERSE_TOPOLOGY.
+  std::string topology = "auto";
+  // This rank's host name under topology "auto"; empty: its machine and network namespace
+  // alone. engine_options_from_environment: TERSE_HOST, else torchrun's GROUP_RANK (its node).
+  std::string host;
+  // The ranks this rank's launcher put on its host (torchrun's LOCAL_WORLD_SIZE), checked
+  // against the topology (MismatchError naming the host); 0: not checked.
+  // engine_options_from_environment sets it.
+  int local_ranks = 0;
 
   // Most clients should leave these alone.
   // Raw tensors of a group up to this many bytes are fused into one message.

@@ -29,6 +29,21 @@ TERSE_API std::string_view to_string(Strategy s);
 // Throws SpecError listing the allowed names.
 TERSE_API Strategy parse_strategy(std::string_view name);
 
+// Whether an allreduce runs flat (one strategy among every rank) or in two levels over the
+// job's hosts (EngineOptions::topology): an exact fp32 reduce-scatter inside each host, the
+// strategy and codec across hosts on each host's shard, an all-gather inside each host.
+enum class Hierarchy {
+  kAuto,   // hosts where the job spans several hosts and some host holds several ranks, and
+           // the partition is larger than what the engine gathers raw (EngineOptions::
+           // gather_bytes / (N - 1)); flat otherwise
+  kFlat,   // one level: every rank alike
+  kHosts,  // two levels (on a single host: the reduce-scatter and all-gather inside it)
+};
+// "auto", "flat", "hosts".
+TERSE_API std::string_view to_string(Hierarchy h);
+// Throws SpecError listing the allowed names.
+TERSE_API Hierarchy parse_hierarchy(std::string_view name);
+
 // The collective a plan is for: the planner prices and decides each one separately (an
 // allreduce and a reduce-scatter of the same size never share a decision). A plan's n is the
 // larger of input and output: an allreduce's tensor, a reduce-scatter's input (N shards), an
@@ -52,6 +67,7 @@ struct TensorPlan {
   Strategy strategy = Strategy::kRaw;
   int partitions = 1;
   bool fused = false;  // travels in the group's fused raw message
+  bool hierarchical = false;  // two levels over the hosts: the strategy and codec run across them
 };
 
 }  // namespace terse

@@ -52,6 +52,13 @@ Chunks Chunks::even(std::size_t n, int parts) {
   return c;
 }
 
+Chunks Chunks::ranges(std::vector<std::size_t> begin, std::vector<std::size_t> size) {
+  Chunks c;
+  c.begin_ = std::move(begin);
+  c.size_ = std::move(size);
+  return c;
+}
+
 Chunks Chunks::strided(std::size_t stride, std::size_t begin, std::size_t size, int parts) {
   Chunks c;
   for (int j = 0; j < parts; ++j) {
@@ -131,7 +138,7 @@ Stage::~Stage() {
   e.stage = stage_;
   e.tensor = ctx_.tensor;
   e.partition = ctx_.partition;
-  e.peer = peer_;
+  e.peer = ctx_.comm_rank(peer_);
   e.bytes = bytes_;
   e.begin_ns = begin_;
   e.end_ns = trace_now_ns();
@@ -142,12 +149,12 @@ Stage::~Stage() {
 Request post_send(PartitionContext& ctx, int peer, std::uint32_t index,
                   std::span<const std::byte> data) {
   if (ctx.bytes_sent != nullptr) ctx.bytes_sent->fetch_add(data.size(), std::memory_order_relaxed);
-  return ctx.comm->send(peer, ctx.tag(index), data, ctx.label());
+  return ctx.comm->send(ctx.comm_rank(peer), ctx.tag(index), data, ctx.label());
 }
 
 Request post_recv(PartitionContext& ctx, int peer, std::uint32_t index,
                   std::span<std::byte> data) {
-  return ctx.comm->recv(peer, ctx.tag(index), data, ctx.label());
+  return ctx.comm->recv(ctx.comm_rank(peer), ctx.tag(index), data, ctx.label());
 }
 
 void wait(PartitionContext& ctx, Request& request, bool is_send, int peer, std::uint64_t bytes) {
@@ -182,10 +189,10 @@ void agree_on_failure(PartitionContext& ctx, std::uint32_t index) {
     const Status& s = theirs[j];
     if (s.kind == Failure::kNone) continue;
     Failure f;
-    if (s.kind > Failure::kCountMismatch || s.origin < -1 || s.origin >= n) {
-      f = Failure{Failure::kBadPayload, r, ctx.offset, {}};
-      f.detail = fmt::format("rank {}: {}: malformed status message from peer {}", r, ctx.label(),
-                             j);
+    if (s.kind > Failure::kCountMismatch || s.origin < -1 || s.origin >= ctx.comm->size()) {
+      f = Failure{Failure::kBadPayload, ctx.comm->rank(), ctx.offset, {}};
+      f.detail = fmt::format("rank {}: {}: malformed status message from peer {}",
+                             ctx.comm->rank(), ctx.label(), ctx.comm_rank(j));
     } else {
       f = Failure{s.kind, s.origin, s.index, {}};
     }
@@ -242,7 +249,7 @@ std::size_t message_capacity(const Codec& codec, std::size_t n) {
 EncodeContext piece_context(PartitionContext& ctx, int piece, int slot, std::size_t n) {
   EncodeContext ec = ctx.encode;
   ec.tensor = kit::combine_keys(ctx.encode.tensor, static_cast<std::uint64_t>(piece));
-  ec.state = ctx.states->get(*ctx.codec, slot, n);
+  ec.state = ctx.states->get(*ctx.codec, ctx.state_base + slot, n);
   ec.workspace = ctx.workspace;
   return ec;
 }
@@ -265,7 +272,7 @@ std::span<const std::byte> encode_or_fail(PartitionContext& ctx, std::span<const
       if (bad == x.size()) throw;  // not a finiteness problem: a bug, fail the whole job
       Failure f;
       f.kind = sum ? Failure::kSumNotFinite : Failure::kInputNotFinite;
-      f.origin = ctx.rank();
+      f.origin = ctx.comm->rank();
       f.index = ctx.offset + offset + bad;
       ctx.failure.merge(f);
     }
@@ -277,14 +284,14 @@ bool add_input(PartitionContext& ctx, std::size_t offset, std::span<float> acc, 
   if (!ctx.half_input.empty()) {
     auto h = ctx.half_input.subspan(offset, acc.size());
     if (kit::widen(ctx.dtype, h.data(), acc, accumulate)) return true;
-    ctx.failure.merge({Failure::kInputNotFinite, ctx.rank(),
+    ctx.failure.merge({Failure::kInputNotFinite, ctx.comm->rank(),
                        ctx.offset + offset + kit::find_non_finite(h, ctx.dtype), {}});
     return false;
   }
   std::span<const float> own = ctx.input.subspan(offset, acc.size());
   if (kit::store_or_add(own.data(), acc, accumulate)) return true;
   ctx.failure.merge(
-      {Failure::kInputNotFinite, ctx.rank(), ctx.offset + offset + kit::find_non_finite(own), {}});
+      {Failure::kInputNotFinite, ctx.comm->rank(), ctx.offset + offset + kit::find_non_finite(own), {}});
   return false;
 }
 
@@ -295,10 +302,11 @@ std::span<const std::byte> received_message(PartitionContext& ctx,
   std::memcpy(&payload, area.data() + 16, 8);
   if (payload > area.size() - Codec::kHeaderBytes) {
     // Cannot come from a peer that uses the same codec; the decoder will reject it.
-    Failure f{Failure::kBadPayload, ctx.rank(), ctx.offset, {}};
+    Failure f{Failure::kBadPayload, ctx.comm->rank(), ctx.offset, {}};
     f.detail = fmt::format("rank {}: {}: message from peer {} announces {} payload bytes, more "
                            "than the {} its codec can produce",
-                           ctx.rank(), ctx.label(), peer, payload, area.size());
+                           ctx.comm->rank(), ctx.label(), ctx.comm_rank(peer), payload,
+                           area.size());
     ctx.failure.merge(f);
     return area;
   }
@@ -322,10 +330,10 @@ bool accept_message(PartitionContext& ctx, std::span<const std::byte> message, i
   std::memcpy(&origin, message.data() + 8, 8);
   std::memcpy(&f.index, message.data() + 24, 8);
   if (f.kind < Failure::kInputNotFinite || f.kind > Failure::kCountMismatch ||
-      (origin >= static_cast<std::uint64_t>(ctx.size()) && origin != ~std::uint64_t{0})) {
-    f = Failure{Failure::kBadPayload, ctx.rank(), ctx.offset, {}};
-    f.detail = fmt::format("rank {}: {}: malformed failure message from peer {}", ctx.rank(),
-                           ctx.label(), peer);
+      (origin >= static_cast<std::uint64_t>(ctx.comm->size()) && origin != ~std::uint64_t{0})) {
+    f = Failure{Failure::kBadPayload, ctx.comm->rank(), ctx.offset, {}};
+    f.detail = fmt::format("rank {}: {}: malformed failure message from peer {}",
+                           ctx.comm->rank(), ctx.label(), ctx.comm_rank(peer));
   } else {
     f.origin = static_cast<std::int64_t>(origin);
   }
@@ -342,9 +350,9 @@ bool decode_or_record(PartitionContext& ctx, std::span<const std::byte> message,
     ctx.codec->decode(message, y, mode);
     return true;
   } catch (const DecodeError& e) {
-    Failure f{Failure::kBadPayload, ctx.rank(), ctx.offset, {}};
-    f.detail = fmt::format("rank {}: {}: payload from peer {} is invalid: {}", ctx.rank(),
-                           ctx.label(), peer, e.what());
+    Failure f{Failure::kBadPayload, ctx.comm->rank(), ctx.offset, {}};
+    f.detail = fmt::format("rank {}: {}: payload from peer {} is invalid: {}", ctx.comm->rank(),
+                           ctx.label(), ctx.comm_rank(peer), e.what());
     ctx.failure.merge(f);
     return false;
   }

@@ -32,6 +32,7 @@
 #include "terse/communicator.h"
 #include "terse/plan.h"
 #include "terse/trace.h"
+#include "transport/topology.h"
 
 namespace terse::collectives {
 
@@ -75,6 +76,8 @@ class Chunks {
   static Chunks even(std::size_t n, int parts);
   // Chunk j at j * stride + begin, `size` elements each.
   static Chunks strided(std::size_t stride, std::size_t begin, std::size_t size, int parts);
+  // Chunk j at begin[j], size[j] elements.
+  static Chunks ranges(std::vector<std::size_t> begin, std::vector<std::size_t> size);
   std::size_t begin(int j) const { return begin_[j]; }
   std::size_t size(int j) const { return size_[j]; }
   std::size_t max_size() const;
@@ -136,6 +139,15 @@ class StateSlots {
 
 struct PartitionContext {
   Communicator* comm = nullptr;
+  // The ranks this collective runs among, as ranks of comm in the group's order; empty: every
+  // rank of comm. Strategies see the group only: rank(), size() and the peers they name are
+  // group ranks, which post_send and post_recv map to comm's (a hierarchical collective runs
+  // strategies inside a host and across hosts this way). Failure origins are comm's ranks.
+  std::span<const int> group;
+  int group_rank = 0;
+  // Added to the state slot a strategy names: pieces that one rank reduces in several groups
+  // keep their codec states apart.
+  int state_base = 0;
   std::string tensor;    // tensor name (or the fused group's label)
   int partition = 0;
   int partitions = 1;
@@ -165,8 +177,10 @@ struct PartitionContext {
 
   Failure failure;
 
-  int rank() const { return comm->rank(); }
-  int size() const { return comm->size(); }
+  int rank() const { return group.empty() ? comm->rank() : group_rank; }
+  int size() const { return group.empty() ? comm->size() : static_cast<int>(group.size()); }
+  // Group rank j as a rank of comm (for messages, failures and the transport).
+  int comm_rank(int j) const { return group.empty() || j < 0 ? j : group[j]; }
   std::uint64_t tag(std::uint32_t index) const { return tag_base | index; }
   // "fc1.weight (partition 2/4)", for error messages and transport labels.
   std::string label() const;
@@ -318,6 +332,25 @@ void rounds_allreduce(PartitionContext& ctx, bool gather);
 void sharded_allreduce(PartitionContext& ctx);
 void ring_allreduce(PartitionContext& ctx);
 void summable_allreduce(PartitionContext& ctx);
+
+// ---- hierarchical: exact inside a host, any strategy across hosts (allreduce/hierarchical.cpp)
+//
+// An allreduce of ctx's partition (ctx spans every rank of comm) in three phases: an fp32
+// reduce-scatter among the ranks of each host, the allreduce of each host shard across hosts
+// among the ranks holding the same shard (`cross` runs the strategy on that group's context),
+// and an all-gather inside each host. The partition is cut into `slots` slots (as many as the
+// largest host has ranks; 1 for a codec that needs the whole partition); a host of fewer ranks
+// gives some ranks several consecutive slots (each then crosses in its own group, in slot
+// order, with codec states apart) and some none. Results are bit-identical
+// on every rank; a failure anywhere reaches every rank. `status_round`: the cross strategy does
+// not carry every failure in band (raw fp32, a multi-round codec's fp32 round sums), so its
+// group ends with a status round.
+void hierarchical_allreduce(PartitionContext& ctx, const transport::Topology& topology, int slots,
+                            bool status_round,
+                            const std::function<void(PartitionContext&)>& cross);
+// The slots rank `local` of a host of `ranks` ranks owns when the largest host has `slots`
+// ranks: [first, end).
+inline int first_slot(int local, int ranks, int slots) { return local * slots / ranks; }
 
 // ---- reduce-scatter, all-gather, all-to-all (one file each) ---------------------------------
 //

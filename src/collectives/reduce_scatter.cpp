@@ -38,7 +38,7 @@ void raw_reduce_scatter(PartitionContext& ctx, const Chunks& chunks, std::span<f
     Stage s(ctx, "merge", i, m * sizeof(float));
     if (!kit::store_or_add(term.data(), acc, i != 0) && !ctx.failure.any()) {
       ctx.failure.merge(
-          {Failure::kInputNotFinite, i, chunks.begin(r) + kit::find_non_finite(term), {}});
+          {Failure::kInputNotFinite, ctx.comm_rank(i), ctx.offset + chunks.begin(r) + kit::find_non_finite(term), {}});
     }
   }
   if (!ctx.failure.any()) {

@@ -32,6 +32,22 @@ Strategy parse_strategy(std::string_view name) {
       "unknown strategy '{}' (allowed: auto, raw, allgather, sharded, ring, summable, alltoall)", name));
 }
 
+std::string_view to_string(Hierarchy h) {
+  switch (h) {
+    case Hierarchy::kAuto: return "auto";
+    case Hierarchy::kFlat: return "flat";
+    case Hierarchy::kHosts: return "hosts";
+  }
+  return "?";
+}
+
+Hierarchy parse_hierarchy(std::string_view name) {
+  for (Hierarchy h : {Hierarchy::kAuto, Hierarchy::kFlat, Hierarchy::kHosts}) {
+    if (to_string(h) == name) return h;
+  }
+  throw SpecError(fmt::format("unknown hierarchy '{}' (allowed: auto, flat, hosts)", name));
+}
+
 std::string_view to_string(Operation op) {
   switch (op) {
     case Operation::kAllreduce: return "allreduce";

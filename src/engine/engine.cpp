@@ -49,6 +49,7 @@
 #include "kit/blas.h"
 #include "kit/buffer_pool.h"
 #include "transport/machine_share.h"
+#include "transport/topology.h"
 #include "terse/codec.h"
 #include "terse/trace.h"
 
@@ -145,11 +146,13 @@ struct TERSE_HIDDEN Engine::Impl {
         options(checked(std::move(o))),
         env_trace(*comm, options),
         blas(*comm),
+        topology(transport::agree_topology(*comm, options.topology, options.host,
+                                           options.local_ranks)),
         threads(options.threads > 0 ? options.threads : kDefaultEngineThreads),
-        plans(*comm, options, threads, [this] { completion.wait_idle(); }),
+        plans(*comm, options, topology, threads, [this] { completion.wait_idle(); }),
         completion(*comm, options,
                    [this](const engine::Job& job, bool ok) { plans.release(job, ok); }),
-        tasks(*comm, options, buffers, bytes_sent,
+        tasks(*comm, options, topology, buffers, bytes_sent,
               [this](const std::shared_ptr<engine::Job>& job) { completion.finish(job); }),
         workers(threads),
         submissions(*comm, options, buffers, plans, tasks, workers, completion) {}
@@ -158,6 +161,7 @@ struct TERSE_HIDDEN Engine::Impl {
   EngineOptions options;
   EnvTrace env_trace;
   BlasShare blas;
+  transport::Topology topology;
   int threads;
   kit::BufferPool buffers;
   std::atomic<std::uint64_t> bytes_sent{0};
@@ -238,6 +242,7 @@ Communicator& Engine::communicator() { return *impl_->comm; }
 const EngineOptions& Engine::options() const { return impl_->options; }
 int Engine::rank() const { return impl_->comm->rank(); }
 int Engine::size() const { return impl_->comm->size(); }
+const std::vector<std::vector<int>>& Engine::hosts() const { return impl_->topology.hosts; }
 std::uint64_t Engine::bytes_sent() const { return impl_->bytes_sent.load(); }
 
 // ---- state ----------------------------------------------------------------------------------

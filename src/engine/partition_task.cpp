@@ -69,10 +69,12 @@ class HalfStaging {
 }  // namespace
 
 PartitionTasks::PartitionTasks(Communicator& comm, const EngineOptions& options,
-                               BufferPool& buffers, std::atomic<std::uint64_t>& bytes_sent,
+                               const transport::Topology& topology, BufferPool& buffers,
+                               std::atomic<std::uint64_t>& bytes_sent,
                                std::function<void(const std::shared_ptr<Job>&)> finish)
     : comm_(comm),
       options_(options),
+      topology_(topology),
       buffers_(buffers),
       bytes_sent_(bytes_sent),
       finish_(std::move(finish)) {}
@@ -142,9 +144,9 @@ void PartitionTasks::run_allreduce(Task& task, PartitionContext& ctx) {
     wide.emplace(buffers_, dtype, 0, half.size());
     ctx.output = wide->output();
     ctx.input = ctx.output;
-    if (it.rounds != nullptr) {
-      // Round codecs read their input as fp32 arrays: widen it (NaN and Inf included, which
-      // the codec then reports).
+    if (it.rounds != nullptr || it.plan.hierarchical) {
+      // Round codecs and the hierarchical reduce-scatter read their input as fp32 arrays:
+      // widen it (NaN and Inf included, which the codec or the sum then reports).
       wide->widen(half.data(), ctx.output);
     } else {
       ctx.half_input = half;
@@ -159,18 +161,18 @@ void PartitionTasks::run_allreduce(Task& task, PartitionContext& ctx) {
   ctx.encode.step = it.step;
   ctx.encode.tensor = kit::combine_keys(fnv1a64(it.ref.name), task.partition);
   ctx.encode.rank = static_cast<std::uint64_t>(comm_.rank());
-  switch (it.plan.strategy) {
-    case Strategy::kRaw:
-      raw_sum(ctx);
-      note_raw_sum(job, task.item, ctx);
-      break;
-    case Strategy::kAllgather: collectives::allgather_allreduce(ctx); break;
-    case Strategy::kSharded: collectives::sharded_allreduce(ctx); break;
-    case Strategy::kRing: collectives::ring_allreduce(ctx); break;
-    case Strategy::kSummable: collectives::summable_allreduce(ctx); break;
-    case Strategy::kAuto:
-    case Strategy::kAllToAll: throw InvalidArgument("engine: not an allreduce strategy");
+  const Strategy strategy = it.plan.strategy;
+  if (it.plan.hierarchical) {
+    // A multi-round codec compresses the whole partition as one matrix: one rank a host (its
+    // last) reduces it and crosses; the others only give their input and take the result.
+    const int slots = it.rounds != nullptr ? 1 : topology_.most_ranks_on_a_host();
+    collectives::hierarchical_allreduce(
+        ctx, topology_, slots, strategy == Strategy::kRaw || it.rounds != nullptr,
+        [&](PartitionContext& across) { run_strategy(strategy, across); });
+  } else {
+    run_strategy(strategy, ctx);
   }
+  if (strategy == Strategy::kRaw) note_raw_sum(job, task.item, ctx);
   if (wide && !ctx.failure.any()) {
     // Every rank rounds the same fp32 result the same way.
     auto out = split.piece(half_result(job, task.item), task.partition);
@@ -381,9 +383,21 @@ void PartitionTasks::run_fused(Task& task, PartitionContext& ctx) {
   raw_sum(ctx);
 }
 
+void PartitionTasks::run_strategy(Strategy strategy, PartitionContext& ctx) {
+  switch (strategy) {
+    case Strategy::kRaw: raw_sum(ctx); break;
+    case Strategy::kAllgather: collectives::allgather_allreduce(ctx); break;
+    case Strategy::kSharded: collectives::sharded_allreduce(ctx); break;
+    case Strategy::kRing: collectives::ring_allreduce(ctx); break;
+    case Strategy::kSummable: collectives::summable_allreduce(ctx); break;
+    case Strategy::kAuto:
+    case Strategy::kAllToAll: throw InvalidArgument("engine: not an allreduce strategy");
+  }
+}
+
 // fp32 partitions: small ones gathered (one message step), others on the ring.
 void PartitionTasks::raw_sum(PartitionContext& ctx) {
-  if (collectives::gathers(ctx.input.size(), comm_.size(), options_.gather_bytes)) {
+  if (collectives::gathers(ctx.input.size(), ctx.size(), options_.gather_bytes)) {
     collectives::raw_gather(ctx, ctx.input, ctx.output, 0, ctx.divisor);
   } else {
     collectives::raw_allreduce(ctx);

@@ -23,7 +23,8 @@ namespace terse::engine {
 class PartitionTasks {
  public:
   // `finish` completes a job; it is called once per job, by the task that ran its last.
-  PartitionTasks(Communicator& comm, const EngineOptions& options, BufferPool& buffers,
+  PartitionTasks(Communicator& comm, const EngineOptions& options,
+                 const transport::Topology& topology, BufferPool& buffers,
                  std::atomic<std::uint64_t>& bytes_sent,
                  std::function<void(const std::shared_ptr<Job>&)> finish);
 
@@ -34,6 +35,8 @@ class PartitionTasks {
  private:
   void run_fused(Task& task, collectives::PartitionContext& ctx);
   void run_allreduce(Task& task, collectives::PartitionContext& ctx);
+  // The allreduce of ctx's input with `strategy` among ctx's ranks (all of them, or a group).
+  void run_strategy(Strategy strategy, collectives::PartitionContext& ctx);
   void run_collective(Task& task, collectives::PartitionContext& ctx);
   void run_reduce_scatter(const Task& task, collectives::PartitionContext& ctx);
   void run_all_gather(const Task& task, collectives::PartitionContext& ctx);
@@ -45,6 +48,7 @@ class PartitionTasks {
 
   Communicator& comm_;
   const EngineOptions& options_;
+  const transport::Topology& topology_;
   BufferPool& buffers_;
   std::atomic<std::uint64_t>& bytes_sent_;
   std::function<void(const std::shared_ptr<Job>&)> finish_;

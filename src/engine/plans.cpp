@@ -64,9 +64,13 @@ void TensorRecord::use(const std::string& c, bool keep) {
   if (!keep) parked.clear();
 }
 
-Plans::Plans(Communicator& comm, const EngineOptions& options, int threads,
-             std::function<void()> drain)
-    : comm_(comm), options_(options), threads_(threads), drain_(std::move(drain)) {}
+Plans::Plans(Communicator& comm, const EngineOptions& options,
+             const transport::Topology& topology, int threads, std::function<void()> drain)
+    : comm_(comm),
+      options_(options),
+      topology_(topology),
+      threads_(threads),
+      drain_(std::move(drain)) {}
 
 const Codec& Plans::codec(const std::string& spec) const {
   std::lock_guard lock(codecs_mu_);
@@ -131,6 +135,16 @@ TensorPlan Plans::plan(std::size_t n, const AllreduceOptions& o, const Codec** c
   k = std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, (n + 63) / 64));
   k = std::min<std::size_t>(k, kMaxPartitions);
   p.partitions = static_cast<int>(k);
+  switch (o.hierarchy) {
+    case Hierarchy::kFlat: p.hierarchical = false; break;
+    case Hierarchy::kHosts: p.hierarchical = true; break;
+    case Hierarchy::kAuto:
+      // Two levels pay where a host's link would carry several ranks' traffic, for partitions
+      // whose bytes outweigh the extra message steps (those the engine gathers do not).
+      p.hierarchical = topology_.two_level() &&
+                       !collectives::gathers((n + k - 1) / k, comm_.size(), options_.gather_bytes);
+      break;
+  }
   if (codec_out != nullptr) *codec_out = &c;
   return p;
 }

@@ -66,8 +66,8 @@ class Plans {
  public:
   // `threads`: the engine's worker threads (the planner's model needs them). `drain` waits until
   // every submitted job has completed (calibration measures the links on quiet ones).
-  Plans(Communicator& comm, const EngineOptions& options, int threads,
-        std::function<void()> drain);
+  Plans(Communicator& comm, const EngineOptions& options, const transport::Topology& topology,
+        int threads, std::function<void()> drain);
 
   // The codec of a spec, made once per spec. Thread-safe.
   const Codec& codec(const std::string& spec) const;
@@ -124,6 +124,7 @@ class Plans {
 
   Communicator& comm_;
   const EngineOptions& options_;
+  const transport::Topology& topology_;
   const int threads_;
   std::function<void()> drain_;
 

@@ -21,9 +21,9 @@ std::string config_of(const TensorRef& t, const TensorPlan& p) {
       t.tensor.dtype == DType::kFloat32
           ? fmt::format("{} floats", t.tensor.elements)
           : fmt::format("{} {} values", t.tensor.elements, to_string(t.tensor.dtype));
-  return fmt::format("{}, codec {}, strategy {}, {} partition{}, {}", values, p.codec,
-                     to_string(p.strategy), p.partitions, p.partitions == 1 ? "" : "s",
-                     t.options.average ? "average" : "sum");
+  return fmt::format("{}, codec {}, strategy {}{}, {} partition{}, {}", values, p.codec,
+                     to_string(p.strategy), p.hierarchical ? " across hosts" : "", p.partitions,
+                     p.partitions == 1 ? "" : "s", t.options.average ? "average" : "sum");
 }
 
 std::string record_key(const Item& it) {

@@ -77,6 +77,26 @@ std::vector<std::string> codec_list(const char* name, const std::string& v) {
   return out;
 }
 
+// A topology spec's form (the world size checks the counts later): auto, flat, A,B,... or HxR
+// with whole numbers of at least 1.
+bool topology_spec(const std::string& v) {
+  if (v == "auto" || v == "flat") return true;
+  auto counts = [](std::string_view s, char sep, int most) {
+    int parts = 0;
+    while (true) {
+      const auto at = s.find(sep);
+      const std::string_view c = s.substr(0, at);
+      int x = 0;
+      const auto [p, ec] = std::from_chars(c.data(), c.data() + c.size(), x);
+      if (ec != std::errc() || p != c.data() + c.size() || x < 1 || ++parts > most) return false;
+      if (at == std::string_view::npos) return true;
+      s.remove_prefix(at + 1);
+    }
+  };
+  return v.find('x') != std::string::npos ? counts(v, 'x', 2) && v.find(',') == std::string::npos
+                                          : counts(v, ',', 1 << 20);
+}
+
 constexpr std::string_view kThreads = "a whole number of worker threads in 1..256";
 
 std::optional<int> threads_variable() {
@@ -168,6 +188,25 @@ EngineOptions engine_options_from_environment(EngineOptions options) {
   if (const auto t = threads_variable(); t && options.threads == 0) options.threads = *t;
   if (options.trace_directory.empty() && !options.tracer) {
     if (const auto v = variable("TERSE_TRACE")) options.trace_directory = *v;
+  }
+  if (const auto v = variable("TERSE_TOPOLOGY"); v && options.topology == "auto") {
+    if (!topology_spec(*v)) {
+      bad("TERSE_TOPOLOGY", *v,
+          "auto, flat, ranks per host as A,B,... (hosts of consecutive ranks) or HxR (H hosts "
+          "of R ranks)");
+    }
+    options.topology = *v;
+  }
+  if (options.host.empty()) {
+    if (const auto v = variable("TERSE_HOST")) {
+      options.host = *v;
+    } else if (const auto g = variable("GROUP_RANK")) {
+      options.host = "node " + *g;  // torchrun's node index
+    }
+  }
+  if (const auto v = variable("LOCAL_WORLD_SIZE"); v && options.local_ranks == 0) {
+    options.local_ranks = static_cast<int>(
+        whole_number("LOCAL_WORLD_SIZE", *v, 1, 1 << 20, "a whole number of ranks, 1 or more"));
   }
   options.planner_options = planner_options_from_environment(std::move(options.planner_options));
   return options;

@@ -430,6 +430,79 @@ INSTANTIATE_TEST_SUITE_P(Engine, Ranks, ::testing::Values(2, 3, 4), [](const aut
   return name;
 });
 
+// ---- two levels over hosts ------------------------------------------------------------------
+
+// Every codec family and strategy across hosts of even and uneven size, and on a single host:
+// bit-identical on every rank, close to the exact average, NaN named everywhere.
+TEST(Hierarchy, EveryLayoutGivesIdenticalResultsCloseToTheSum) {
+  const std::pair<const char*, int> layouts[] = {{"2,2", 4}, {"3,2", 5}, {"2,1,1", 4}, {"4", 4}};
+  const char* shown[] = {"0-1|2-3", "0-2|3-4", "0-1|2|3", "0-3"};
+  for (std::size_t i = 0; i < std::size(layouts); ++i) {
+    const auto& [layout, n] = layouts[i];
+    auto r = shell(std::string("TERSE_TOPOLOGY=") + layout + " " + run(n, "hierarchy", 300));
+    expect_all_ok(r, n, "hierarchy");
+    EXPECT_NE(r.output.find(std::string("on hosts ") + shown[i]), std::string::npos) << r.output;
+  }
+}
+
+// Under topology auto, ranks with equal host names share a host; the launcher's count of the
+// ranks on a host (LOCAL_WORLD_SIZE) must agree with it, or every rank fails naming both.
+TEST(Hierarchy, HostsComeFromHostNamesAndTheLaunchersCountIsChecked) {
+  auto ok = shell(kCli + " run -n 4 --timeout 60 -- sh -c 'export TERSE_HOST=h$((RANK/2)) "
+                  "LOCAL_WORLD_SIZE=2; exec " + kWorker + " hierarchy'");
+  expect_all_ok(ok, 4, "hierarchy");
+  EXPECT_NE(ok.output.find("on hosts 0-1|2-3"), std::string::npos) << ok.output;
+  // terse run says 4 ranks share the machine.
+  auto bad = shell(kCli + " run -n 4 --timeout 60 -- sh -c 'export TERSE_HOST=h$((RANK/2)); exec " +
+                   kWorker + " topology_error'");
+  ASSERT_EQ(bad.code, 0) << bad.output;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NE(bad.output.find(fmt::format("EXPECTED-FAILURE rank {}: rank {}: rank 0's launcher "
+                                          "says its host has 4 ranks (LOCAL_WORLD_SIZE)",
+                                          i, i)),
+              std::string::npos)
+        << bad.output;
+  }
+}
+
+// A rank that gives another topology, or a layout that does not fit the job, fails every rank
+// at the engine's construction with a message naming what is wrong.
+TEST(Hierarchy, TopologiesThatDisagreeOrDoNotFitFailEveryRank) {
+  auto r = shell(kCli + " run -n 4 --timeout 60 -- sh -c 'if [ $RANK = 1 ]; then export "
+                 "TERSE_TOPOLOGY=flat; else export TERSE_TOPOLOGY=2,2; fi; exec " + kWorker +
+                 " topology_error'");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NE(r.output.find(fmt::format("EXPECTED-FAILURE rank {}: rank {}: the ranks disagree on "
+                                        "the topology: rank 0 gives '2,2', rank 1 gives 'flat'",
+                                        i, i)),
+              std::string::npos)
+        << r.output;
+  }
+  r = shell("TERSE_TOPOLOGY=2,3 " + run(4, "topology_error"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NE(r.output.find(fmt::format("EXPECTED-FAILURE rank {}: topology '2,3' places 5 ranks, "
+                                        "but the job has 4", i)),
+              std::string::npos)
+        << r.output;
+  }
+  r = shell("TERSE_TOPOLOGY=2x " + run(2, "topology_error"));
+  EXPECT_NE(r.output.find("TERSE_TOPOLOGY='2x' is not allowed"), std::string::npos) << r.output;
+}
+
+TEST(Cluster, HostsOfTwoRanksAreFoundFromTheirNetworkNamespaces) {
+  if (!testing::can_emulate_cluster()) GTEST_SKIP() << "needs root and ip netns";
+  auto r = shell(std::string("bash ") + TERSE_SOURCE_DIR +
+                 "/scripts/cluster.sh -n 2 -l 2 -r 1gbit -- " + kWorker + " hierarchy");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NE(r.output.find(fmt::format("rank {}] OK rank {} hierarchy", i, i)), std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("on hosts 0-1|2-3"), std::string::npos) << r.output;
+}
+
 TEST(Cluster, CompressedAllreduceOverAShapedLink) {
   if (!testing::can_emulate_cluster()) GTEST_SKIP() << "needs root and ip netns";
   auto r = shell(std::string("bash ") + TERSE_SOURCE_DIR + "/scripts/cluster.sh -n 3 -r 1gbit -- " +

@@ -46,7 +46,7 @@ void rounds_allreduce(PartitionContext& ctx, bool gather) {
         const std::size_t bad = kit::find_non_finite(ctx.input);
         if (bad == n) throw;
         // Poison the sum so that every rank sees the failure, then finish the round with them.
-        ctx.failure.merge({Failure::kInputNotFinite, ctx.rank(), ctx.offset + bad, {}});
+        ctx.failure.merge({Failure::kInputNotFinite, ctx.comm->rank(), ctx.offset + bad, {}});
         std::fill(contribution.begin(), contribution.end(),
                   std::numeric_limits<float>::quiet_NaN());
       }

@@ -64,9 +64,9 @@ void summable(PartitionContext& ctx, const Chunks& split, std::span<const float>
         // partial is the received bytes in our own area: combine in place.
         ctx.codec->combine(own, in_area.first(partial.size()));
       } catch (const Error& e) {
-        Failure f{Failure::kBadPayload, r, ctx.offset + split.begin(c), {}};
-        f.detail = fmt::format("rank {}: {}: payload from peer {} cannot be combined: {}", r,
-                               ctx.label(), prev, e.what());
+        Failure f{Failure::kBadPayload, ctx.comm->rank(), ctx.offset + split.begin(c), {}};
+        f.detail = fmt::format("rank {}: {}: payload from peer {} cannot be combined: {}",
+                               ctx.comm->rank(), ctx.label(), ctx.comm_rank(prev), e.what());
         ctx.failure.merge(f);
       }
     }

@@ -34,6 +34,12 @@
 //                       in a block, small blocks and blocks larger than a first message: an
 //                       error on every rank within 5 s, and the engine keeps working
 //   die_collective V    V dies during reduce-scatters; the others fail naming the operation
+//   hierarchy           allreduces in two levels over the hosts the environment gives
+//                       (TERSE_TOPOLOGY, TERSE_HOST, namespaces): every codec family x strategy,
+//                       bit-identical on every rank and within bounds of the exact average;
+//                       hierarchy auto's rule; NaN on one rank fails every rank naming it
+//   topology_error      the engine's construction fails (the test gives the ranks topologies
+//                       that disagree or do not fit): prints EXPECTED-FAILURE and the error
 //   slowpeer            rank 1 submits a tensor's first use late: while rank 0's submission
 //                       waits for it in the first-use check, rank 0's other threads wait for
 //                       an earlier handle, save state, plan and read bytes_sent without waiting
@@ -1389,6 +1395,114 @@ int die_collective(Communicator& comm, Engine& engine, int victim) {
 
 }  // namespace
 
+// ---- hierarchy ----------------------------------------------------------------------------
+
+// The job's hosts as the engine agreed on them: "0-1|2-3".
+std::string hosts_text(const Engine& engine) {
+  std::string out;
+  for (const auto& h : engine.hosts()) {
+    if (!out.empty()) out += "|";
+    out += h.size() == 1 ? std::to_string(h[0]) : fmt::format("{}-{}", h.front(), h.back());
+  }
+  return out;
+}
+
+// Allreduces in two levels over the hosts the environment gives (TERSE_TOPOLOGY, or TERSE_HOST,
+// or network namespaces under scripts/cluster.sh -l): every codec family x strategy x size x K
+// for two steps (error feedback per slot), bit-identical on every rank, lossless ones within
+// fp32 rounding of the exact average, lossy ones within the flat strategies' documented bound;
+// codec "auto"'s hierarchy rule; NaN on one rank fails every rank naming the rank and element,
+// and the engine keeps working. Prints the hosts it ran on.
+int hierarchy(Communicator& comm, Engine& engine) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  const std::vector<std::string> specs = {"none",        "fp16",          "minmax8:ef=1",
+                                          "onebit:ef=1", "topk:ratio=0.05,ef=1",
+                                          "randomk:ratio=0.1", "qsgd",   "powersgd",
+                                          "dgc"};
+  const Strategy strategies[] = {Strategy::kAuto, Strategy::kAllgather, Strategy::kSharded,
+                                 Strategy::kRing, Strategy::kSummable};
+  int cases = 0;
+  for (const auto& spec : specs) {
+    auto codec = make_codec(spec);
+    for (Strategy strategy : strategies) {
+      for (std::size_t n : {std::size_t{1}, std::size_t{63}, std::size_t{1000},
+                            std::size_t{65537}, std::size_t{200003}}) {
+        for (int k : {1, 3}) {
+          AllreduceOptions o = matrix_options(spec, strategy, n, k);
+          o.hierarchy = Hierarchy::kHosts;
+          TensorPlan plan;
+          try {
+            plan = engine.plan(n, o);
+          } catch (const InvalidArgument&) {
+            continue;
+          }
+          check(plan.hierarchical, fmt::format("{} {}: hierarchy hosts planned flat", spec, n));
+          const std::string name = fmt::format("h/{}/{}/{}/{}", spec, to_string(strategy), n, k);
+          for (std::uint64_t step = 0; step < 2; ++step) {
+            const std::string what = fmt::format("{} step {}", name, step);
+            Inputs x = all_inputs(n_ranks, name, step, n);
+            std::vector<float> y = x[r];
+            engine.allreduce(name, y, o).wait();
+            check_identical(comm, y, what);
+            const auto exact = averaged(exact_sum(x), n_ranks, o.average);
+            if (codec->traits().lossless || plan.strategy == Strategy::kRaw) {
+              check(relative_error(y, exact) < 1e-6, what + ": lossless result is not the sum");
+            } else if (n >= 1000 && step == 0) {
+              const double one = round_trip_error(*codec, x[0]);
+              check(relative_error(y, exact) <= 2.0 * n_ranks * one + 1e-6,
+                    fmt::format("{}: error {} exceeds 2N x the round-trip error {}", what,
+                                relative_error(y, exact), one));
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  // Codec "none" under hierarchy auto: two levels for large partitions where the hosts differ
+  // and one holds several ranks, flat otherwise and for partitions the engine gathers.
+  bool two_level = engine.hosts().size() > 1;
+  bool several = false;
+  for (const auto& h : engine.hosts()) several = several || h.size() > 1;
+  two_level = two_level && several;
+  AllreduceOptions automatic;
+  check(engine.plan(1 << 20, automatic).hierarchical == two_level,
+        fmt::format("hierarchy auto on hosts {}: a 4 MiB tensor planned {}", hosts_text(engine),
+                    two_level ? "flat" : "in two levels"));
+  check(!engine.plan(16, automatic).hierarchical, "hierarchy auto: 16 floats planned in two levels");
+  automatic.hierarchy = Hierarchy::kFlat;
+  check(!engine.plan(1 << 20, automatic).hierarchical, "hierarchy flat planned in two levels");
+
+  // NaN on the last rank: every rank fails naming it and the element; the engine goes on.
+  for (const char* spec : {"none", "onebit:ef=1", "minmax8", "powersgd:rank=2"}) {
+    const std::string name = fmt::format("h/nan/{}", spec);
+    const std::size_t n = 50000, at = 31337;
+    std::vector<float> x = make_input(r, name, 0, n);
+    if (r == n_ranks - 1) x[at] = NAN;
+    AllreduceOptions o;
+    o.codec = spec;
+    o.hierarchy = Hierarchy::kHosts;
+    o.partitions = std::string(spec).rfind("powersgd", 0) == 0 ? 1 : 2;
+    std::string error;
+    try {
+      engine.allreduce(name, x, o).wait();
+    } catch (const InvalidArgument& e) {
+      error = e.what();
+    }
+    check(contains(error, fmt::format("rank {}'s input holds NaN or Inf at element {}",
+                                      n_ranks - 1, at)),
+          fmt::format("{}: error on rank {} does not name the rank and element: '{}'", name, r,
+                      error));
+    std::vector<float> ok = make_input(r, name + "/after", 0, 1000);
+    const std::vector<float> mine = ok;
+    engine.allreduce(name + "/after", ok, o).wait();
+    check_identical(comm, ok, name + "/after");
+    ++cases;
+  }
+  std::printf("OK rank %d hierarchy %d cases on hosts %s\n", r, cases, hosts_text(engine).c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: collectives_worker SCENARIO [ARGS...]\n");
@@ -1404,8 +1518,21 @@ int main(int argc, char** argv) {
     options.seed = kSeed;
     if (scenario == "stress") options.threads = 2;
     if (scenario == "matrix" || scenario == "half" || scenario == "reduce_scatter" ||
+        scenario == "hierarchy" ||
         scenario == "all_gather") {
       options.partition_bytes = 64 << 10;
+    }
+    if (scenario == "topology_error") {
+      // The engine's construction must fail on this rank (every rank runs this scenario).
+      try {
+        Engine engine(comm, options);
+      } catch (const Error& e) {
+        std::printf("EXPECTED-FAILURE rank %d: %s\n", comm->rank(), e.what());
+        std::fflush(stdout);
+        return 0;
+      }
+      std::printf("CHECK FAILED: rank %d built an engine\n", comm->rank());
+      return 2;
     }
     const bool keep = argc == 3 && std::string(argv[2]) == "keep";
     options.keep_input_on_error = keep;
@@ -1444,6 +1571,8 @@ int main(int argc, char** argv) {
         rc = die_collective(*comm, engine, std::atoi(argv[2]));
       } else if (scenario == "blas") {
         rc = blas(*comm, blas_before);
+      } else if (scenario == "hierarchy") {
+        rc = hierarchy(*comm, engine);
       } else if (scenario == "slowpeer") {
         rc = slow_peer(*comm, engine);
       } else {
