@@ -5,7 +5,11 @@
 // environment it starts --ranks local ranks of itself through `terse run`. Every figure is the
 // median over --reps timed runs of the slowest rank's time; each run starts from the same input
 // after a barrier. With --link RATE (the emulated link's rate) it reports the ideal time, the
-// bytes on the busiest link over the link rate, and the measured time against it.
+// bytes on the busiest link over the link rate, and the measured time against it. On hosts of
+// several ranks (scripts/cluster.sh -l, TERSE_TOPOLOGY), every terse configuration runs flat and
+// in two levels over the hosts (--hierarchy), the busiest link is a host's (the bytes its ranks
+// send to other hosts), and "vs flat" compares each two-level run with the flat one of the same
+// codec, strategy and K.
 #include <fmt/format.h>
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
@@ -15,6 +19,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -36,12 +41,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+std::string hosts_text(const std::vector<std::vector<int>>& hosts) {
+  std::string out;
+  for (const auto& h : hosts) {
+    if (!out.empty()) out += " | ";
+    out += h.size() == 1 ? std::to_string(h[0]) : fmt::format("{}-{}", h.front(), h.back());
+  }
+  return out;
+}
+
 struct Options {
   int ranks = 4;
   std::string size = "100MB";
   std::vector<std::string> codecs;
   std::vector<std::string> strategies;
   std::vector<int> partitions;
+  std::vector<std::string> hierarchies;
   int reps = 5;
   int threads = 0;
   std::string link;
@@ -55,18 +70,25 @@ struct Config {
   AllreduceOptions options;
 };
 
-std::vector<Config> configs(const Options& opt) {
+std::vector<Config> configs(const Options& opt, bool two_level) {
   std::vector<Config> out;
+  std::vector<Hierarchy> levels;
+  for (const auto& h : opt.hierarchies) levels.push_back(parse_hierarchy(h));
+  if (levels.empty() && two_level) levels = {Hierarchy::kFlat, Hierarchy::kHosts};
+  if (levels.empty()) levels = {Hierarchy::kAuto};
   if (!opt.no_gloo) {
     out.push_back({"gloo AllreduceRing (fp32)", "gloo-ring", {}});
     out.push_back({"gloo AllreduceRingChunked (fp32)", "gloo-ring-chunked", {}});
   }
   auto add = [&](const std::string& codec, Strategy s, int k) {
-    AllreduceOptions o;
-    o.codec = codec;
-    o.strategy = s;
-    o.partitions = k;
-    out.push_back({"", "terse", o});
+    for (Hierarchy h : levels) {
+      AllreduceOptions o;
+      o.codec = codec;
+      o.strategy = s;
+      o.partitions = k;
+      o.hierarchy = h;
+      out.push_back({"", "terse", o});
+    }
   };
   if (opt.codecs.empty() && opt.strategies.empty() && opt.partitions.empty()) {
     add("none", Strategy::kRaw, 1);
@@ -100,6 +122,7 @@ std::vector<Config> configs(const Options& opt) {
 struct Measured {
   std::vector<double> times;
   double bytes_per_rank = 0;
+  double bytes_across = 0;  // this rank's bytes to other hosts, per run
   double cpu = 0;
 };
 
@@ -110,9 +133,9 @@ Measured measure_terse(Engine& engine, Communicator& comm, Config& cfg, const st
   const std::size_t n = data.all().size();
   Measured m;
   TensorPlan plan = engine.plan(n, cfg.options);
-  cfg.label = fmt::format("{} {} K={}{}", to_string(plan.strategy),
-                          cfg.options.codec.substr(0, 14), plan.partitions,
-                          cfg.options.partitions == 0 ? " (auto)" : "");
+  cfg.label = fmt::format("{}{} {} K={}{}", plan.hierarchical ? "hosts+" : "",
+                          to_string(plan.strategy), cfg.options.codec.substr(0, 14),
+                          plan.partitions, cfg.options.partitions == 0 ? " (auto)" : "");
   // Warm-up: the first use, then extra_warm_ups() more, judged by the first run's time.
   std::copy(input.begin(), input.end(), data.begin());
   const auto warm = std::chrono::steady_clock::now();
@@ -124,16 +147,18 @@ Measured measure_terse(Engine& engine, Communicator& comm, Config& cfg, const st
     engine.allreduce(name, data, cfg.options).wait();
   }
   const auto before = engine.bytes_sent();
+  const auto across = engine.bytes_sent_across_hosts();
   m.times = time_allreduce(engine, comm, name, data, input, cfg.options, reps, &m.cpu);
   m.bytes_per_rank =
       max_of(gather(comm, static_cast<double>(engine.bytes_sent() - before) / reps));
+  m.bytes_across = static_cast<double>(engine.bytes_sent_across_hosts() - across) / reps;
   return m;
 }
 
 // One of Gloo's own rings, on gloo_comm's connections; comm carries the barriers and gathers.
 Measured measure_gloo(Communicator& comm, Communicator& gloo_comm, const Config& cfg,
                       const kit::PageArray<float>& input, const kit::PageArray<float>& data,
-                      int reps) {
+                      int reps, const std::vector<int>& host_of) {
   const std::size_t n = data.all().size();
   const int n_ranks = comm.size();
   Measured m;
@@ -149,6 +174,9 @@ Measured measure_gloo(Communicator& comm, Communicator& gloo_comm, const Config&
                                                                static_cast<int>(n));
     m.bytes_per_rank = 2.0 * (n_ranks - 1) / n_ranks * n * 4;
   }
+  // Both rings send to the next rank only.
+  const int r = comm.rank();
+  if (host_of[(r + 1) % n_ranks] != host_of[r]) m.bytes_across = m.bytes_per_rank;
   std::copy(input.begin(), input.end(), data.begin());
   algo->run();  // warm-up
   for (int rep = 0; rep < reps; ++rep) {
@@ -182,6 +210,21 @@ void run_rank(const Options& opt) {
   EngineOptions eo;
   eo.threads = opt.threads;
   Engine engine(comm, engine_options_from_environment(eo));
+  const auto& hosts = engine.hosts();
+  std::vector<int> host_of(static_cast<std::size_t>(n_ranks));
+  std::size_t most = 1;
+  for (std::size_t h = 0; h < hosts.size(); ++h) {
+    for (int rank : hosts[h]) host_of[rank] = static_cast<int>(h);
+    most = std::max(most, hosts[h].size());
+  }
+  const bool two_level = hosts.size() > 1 && most > 1;
+  // The busiest host link's bytes: the most that the ranks of one host send to other hosts.
+  auto busiest_link = [&](double mine) {
+    const std::vector<double> all = gather(*comm, mine);
+    std::vector<double> per_host(hosts.size(), 0.0);
+    for (int i = 0; i < n_ranks; ++i) per_host[host_of[i]] += all[i];
+    return *std::max_element(per_host.begin(), per_host.end());
+  };
 
   // A gradient-like input, different on every rank: normal values with rare large outliers.
   auto input = touched<float>(n), data = touched<float>(n);
@@ -189,11 +232,13 @@ void run_rank(const Options& opt) {
   shape.first_outlier = static_cast<std::size_t>(r);
   testing::fill_gradient(input.all(), 1000 + r, shape);
   if (r == 0) {
-    fmt::print("terse bench allreduce: {} ranks, {} floats ({:.1f} MB) fp32, median of {} runs{}\n",
-               n_ranks, n, n * 4 / 1e6, opt.reps,
+    fmt::print("terse bench allreduce: {} ranks on {} hosts ({}), {} floats ({:.1f} MB) fp32, "
+               "median of {} runs{}\n",
+               n_ranks, hosts.size(), hosts_text(hosts), n, n * 4 / 1e6, opt.reps,
                rate > 0 ? fmt::format(", links {} ({:.0f} Mbit/s)", opt.link, rate / 1e6) : "");
-    fmt::print("{:<34} {:>9} {:>9} {:>8} {:>10} {:>9} {:>8} {:>9} {:>9}\n", "configuration",
-               "median s", "min s", "CPU s", "MB/rank", "ideal s", "x ideal", "vs gloo", "vs raw");
+    fmt::print("{:<40} {:>9} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8}\n",
+               "configuration", "median s", "min s", "CPU s", "MB/rank", "MB/link", "ideal s",
+               "x ideal", "vs gloo", "vs raw", "vs flat");
     std::fflush(stdout);
   }
 
@@ -204,17 +249,19 @@ void run_rank(const Options& opt) {
   report["reps"] = opt.reps;
   report["link"] = opt.link;
   report["link_bits_per_second"] = rate;
+  report["hosts"] = hosts;
   report["configs"] = nlohmann::json::array();
   double best_gloo = 0, raw = 0;
+  std::map<std::string, double> flat;  // flat medians by codec, strategy and K requested
 
   std::uint64_t tensor = 0;
-  for (Config& cfg : configs(opt)) {
+  for (Config& cfg : configs(opt, two_level)) {
     Measured m;
     if (cfg.kind == "terse") {
       const std::string name = fmt::format("gradient{}", tensor++);
       m = measure_terse(engine, *comm, cfg, name, input, data, opt.reps);
     } else {
-      m = measure_gloo(*comm, *gloo_comm, cfg, input, data, opt.reps);
+      m = measure_gloo(*comm, *gloo_comm, cfg, input, data, opt.reps, host_of);
     }
     const std::vector<double>& times = m.times;
     const double bytes_per_rank = m.bytes_per_rank;
@@ -227,17 +274,25 @@ void run_rank(const Options& opt) {
     const double med = median(times);
     // CPU seconds per allreduce of the busiest rank (includes the Gloo loop thread's work).
     const double cpu = max_of(gather(*comm, m.cpu / opt.reps));
-    const double ideal = rate > 0 ? bytes_per_rank * 8 / rate : 0;
+    const double link_bytes = busiest_link(m.bytes_across);
+    const double ideal = rate > 0 ? link_bytes * 8 / rate : 0;
+    const std::string same = fmt::format("{}|{}|{}", cfg.options.codec,
+                                         to_string(cfg.options.strategy), cfg.options.partitions);
+    const bool hierarchical = cfg.label.rfind("hosts+", 0) == 0;
+    if (cfg.kind == "terse" && !hierarchical) flat[same] = med;
+    const double vs_flat = hierarchical && flat.count(same) ? flat[same] / med : 0;
     if (cfg.kind != "terse" && (best_gloo == 0 || med < best_gloo)) best_gloo = med;
     if (cfg.kind == "terse" && cfg.options.codec == "none" && (raw == 0 || med < raw)) raw = med;
     if (r == 0) {
-      fmt::print("{:<34} {:>9.4f} {:>9.4f} {:>8.4f} {:>10.2f} {:>9} {:>8} {:>9} {:>9}{}\n",
+      fmt::print("{:<40} {:>9.4f} {:>9.4f} {:>8.4f} {:>9.2f} {:>9.2f} {:>9} {:>8} {:>9} {:>9} "
+                 "{:>8}{}\n",
                  cfg.label, med, *std::min_element(times.begin(), times.end()), cpu,
-                 bytes_per_rank / 1e6,
+                 bytes_per_rank / 1e6, link_bytes / 1e6,
                  ideal > 0 ? fmt::format("{:.4f}", ideal) : "-",
                  ideal > 0 ? fmt::format("{:.2f}", med / ideal) : "-",
                  best_gloo > 0 ? fmt::format("{:.2f}x", best_gloo / med) : "-",
                  raw > 0 ? fmt::format("{:.2f}x", raw / med) : "-",
+                 vs_flat > 0 ? fmt::format("{:.2f}x", vs_flat) : "-",
                  identical ? "" : "  RESULTS DIFFER ACROSS RANKS");
       std::fflush(stdout);
     }
@@ -250,6 +305,9 @@ void run_rank(const Options& opt) {
                                  {"median_s", med},
                                  {"cpu_s_per_rank", cpu},
                                  {"bytes_per_rank", bytes_per_rank},
+                                 {"hierarchical", hierarchical},
+                                 {"bytes_busiest_link", link_bytes},
+                                 {"vs_flat", vs_flat},
                                  {"ideal_s", ideal},
                                  {"identical_across_ranks", identical}});
   }
@@ -279,6 +337,9 @@ void add_bench_allreduce_command(CLI::App& bench) {
   cmd->add_option("--strategy", opt->strategies, "Strategies (auto raw allgather sharded ring "
                                                  "summable)");
   cmd->add_option("--partitions", opt->partitions, "Partition counts K (0: the engine's choice)");
+  cmd->add_option("--hierarchy", opt->hierarchies,
+                  "Hierarchies to run each terse configuration in (auto flat hosts; default: "
+                  "flat and hosts on hosts of several ranks, else auto)");
   cmd->add_option("--reps", opt->reps, "Timed runs per configuration (median)")
       ->capture_default_str();
   cmd->add_option("--threads", opt->threads, "Engine worker threads (0: default)");

@@ -230,6 +230,9 @@ class TERSE_API Engine {
 
   // Bytes this rank has sent (payloads and fp32 chunks, without transport framing) so far.
   std::uint64_t bytes_sent() const;
+  // The part of bytes_sent() that went to ranks on other hosts (hosts()): what this rank put on
+  // its host's network link.
+  std::uint64_t bytes_sent_across_hosts() const;
 
   struct Impl;
 

@@ -36,6 +36,7 @@ void close_open_channels();
 
 // AllreduceOptions from Python's arguments (the strategy by name).
 AllreduceOptions make_options(std::string codec, const std::string& strategy, int partitions,
-                              bool average, std::size_t rows = 0);
+                              bool average, std::size_t rows = 0,
+                              const std::string& hierarchy = "auto");
 
 }  // namespace terse::python

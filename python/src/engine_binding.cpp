@@ -24,8 +24,9 @@
 namespace terse::python {
 
 AllreduceOptions make_options(std::string codec, const std::string& strategy, int partitions,
-                              bool average, std::size_t rows) {
+                              bool average, std::size_t rows, const std::string& hierarchy) {
   AllreduceOptions o;
+  o.hierarchy = parse_hierarchy(hierarchy);
   o.codec = std::move(codec);
   o.strategy = parse_strategy(strategy);
   o.partitions = partitions;
@@ -75,9 +76,11 @@ class PyEngine {
   const std::shared_ptr<Communicator>& communicator() const { return comm_; }
 
   PyHandle allreduce(std::string name, py::object data, std::string codec,
-                     const std::string& strategy, int partitions, bool average) {
+                     const std::string& strategy, int partitions, bool average,
+                     const std::string& hierarchy) {
     auto engine = get();
-    AllreduceOptions options = make_options(std::move(codec), strategy, partitions, average);
+    AllreduceOptions options =
+        make_options(std::move(codec), strategy, partitions, average, 0, hierarchy);
     const TensorView view = tensor_view(data, name);
     py::list borrowed;
     borrowed.append(data);
@@ -159,7 +162,7 @@ void define_submissions(EngineClass& cls) {
   cls
       .def("allreduce", &PyEngine::allreduce, py::arg("name"), py::arg("tensor"),
            py::arg("codec") = "none", py::arg("strategy") = "auto", py::arg("partitions") = 0,
-           py::arg("average") = true,
+           py::arg("average") = true, py::arg("hierarchy") = "auto",
            "Starts an allreduce of one tensor (a contiguous CPU torch.Tensor of float32, float16 "
            "or bfloat16, or a float32 or float16 buffer; 16-bit tensors are reduced in fp32 a "
            "partition at a time and rounded once); "
@@ -229,17 +232,18 @@ void define_state(EngineClass& cls) {
       .def(
           "plan",
           [](PyEngine& e, std::size_t elements, std::string codec, const std::string& strategy,
-             int partitions, bool average, py::object dtype, std::size_t rows) {
+             int partitions, bool average, py::object dtype, std::size_t rows,
+             const std::string& hierarchy) {
             auto engine = e.get();
             const AllreduceOptions options =
-                make_options(std::move(codec), strategy, partitions, average, rows);
+                make_options(std::move(codec), strategy, partitions, average, rows, hierarchy);
             const DType type = dtype.is_none() ? DType::kFloat32 : parse_dtype(dtype);
             py::gil_scoped_release release;  // codec "auto": the first call calibrates
             return engine->plan(elements, options, type);
           },
           py::arg("elements"), py::arg("codec") = "none", py::arg("strategy") = "auto",
           py::arg("partitions") = 0, py::arg("average") = true, py::arg("dtype") = py::none(),
-          py::arg("rows") = 0,
+          py::arg("rows") = 0, py::arg("hierarchy") = "auto",
           "What the engine will do with a tensor of that many elements (validates the options). "
           "dtype (torch.float16, torch.bfloat16 or their names; default float32) is the "
           "tensor's: codec 'none' on a 16-bit tensor plans the summable ring of its own "
@@ -294,6 +298,14 @@ void define_state(EngineClass& cls) {
       .def_property_readonly(
           "bytes_sent", [](const PyEngine& e) { return e.get()->bytes_sent(); },
           "Bytes this rank sent so far (payloads and fp32 chunks, no transport framing).")
+      .def_property_readonly(
+          "bytes_sent_across_hosts",
+          [](const PyEngine& e) { return e.get()->bytes_sent_across_hosts(); },
+          "The part of bytes_sent that went to ranks on other hosts (see hosts).")
+      .def_property_readonly(
+          "hosts", [](const PyEngine& e) { return e.get()->hosts(); },
+          "The job's hosts as every rank agreed on them (EngineOptions' topology, "
+          "TERSE_TOPOLOGY): each host's ranks, hosts ordered by their lowest rank.")
       .def_property_readonly(
           "options", [](const PyEngine& e) { return EngineOptions(e.get()->options()); },
           "A copy of the EngineOptions this engine runs with (changing it changes nothing).")

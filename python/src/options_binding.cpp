@@ -20,9 +20,12 @@ namespace terse::python {
 namespace {
 
 std::string options_repr(const AllreduceOptions& o) {
-  return fmt::format("AllreduceOptions(codec='{}', strategy='{}', partitions={}, average={}{})",
+  return fmt::format("AllreduceOptions(codec='{}', strategy='{}', partitions={}, average={}{}{})",
                      o.codec, to_string(o.strategy), o.partitions, o.average ? "True" : "False",
-                     o.rows > 0 ? fmt::format(", rows={}", o.rows) : std::string());
+                     o.rows > 0 ? fmt::format(", rows={}", o.rows) : std::string(),
+                     o.hierarchy != Hierarchy::kAuto
+                         ? fmt::format(", hierarchy='{}'", to_string(o.hierarchy))
+                         : std::string());
 }
 
 }  // namespace
@@ -33,9 +36,16 @@ void bind_options(py::module_& m) {
                                "the planner's choice), strategy, partitions (0: from the size), "
                                "average (divide by ranks) and rows (the tensor's first "
                                "dimension, 0: not given: a matrix codec that 'auto' chooses "
-                               "views the tensor as rows x n/rows).")
+                               "views the tensor as rows x n/rows) and hierarchy ('auto', "
+                               "'flat', 'hosts': exact inside each host, the codec across "
+                               "hosts; docs/topology.md).")
       .def(py::init(&make_options), py::arg("codec") = "none", py::arg("strategy") = "auto",
-           py::arg("partitions") = 0, py::arg("average") = true, py::arg("rows") = 0)
+           py::arg("partitions") = 0, py::arg("average") = true, py::arg("rows") = 0,
+           py::arg("hierarchy") = "auto")
+      .def_property(
+          "hierarchy",
+          [](const AllreduceOptions& o) { return std::string(to_string(o.hierarchy)); },
+          [](AllreduceOptions& o, const std::string& h) { o.hierarchy = parse_hierarchy(h); })
       .def_readwrite("codec", &AllreduceOptions::codec)
       .def_property(
           "strategy", [](const AllreduceOptions& o) { return std::string(to_string(o.strategy)); },
@@ -51,6 +61,8 @@ void bind_options(py::module_& m) {
                              [](const TensorPlan& p) { return std::string(to_string(p.strategy)); })
       .def_readonly("partitions", &TensorPlan::partitions)
       .def_readonly("fused", &TensorPlan::fused)
+      .def_readonly("hierarchical", &TensorPlan::hierarchical,
+                    "Two levels over the hosts: the codec and strategy run across them.")
       .def("__repr__", [](const TensorPlan& p) {
         return fmt::format("TensorPlan(codec='{}', strategy='{}', partitions={})", p.codec,
                            to_string(p.strategy), p.partitions);
@@ -61,8 +73,11 @@ void bind_options(py::module_& m) {
       .def(py::init([](std::uint64_t seed, int threads, std::size_t fuse_bytes,
                        std::size_t partition_bytes, std::size_t gather_bytes,
                        bool keep_input_on_error, std::vector<std::string> auto_codecs,
-                       std::vector<std::string> heavy_codecs) {
+                       std::vector<std::string> heavy_codecs, std::string topology,
+                       std::string host) {
              EngineOptions o;
+             o.topology = std::move(topology);
+             o.host = std::move(host);
              o.seed = seed;
              o.threads = threads;
              o.fuse_bytes = fuse_bytes;
@@ -84,11 +99,14 @@ void bind_options(py::module_& m) {
            py::arg("keep_input_on_error") = false,
            py::arg("auto_codecs") = std::vector<std::string>{},
            py::arg("heavy_codecs") = std::vector<std::string>{},
+           py::arg("topology") = "auto", py::arg("host") = "",
            "auto_codecs: the light tier, the codecs codec='auto' may choose from; heavy_codecs: "
            "the heavy tier, which codec='auto:heavy' may choose from as well. Empty: the "
            "planner's defaults, TERSE_PLAN_CODECS and TERSE_PLAN_HEAVY_CODECS, else the tiers "
            "docs/planner.md lists (PlannerOptions in the C++ API). ['none']: raw only, or no "
-           "heavy codec.")
+           "heavy codec. topology: which ranks share a host ('auto': machine, network "
+           "namespace and host; 'A,B,...' ranks per host; 'HxR'; 'flat'), else TERSE_TOPOLOGY; "
+           "host: this rank's host name for 'auto', else TERSE_HOST or torchrun's GROUP_RANK.")
       .def_property_readonly(
           "auto_codecs",
           [](const EngineOptions& o) {
@@ -101,6 +119,10 @@ void bind_options(py::module_& m) {
             return o.planner ? o.planner->heavy() : std::vector<std::string>{};
           },
           "The canonical specs codec='auto:heavy' adds to auto_codecs ([]: the default set).")
+      .def_readwrite("topology", &EngineOptions::topology,
+                     "Which ranks share a host: 'auto', 'flat', 'A,B,...' or 'HxR' "
+                     "(docs/topology.md).")
+      .def_readwrite("host", &EngineOptions::host, "This rank's host name under topology 'auto'.")
       .def_readwrite("seed", &EngineOptions::seed, "Seed of stochastic codecs, equal on all ranks.")
       .def_readwrite("threads", &EngineOptions::threads,
                      "Worker threads (0: TERSE_THREADS, else 4).")

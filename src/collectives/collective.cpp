@@ -148,8 +148,12 @@ Stage::~Stage() {
 
 Request post_send(PartitionContext& ctx, int peer, std::uint32_t index,
                   std::span<const std::byte> data) {
+  const int to = ctx.comm_rank(peer);
   if (ctx.bytes_sent != nullptr) ctx.bytes_sent->fetch_add(data.size(), std::memory_order_relaxed);
-  return ctx.comm->send(ctx.comm_rank(peer), ctx.tag(index), data, ctx.label());
+  if (ctx.bytes_across != nullptr && ctx.host_of[to] != ctx.host_of[ctx.comm->rank()]) {
+    ctx.bytes_across->fetch_add(data.size(), std::memory_order_relaxed);
+  }
+  return ctx.comm->send(to, ctx.tag(index), data, ctx.label());
 }
 
 Request post_recv(PartitionContext& ctx, int peer, std::uint32_t index,

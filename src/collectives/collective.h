@@ -174,6 +174,10 @@ struct PartitionContext {
   Tracer* tracer = nullptr;
   std::uint32_t thread = 0;
   std::atomic<std::uint64_t>* bytes_sent = nullptr;
+  // With both: bytes sent to ranks on other hosts (host_of: comm rank -> host) are counted in
+  // bytes_across too.
+  std::span<const int> host_of;
+  std::atomic<std::uint64_t>* bytes_across = nullptr;
 
   Failure failure;
 

@@ -244,6 +244,7 @@ int Engine::rank() const { return impl_->comm->rank(); }
 int Engine::size() const { return impl_->comm->size(); }
 const std::vector<std::vector<int>>& Engine::hosts() const { return impl_->topology.hosts; }
 std::uint64_t Engine::bytes_sent() const { return impl_->bytes_sent.load(); }
+std::uint64_t Engine::bytes_sent_across_hosts() const { return impl_->tasks.bytes_across(); }
 
 // ---- state ----------------------------------------------------------------------------------
 //

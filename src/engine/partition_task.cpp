@@ -92,6 +92,8 @@ void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace)
   ctx.tracer = options_.tracer.get();
   ctx.thread = thread;
   ctx.bytes_sent = &bytes_sent_;
+  ctx.host_of = topology_.host_of;
+  ctx.bytes_across = &bytes_across_;
   try {
     if (task.item < 0) {
       ctx.tensor = fmt::format("fused group of {} tensors", job.fused.size());

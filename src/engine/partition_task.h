@@ -32,6 +32,9 @@ class PartitionTasks {
   // the job (and, for errors of this rank's own, to the communicator, which fails the peers).
   void run(Task& task, std::uint32_t thread, Workspace& workspace);
 
+  // Bytes sent to ranks of other hosts (Engine::bytes_sent_across_hosts).
+  std::uint64_t bytes_across() const { return bytes_across_.load(); }
+
  private:
   void run_fused(Task& task, collectives::PartitionContext& ctx);
   void run_allreduce(Task& task, collectives::PartitionContext& ctx);
@@ -51,6 +54,7 @@ class PartitionTasks {
   const transport::Topology& topology_;
   BufferPool& buffers_;
   std::atomic<std::uint64_t>& bytes_sent_;
+  std::atomic<std::uint64_t> bytes_across_{0};
   std::function<void(const std::shared_ptr<Job>&)> finish_;
 };
 

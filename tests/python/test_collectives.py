@@ -87,3 +87,43 @@ def test_bad_sizes_raise_at_once_naming_the_operation(tmp_path):
         with pytest.raises(terse.SpecError):
             engine.all_gather("w", torch.zeros(10), torch.zeros(10), strategy="nonsense")
         assert "alltoall" in terse.strategies()
+
+
+def test_allreduce_in_two_levels_over_hosts_is_identical_and_sends_less_across(tmp_path):
+    """Four ranks as two hosts of two (EngineOptions.topology): the hierarchical allreduce gives
+    every rank the same bytes, close to the flat average, and puts fewer bytes on the host links."""
+    store = terse.file_store(str(tmp_path))
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(1 << 20).astype(np.float32) for _ in range(4)]
+
+    def rank(r: int):
+        comm = terse.Communicator(r, 4, store, timeout=TIMEOUT)
+        options = terse.EngineOptions(threads=2, topology="2,2")
+        with terse.Engine(comm, options) as engine:
+            assert engine.hosts == [[0, 1], [2, 3]]
+            assert engine.plan(1 << 20).hierarchical  # hierarchy "auto" on two levels
+            assert not engine.plan(1 << 20, hierarchy="flat").hierarchical
+            out = {}
+            for hierarchy in ("flat", "hosts"):
+                for codec in ("none", "minmax8:ef=1"):
+                    before = engine.bytes_sent_across_hosts
+                    y = torch.from_numpy(inputs[r].copy())
+                    engine.allreduce(f"g/{codec}/{hierarchy}", y, codec=codec,
+                                     hierarchy=hierarchy).wait()
+                    out[codec, hierarchy] = (y, engine.bytes_sent_across_hosts - before)
+            comm.barrier("end")
+        return out
+
+    results = run_ranks(4, rank)
+    mean = torch.from_numpy(sum(inputs) / 4)
+    for key in results[0]:
+        for r in range(1, 4):
+            assert torch.equal(results[r][key][0], results[0][key][0]), (key, r)
+    assert torch.allclose(results[0]["none", "hosts"][0], mean, atol=1e-6)
+    assert torch.allclose(results[0]["minmax8:ef=1", "hosts"][0], mean, atol=0.05)
+
+    def across(key):  # bytes on host 0's link: what its ranks sent to host 1
+        return results[0][key][1] + results[1][key][1]
+
+    assert across(("none", "hosts")) < 0.75 * across(("none", "flat"))
+    assert across(("minmax8:ef=1", "hosts")) < 0.6 * across(("minmax8:ef=1", "flat"))
