@@ -78,6 +78,11 @@ METHODS: List[Tuple[str, Dict]] = [
                                        strategy="allgather")),
     ("terse-fp16", dict(method="terse", codec="fp16")),
     ("terse-minmax8", dict(method="terse", codec="minmax8:ef=1")),
+    # On hosts of several ranks (--ranks-per-host): terse flat, every rank its own host, against
+    # the default two levels (docs/topology.md); raw fp32 through terse both ways.
+    ("terse-minmax8-flat", dict(method="terse", codec="minmax8:ef=1", topology="flat")),
+    ("terse-raw", dict(method="terse", codec="none")),
+    ("terse-raw-flat", dict(method="terse", codec="none", topology="flat")),
     ("terse-onebit", dict(method="terse", codec="onebit:ef=1")),
     ("terse-topk", dict(method="terse", codec="topk:ratio=0.01,ef=1")),
     ("terse-topk-10", dict(method="terse", codec="topk:ratio=0.1,ef=1")),
@@ -252,7 +257,8 @@ def run(args: argparse.Namespace) -> None:
         partial = out + ".partial"
         try:
             result = launch(config, partial, ranks=args.ranks, link=args.link,
-                            log=os.path.join(directory, f"{name}.log"), echo=args.verbose)
+                            log=os.path.join(directory, f"{name}.log"), echo=args.verbose,
+                            ranks_per_host=args.ranks_per_host)
         except RuntimeError as e:
             print(f"{head}: FAILED: {e}", file=sys.stderr, flush=True)
             if args.keep_going:
@@ -900,6 +906,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     r.add_argument("--methods", default=",".join(n for n, _ in METHODS))
     r.add_argument("--results", help="default: results/train, or results/train-DTYPE")
     r.add_argument("--ranks", type=int, default=4)
+    r.add_argument("--ranks-per-host", type=int, default=1,
+                   help="emulated hosts of this many ranks each (it divides --ranks)")
     r.add_argument("--force", action="store_true", help="run configurations that have a JSON")
     r.add_argument("--keep-going", action="store_true", help="go on after a failed run")
     r.add_argument("--verbose", action="store_true", help="show rank 0's output")

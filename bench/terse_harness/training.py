@@ -153,6 +153,7 @@ class RunConfig:
     auto_codecs: Tuple[str, ...] = ()  # codec "auto": what the planner may choose (): default
     heavy_codecs: Tuple[str, ...] = ()  # codec "auto:heavy": what it adds (): default
     all_gather_codec: str = ""  # fsdp-terse: the parameters' all-gather codec ("": raw)
+    topology: str = ""  # TERSE_TOPOLOGY for terse's engines ("": the environment's, else auto)
     threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
     # The optimizer's momentum; < 0: the model's (0.9). A codec that carries the momentum in
     # what it sends (DGC's momentum correction) needs 0 here, or the step applies it twice.
@@ -613,6 +614,8 @@ def _setup(config: RunConfig, started: float) -> _Rank:
 
     run = _Rank()
     run.config = config
+    if config.topology:  # which ranks terse's engines take to share a host (docs/topology.md)
+        os.environ["TERSE_TOPOLOGY"] = config.topology
     torch.set_num_threads(1)
     _init_process_group(config)
     run.rank, run.world = dist.get_rank(), dist.get_world_size()
@@ -1007,13 +1010,16 @@ class _MachineLoad:
 
 
 def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
-           log: Optional[str] = None, echo: bool = True) -> Dict[str, Any]:
+           log: Optional[str] = None, echo: bool = True,
+           ranks_per_host: int = 1) -> Dict[str, Any]:
     """Runs ``config`` on ``ranks`` ranks of this machine and returns rank 0's result (also
     written to ``out``), with ``wall_seconds`` (the whole run, start-up included) and ``link``.
 
     ``link`` empty or "loopback": local processes over loopback (``terse run``). Otherwise
     (root only) each rank gets its own emulated host from scripts/cluster.sh with links of that
-    rate, or "unshaped" veth links, and the bytes each rank sends are counted on its eth0.
+    rate, or "unshaped" veth links, and the bytes each rank sends are counted on its eth0; with
+    ``ranks_per_host`` > 1 each host holds that many ranks, and eth0 counts the host's link (what
+    all its ranks send to other hosts).
     ``log``: a file that receives every rank's output; ``echo``: also print rank 0's lines.
     """
     worker = launcher.python_module("terse_harness.training", "--config",
@@ -1027,7 +1033,8 @@ def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
             if echo and line.startswith(rank0):
                 print(line[len(rank0):], end="", flush=True)
 
-        status, lines, wall = launcher.run(worker, ranks, link, config.timeout, on_line=show)
+        status, lines, wall = launcher.run(worker, ranks, link, config.timeout, on_line=show,
+                                           ranks_per_host=ranks_per_host)
     if status != 0 or not os.path.exists(out):
         tail = "".join(lines[-40:])
         raise RuntimeError(f"{config.label or method_label(config)}: the run failed "
@@ -1036,6 +1043,7 @@ def launch(config: RunConfig, out: str, ranks: int = 4, link: str = "",
         result = json.load(f)
     result["wall_seconds"] = wall
     result["link"] = link or "loopback"
+    result["ranks_per_host"] = ranks_per_host
     result["machine"] = machine.finish()
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
