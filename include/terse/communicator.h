@@ -192,6 +192,9 @@ class TERSE_API Communicator {
 
   // True once an operation has failed or abort was called.
   bool failed() const noexcept;
+  // Once failed: the rank whose failure this one follows (a peer that died, stalled or aborted,
+  // or this rank itself after abort() or an error of its own); -1 before, or where unknown.
+  int failed_because_of() const noexcept;
 
   struct Impl;
 

@@ -328,6 +328,9 @@ void Communicator::abort(std::string_view reason) noexcept {
 }
 
 bool Communicator::failed() const noexcept { return impl_->failed.load(); }
+int Communicator::failed_because_of() const noexcept {
+  return impl_->failed.load() ? impl_->failure_cause() : -1;
+}
 int Communicator::rank() const noexcept { return impl_->rank; }
 int Communicator::size() const noexcept { return impl_->size; }
 milliseconds Communicator::timeout() const noexcept { return impl_->timeout; }

@@ -68,6 +68,7 @@ struct Communicator::Impl {
   std::atomic<bool> failed{false};
   std::mutex fail_mutex;
   std::string first_error;
+  int first_cause = -1;  // the rank whose failure the first error follows
   std::uint32_t collective_seq = 0;
   char abort_byte = 0;
 
@@ -114,6 +115,10 @@ struct Communicator::Impl {
     std::lock_guard lock(fail_mutex);
     return first_error;
   }
+  int failure_cause() {
+    std::lock_guard lock(fail_mutex);
+    return first_cause;
+  }
 
   // Records the first error, tells the peers that this rank fails because of rank `cause`
   // (origin: the first message about that failure) and closes every connection, so that waits
@@ -124,6 +129,7 @@ struct Communicator::Impl {
       std::lock_guard lock(fail_mutex);
       if (failed.exchange(true)) return;
       first_error = reason;
+      first_cause = cause;
     }
     if (!context || size == 1) return;
     send_notices(cause, origin);

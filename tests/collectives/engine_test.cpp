@@ -491,6 +491,26 @@ TEST(Hierarchy, TopologiesThatDisagreeOrDoNotFitFailEveryRank) {
   EXPECT_NE(r.output.find("TERSE_TOPOLOGY='2x' is not allowed"), std::string::npos) << r.output;
 }
 
+// Both ranks of host 1 die mid-allreduce: the ranks of host 0 fail within the timeout, naming
+// the dead peer and its host.
+TEST(Hierarchy, AHostWhoseRanksDieIsNamedByTheOthersWithinTheTimeout) {
+  auto r = shell("TERSE_TOPOLOGY=2,2 " + kCli + " run -n 4 --timeout 3 --grace 30 -- sh -c 'if [ "
+                 "$RANK = 2 ]; then exec " + kWorker + " die 2; else exec " + kWorker + " die 3; "
+                 "fi'");
+  EXPECT_NE(r.code, 0) << r.output;
+  for (int rank : {0, 1}) {
+    double seconds = -1;
+    const auto at = r.output.find(fmt::format("[rank {}] EXPECTED-FAILURE rank {} after", rank, rank));
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    ASSERT_EQ(std::sscanf(line.c_str(), "[rank %*d] EXPECTED-FAILURE rank %*d after %lf s",
+                          &seconds), 1) << line;
+    EXPECT_LT(seconds, 6.0) << line;
+    EXPECT_NE(line.find("is on host 1 of 2, with ranks 2,3"), std::string::npos) << line;
+  }
+  EXPECT_LT(r.seconds, 30) << r.output;
+}
+
 TEST(Cluster, HostsOfTwoRanksAreFoundFromTheirNetworkNamespaces) {
   if (!testing::can_emulate_cluster()) GTEST_SKIP() << "needs root and ip netns";
   auto r = shell(std::string("bash ") + TERSE_SOURCE_DIR +
