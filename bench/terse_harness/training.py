@@ -368,6 +368,8 @@ def method_label(config: RunConfig) -> str:
     bfloat16 or float16 its dtype: "DDP fp32 [bfloat16 model]". The momentum in a label is
     SGD's (AdamW has none)."""
     label = _method_label(config)
+    if config.topology:  # terse's hosts as set for the run (docs/topology.md)
+        label += " (flat)" if config.topology == "flat" else f" (hosts {config.topology})"
     if config.optimizer in COMMUNICATING_OPTIMIZERS:
         label = {"onebit-adam": "terse 1-bit Adam", "zeroone-adam": "terse 0/1 Adam"}[
             config.optimizer]
