@@ -543,8 +543,8 @@ int scenario_collectives(Communicator& comm) {
       engine.reduce_scatter("restricted", TensorView(std::span(x)), TensorView(std::span(y)), o)
           .wait();
       const auto& decisions = PlannerAccess::impl(*planner).decisions;
-      const auto d = decisions.find(
-          {total, kThreads, Strategy::kRing, 3, Tier::kLight, rs, kDefaultPartitionBytes});
+      const auto d = decisions.find(Planner::Impl::key_of(
+          {total, kThreads, Strategy::kRing, 3, Tier::kLight, rs, kDefaultPartitionBytes}));
       check(d != decisions.end(), "the engine did not ask for a ring of 3 partitions");
       const TensorPlan& p = d->second.chosen.plan;
       check(p.strategy == Strategy::kRing && p.partitions == 3 && p.codec != "none",
