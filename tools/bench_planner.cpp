@@ -21,6 +21,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -464,6 +465,7 @@ nlohmann::json SizeBench::to_json(const Verdict& v) const {
                              {"codec", m.plan.codec},
                              {"strategy", std::string(to_string(m.plan.strategy))},
                              {"partitions", m.plan.partitions},
+                             {"hierarchical", m.plan.hierarchical},
                              {"candidate", m.candidate},
                              {"predicted_s", m.predicted},
                              {"times_s", m.times},
@@ -571,15 +573,33 @@ void replay(const Options& opt) {
     }
   }
   const int threads = report.value("threads", 4);
+  // Two-level configurations are priced on the hosts the record's calibration was measured on.
+  std::optional<planner::HostLayout> hosts;
+  if (const auto& of = calibration.host_of; static_cast<int>(of.size()) == ranks) {
+    std::vector<std::vector<int>> by_host;
+    for (int r = 0; r < ranks; ++r) {
+      if (of[r] >= static_cast<int>(by_host.size())) by_host.resize(of[r] + 1);
+      by_host[of[r]].push_back(r);
+    }
+    hosts = planner::host_layout(calibration, transport::topology_of_hosts(by_host, ranks));
+  }
   const CostModel model(std::move(calibration));
   std::vector<double> before, after;
   for (auto& size : report["sizes"]) {
     const auto n = size["elements"].get<std::size_t>();
     for (auto& c : size["configs"]) {
       const double measured = c["median_s"].get<double>();
-      const Prediction p = model.predict(n, c["codec"].get<std::string>(),
-                                         parse_strategy(c["strategy"].get<std::string>()),
-                                         c["partitions"].get<int>(), ranks, threads);
+      const std::string codec = c["codec"].get<std::string>();
+      const Strategy strategy = parse_strategy(c["strategy"].get<std::string>());
+      const int k = c["partitions"].get<int>();
+      if (c.value("hierarchical", false) && !hosts) {
+        throw InvalidArgument(fmt::format(
+            "--replay {}: a two-level configuration, and a calibration without the job's hosts",
+            opt.replay));
+      }
+      const Prediction p = c.value("hierarchical", false)
+                               ? model.predict_hosts(n, codec, strategy, k, *hosts, threads)
+                               : model.predict(n, codec, strategy, k, ranks, threads);
       const double predicted = p.seconds;
       // The host's CPU bound as the model set it (CostModel::predict): where it equals the
       // prediction, the cores decided, and measured / host_cpu_s is the host's efficiency.
