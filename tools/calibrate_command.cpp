@@ -142,8 +142,8 @@ void run_rank(const Options& opt) {
   for (const auto& spec : defaults.heavy()) co.codecs.push_back(spec);
   co.codec_max_elements = opt.max_elements;
   co.quiet = false;
-  Calibration c = calibrate(*comm, co, allreduce_probes(threads));
-  c.host_of = topology.host_of;
+  co.host_of = topology.host_of;
+  const Calibration c = calibrate(*comm, co, allreduce_probes(threads));
   const std::string path =
       opt.out.empty() ? default_calibration_path(comm->size(), po.cache_directory) : opt.out;
   std::error_code ec;

@@ -130,6 +130,7 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in,
   Calibration c;
   c.host = host_name();
   c.world_size = comm.size();
+  if (static_cast<int>(options.host_of.size()) == comm.size()) c.host_of = options.host_of;
   const transport::MachineShare share = transport::machine_share(comm);
   // The codecs are measured with OpenBLAS's threads as the engine will set them.
   kit::blas_limit_threads(share.cores_per_rank);

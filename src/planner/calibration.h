@@ -189,6 +189,9 @@ struct CalibrationOptions {
   double link_target_seconds = 0.03;
   std::size_t link_max_bytes = std::size_t{16} << 20;
   bool measure_links = true;  // false: keep the links of an earlier calibration unmeasured
+  // The job's hosts (transport::Topology::host_of; empty: not known), recorded in the
+  // calibration (Calibration::host_of); a pair's link is judged against its class's.
+  std::vector<int> host_of;
   bool quiet = true;          // false: progress lines on stderr (rank 0)
 };
 

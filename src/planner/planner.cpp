@@ -295,8 +295,9 @@ void Planner::Impl::ensure_calibrated(Communicator& comm, const std::vector<int>
     }
     if (log) std::fprintf(stderr, "terse plan: calibration from %s\n", path.c_str());
   } else {
-    c = calibrate(comm, calibration_options, probe_maker);
-    c.host_of = host_of;
+    CalibrationOptions measuring = calibration_options;
+    measuring.host_of = host_of;  // recorded, and each link judged within its class
+    c = calibrate(comm, measuring, probe_maker);
   }
   if (save && path != "-") write_file(path, c.to_json(), comm.rank());
   if (log) {

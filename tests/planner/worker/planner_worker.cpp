@@ -25,10 +25,11 @@
 //           every contender measured, apart from an allreduce's decisions of the same size
 //   collective_mismatch  one rank "auto", the others a codec: MismatchError naming the
 //           operation on every rank
-//   hosts   under TERSE_TOPOLOGY=2,2, codec "auto" with a calibration of two link classes (slow
-//           across hosts, fast inside): the large tensor goes two levels, a tiny one flat, the
-//           decision priced both levels and the engine runs its choice; hierarchy flat and
-//           hosts restrict it; plans and results identical on every rank
+//   hosts   4 ranks under TERSE_TOPOLOGY=2,2: a pair's link disturbed inside a host is measured
+//           again against its class's pairs; codec "auto" with a calibration of two link
+//           classes (slow across hosts, fast inside): the large tensor goes two levels, a tiny
+//           one flat, the decision priced both levels and the engine runs its choice;
+//           hierarchy flat and hosts restrict it; plans and results identical on every rank
 //   hosts_auto  codec "auto" with the engine's own planner under the job's topology
 //           (TERSE_TOPOLOGY): calibrated (or cached for that topology), explored and settled,
 //           plans identical on every rank; two levels priced where the topology has them
@@ -683,7 +684,40 @@ transport::Topology topology_of(const Engine& engine, const Communicator& comm) 
   return transport::topology_of_hosts(engine.hosts(), comm.size());
 }
 
+// A pair disturbed inside a host is measured again against its class's median pair, not
+// against the pairs across hosts, which are far slower (here: 1000x; the disturbed pair 100x,
+// below the median of all pairs). Hosts {0, 1, 2} and {3}: three pairs in each class.
+void check_slow_pairs_by_class(Communicator& comm) {
+  CalibrationOptions o;
+  o.quiet = true;
+  Calibration c = testing::synthetic(1e9, 50e-6, comm.size());
+  planner::measure_links(comm, o, c);
+  const std::vector<int> host_of = {0, 0, 0, 1};
+  Calibration shaped = c;
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      if (host_of[i] != host_of[j]) shaped.peer_beta[i][j] *= 1000;
+    }
+  }
+  const double pair = shaped.peer_beta[0][1];
+  shaped.peer_beta[0][1] = shaped.peer_beta[1][0] = 100 * pair;
+  Calibration flat = shaped;  // hosts unknown: judged against every pair, kept
+  planner::recheck_slow_pairs(comm, o, flat);
+  check(flat.peer_beta[0][1] == 100 * pair, "without hosts, the pair was measured again");
+  shaped.host_of = host_of;
+  planner::recheck_slow_pairs(comm, o, shaped);
+  check(shaped.peer_beta[0][1] < 10 * pair,
+        fmt::format("a pair inside a host at {} s/B among its class's {} s/B was not measured "
+                    "again: {} s/B",
+                    100 * pair, pair, shaped.peer_beta[0][1]));
+  check(shaped.peer_beta[0][3] == 1000 * c.peer_beta[0][3], "a pair across hosts changed");
+  check(planner::agree_max(comm, {shaped.peer_beta[0][1]})[0] == shaped.peer_beta[0][1],
+        "ranks disagree on the pair measured again");
+}
+
 int scenario_hosts(Communicator& comm) {
+  check(comm.size() == 4, "hosts: 4 ranks");
+  check_slow_pairs_by_class(comm);
   const EngineOptions eo = engine_options_from_environment();
   // The calibration's links are split by the topology the engine will agree (TERSE_TOPOLOGY).
   const transport::Topology t =
