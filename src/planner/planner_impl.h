@@ -16,6 +16,7 @@
 #include "planner/cost_model.h"
 #include "planner/explorer.h"
 #include "planner/protocol.h"
+#include "terse/export.h"
 #include "terse/planner.h"
 
 namespace terse {
@@ -44,7 +45,8 @@ struct Planner::Impl {
     std::uint64_t topology = 0;       // where hosts: a digest of the topology's host_of
     auto operator<=>(const Key&) const = default;
   };
-  static Key key_of(const planner::Use& u);
+  // Out of line and hidden: Impl is nested in an exported class, and this one is no API.
+  TERSE_HIDDEN static Key key_of(const planner::Use& u);
 
   PlannerOptions options;
   std::vector<std::string> allowed;  // canonical specs of the light tier
