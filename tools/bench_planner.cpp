@@ -21,6 +21,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -41,6 +42,7 @@
 #include "terse/error.h"
 #include "terse/planner.h"
 #include "terse/testing/gradient.h"
+#include "transport/topology.h"  // the engine's hosts, which the planner prices two levels on
 #include "units.h"
 
 namespace terse::tools {
@@ -73,7 +75,8 @@ struct Measured {
 std::string label_of(const TensorPlan& p) {
   std::string codec = p.codec;
   if (codec.size() > 18) codec = codec.substr(0, 18);
-  return fmt::format("{} {} K={}", to_string(p.strategy), codec, p.partitions);
+  return fmt::format("{} {} K={}{}", to_string(p.strategy), codec, p.partitions,
+                     p.hierarchical ? " hosts" : "");
 }
 
 // The search's best is the least of many noisy medians, so its figure is biased low (the
@@ -117,6 +120,7 @@ struct SizeBench {
   Communicator& comm;
   Engine& engine;
   Planner& planner;
+  const transport::Topology& topology;  // the engine's: on hosts of several ranks, two levels
   int r = 0, n_ranks = 0, threads = 0;
   std::string size_text;
   std::size_t n = 0;
@@ -135,16 +139,23 @@ struct SizeBench {
   std::vector<AllreduceOptions> options;
 
   SizeBench(const Options& opt_, Communicator& comm_, Engine& engine_, Planner& planner_,
-            int threads_, std::string size_text_)
+            const transport::Topology& topology_, int threads_, std::string size_text_)
       : opt(opt_),
         comm(comm_),
         engine(engine_),
         planner(planner_),
+        topology(topology_),
         r(comm_.rank()),
         n_ranks(comm_.size()),
         threads(threads_),
         size_text(std::move(size_text_)) {}
   void prepare();
+  // What the engine asks the planner about this size (codec "auto", its topology).
+  planner::Use use() const {
+    planner::Use u{n, threads};
+    u.topology = &topology;
+    return u;
+  }
   bool timed(const PlanCandidate& c) const {
     return c.predicted.seconds <= opt.within * fastest && c.predicted.seconds <= opt.max_seconds;
   }
@@ -176,7 +187,7 @@ void SizeBench::prepare() {
   testing::GradientShape shape = testing::kBenchmarkGradient;
   shape.first_outlier = static_cast<std::size_t>(r);
   testing::fill_gradient(input.all(), 1000 + r, shape);
-  d = planner.decide(n, n_ranks, threads);
+  d = planner::decide(planner, use(), n_ranks);
   fastest = d.ranked.front().predicted.seconds;
   // Runs alternate between configurations, rep by rep, so that a burst of load from outside
   // the job slows several configurations a little rather than one a lot. Each configuration
@@ -205,11 +216,11 @@ void SizeBench::explore() {
     engine.allreduce(explore_name, data, auto_options).wait();
     ++explored;
     // A guard only: sequential halving of five contenders runs at most 320 allreduces.
-  } while (planner::exploring(planner, {n, threads}) && explored < 1000);
+  } while (planner::exploring(planner, use()) && explored < 1000);
   settled = engine.plan(n, auto_options);
   // What exploration measured of each contender (the agreed times it settled on), to set
   // against this benchmark's own timing of the same configurations.
-  for (const auto& c : planner.decide(n, n_ranks, threads).ranked) {
+  for (const auto& c : planner::decide(planner, use(), n_ranks).ranked) {
     if (c.measured) explored_s[plan_key(c.plan)] = *c.measured;
   }
   settled_candidate = &d.chosen;
@@ -235,11 +246,18 @@ void SizeBench::list_runs() {
                   {},
                   0,
                   false});
+  const CostModel& model = PlannerAccess::model(planner);
   runs.push_back({"raw default " + label_of(raw_plan),
                   raw_plan,
-                  PlannerAccess::model(planner)
-                      .predict(n, "none", Strategy::kRaw, raw_plan.partitions, n_ranks, threads)
-                      .seconds,
+                  raw_plan.hierarchical
+                      ? model
+                            .predict_hosts(n, "none", Strategy::kRaw, raw_plan.partitions,
+                                           planner::host_layout(model.calibration(), topology),
+                                           threads)
+                            .seconds
+                      : model.predict(n, "none", Strategy::kRaw, raw_plan.partitions, n_ranks,
+                                      threads)
+                            .seconds,
                   {},
                   0,
                   false});
@@ -262,6 +280,7 @@ void SizeBench::list_runs() {
       o.codec = m.plan.codec;
       o.strategy = m.plan.strategy;
       o.partitions = m.plan.partitions;
+      o.hierarchy = m.plan.hierarchical ? Hierarchy::kHosts : Hierarchy::kFlat;
     }
   }
 }
@@ -446,6 +465,7 @@ nlohmann::json SizeBench::to_json(const Verdict& v) const {
                              {"codec", m.plan.codec},
                              {"strategy", std::string(to_string(m.plan.strategy))},
                              {"partitions", m.plan.partitions},
+                             {"hierarchical", m.plan.hierarchical},
                              {"candidate", m.candidate},
                              {"predicted_s", m.predicted},
                              {"times_s", m.times},
@@ -476,7 +496,9 @@ void run_rank(const Options& opt) {
   PlannerAccess::set_allreduce_probe(*planner, allreduce_probes(threads));
   eo.planner = planner;
   Engine engine(comm, eo);
-  const Calibration& cal = PlannerAccess::calibration(*planner, *comm);
+  engine.calibrate();  // through the engine: the calibration records its topology
+  const transport::Topology topology = transport::topology_of_hosts(engine.hosts(), n_ranks);
+  const Calibration& cal = PlannerAccess::model(*planner).calibration();
   if (r == 0) {
     fmt::print(
         "terse bench planner: {} ranks{}, {} threads, median of {} runs; calibrated in "
@@ -497,7 +519,7 @@ void run_rank(const Options& opt) {
   report["sizes"] = nlohmann::json::array();
 
   for (const auto& size_text : opt.sizes) {
-    SizeBench b(opt, *comm, engine, *planner, threads, size_text);
+    SizeBench b(opt, *comm, engine, *planner, topology, threads, size_text);
     b.prepare();
     b.explore();
     b.list_runs();
@@ -551,15 +573,33 @@ void replay(const Options& opt) {
     }
   }
   const int threads = report.value("threads", 4);
+  // Two-level configurations are priced on the hosts the record's calibration was measured on.
+  std::optional<planner::HostLayout> hosts;
+  if (const auto& of = calibration.host_of; static_cast<int>(of.size()) == ranks) {
+    std::vector<std::vector<int>> by_host;
+    for (int r = 0; r < ranks; ++r) {
+      if (of[r] >= static_cast<int>(by_host.size())) by_host.resize(of[r] + 1);
+      by_host[of[r]].push_back(r);
+    }
+    hosts = planner::host_layout(calibration, transport::topology_of_hosts(by_host, ranks));
+  }
   const CostModel model(std::move(calibration));
   std::vector<double> before, after;
   for (auto& size : report["sizes"]) {
     const auto n = size["elements"].get<std::size_t>();
     for (auto& c : size["configs"]) {
       const double measured = c["median_s"].get<double>();
-      const Prediction p = model.predict(n, c["codec"].get<std::string>(),
-                                         parse_strategy(c["strategy"].get<std::string>()),
-                                         c["partitions"].get<int>(), ranks, threads);
+      const std::string codec = c["codec"].get<std::string>();
+      const Strategy strategy = parse_strategy(c["strategy"].get<std::string>());
+      const int k = c["partitions"].get<int>();
+      if (c.value("hierarchical", false) && !hosts) {
+        throw InvalidArgument(fmt::format(
+            "--replay {}: a two-level configuration, and a calibration without the job's hosts",
+            opt.replay));
+      }
+      const Prediction p = c.value("hierarchical", false)
+                               ? model.predict_hosts(n, codec, strategy, k, *hosts, threads)
+                               : model.predict(n, codec, strategy, k, ranks, threads);
       const double predicted = p.seconds;
       // The host's CPU bound as the model set it (CostModel::predict): where it equals the
       // prediction, the cores decided, and measured / host_cpu_s is the host's efficiency.

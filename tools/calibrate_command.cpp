@@ -21,6 +21,7 @@
 #include "terse/communicator.h"
 #include "terse/environment.h"
 #include "terse/planner.h"
+#include "transport/topology.h"  // the job's hosts, recorded with its links
 
 namespace terse::tools {
 namespace {
@@ -45,6 +46,9 @@ void print(const Calibration& c, const std::string& path) {
   std::string t;
   t += fmt::format("terse calibrate: {} ranks ({} on this machine, {} cores), host {}, {:.2f} s\n",
                    c.world_size, c.ranks_on_host, c.cores, c.host, c.seconds);
+  if (!c.host_of.empty()) {
+    t += fmt::format("hosts of the ranks (TERSE_TOPOLOGY): {}\n", fmt::join(c.host_of, " "));
+  }
   if (c.world_size > 1) {
     t += "links (measured with every rank exchanging with a partner at once):\n";
     t += fmt::format("  {:<8} {:>12} {:>12}\n", "pair", "latency us", "MB/s");
@@ -60,6 +64,18 @@ void print(const Calibration& c, const std::string& path) {
         "({:.1f} MB/s, the slowest pair; {:.1f} MB/s in a raw allreduce of the engine)\n",
         c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0,
         c.engine_beta > 0 ? 1e-6 / c.engine_beta : 0.0);
+    if (const LinkClasses k = link_classes(c, c.host_of);
+        k.intra.pairs > 0 && k.cross.pairs > 0) {
+      // The hierarchical allreduce's two classes of links, each its slowest pair's.
+      auto line = [](const char* what, const LinkClass& l) {
+        return fmt::format(
+            "  {}: {} pairs, the slowest {:.1f} us, {:.1f} MB/s; a round {:.1f} us in the "
+            "engine, bytes at {:.3f}x the model's\n",
+            what, l.pairs, l.pair_alpha * 1e6, l.pair_beta > 0 ? 1e-6 / l.pair_beta : 0.0,
+            l.alpha * 1e6, l.scale);
+      };
+      t += line("inside hosts", k.intra) + line("across hosts", k.cross);
+    }
     if (const LinearFit& l = c.engine_link; l.points > 0) {
       t += fmt::format(
           "  the cores pace the links: a byte costs {:.3f} ns in a raw allreduce's partition up "
@@ -115,12 +131,18 @@ void run_rank(const Options& opt) {
   po.heavy = opt.heavy;
   po = planner_options_from_environment(po);
   const Planner defaults(po);  // resolves the default codec lists and checks the specs
-  const int threads = engine_options_from_environment().threads;
+  const EngineOptions eo = engine_options_from_environment();
+  const int threads = eo.threads;
+  // The job's hosts, as its engines will agree them: the cache holds the topology its links
+  // were measured under (an engine of another topology measures again).
+  const transport::Topology topology =
+      transport::agree_topology(*comm, eo.topology, eo.host, eo.local_ranks);
   CalibrationOptions co;
   co.codecs = defaults.allowed();
   for (const auto& spec : defaults.heavy()) co.codecs.push_back(spec);
   co.codec_max_elements = opt.max_elements;
   co.quiet = false;
+  co.host_of = topology.host_of;
   const Calibration c = calibrate(*comm, co, allreduce_probes(threads));
   const std::string path =
       opt.out.empty() ? default_calibration_path(comm->size(), po.cache_directory) : opt.out;

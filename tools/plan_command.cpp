@@ -36,6 +36,7 @@
 #include "terse/environment.h"
 #include "terse/error.h"
 #include "terse/planner.h"
+#include "transport/topology.h"  // --hosts: a job's hosts, as the engine agrees them
 #include "units.h"
 
 namespace terse::tools {
@@ -60,7 +61,10 @@ struct Options {
   std::string codec = "auto";
   std::vector<int> partitions;
   int threads = 4;
-  int ranks_per_host = 1;
+  int ranks_per_host = 0;  // 0: 1, or with --hosts the most ranks on a host
+  std::string hosts;       // a topology: "2x2", "3,2" (TERSE_TOPOLOGY's layouts)
+  std::string intra_bandwidth = "10gbit";
+  double intra_latency = 20e-6;
   std::string calibration;
   std::string fuse = "1MiB";
   std::string partition = "8MiB";
@@ -165,23 +169,47 @@ struct StepModel {
   std::size_t fuse_bytes;
   std::size_t partition_bytes;
   Tier tier;
+  // --hosts: the job's hosts (null: flat), and the levels codec auto may choose among.
+  const transport::Topology* topology = nullptr;
+  Hierarchy hierarchy = Hierarchy::kAuto;
+
+  // What the engine asks the planner about n floats (strategy `only`, or any).
+  planner::Use use(std::size_t n, Strategy only = Strategy::kAuto) const {
+    planner::Use u{n, threads, only, 0, tier};
+    u.topology = topology;
+    u.hierarchy = hierarchy;
+    return u;
+  }
+  // Whether the engine runs a fixed codec's n floats in k partitions in two levels: its rule
+  // for hierarchy auto (Plans::plan), partitions it would not gather on a two-level topology.
+  bool engine_two_level(std::size_t n, int k) const {
+    const auto parts = static_cast<std::size_t>(k);
+    return topology != nullptr && topology->two_level() &&
+           !collectives::gathers((n + parts - 1) / parts, ranks, kDefaultGatherBytes);
+  }
+  Prediction priced(std::size_t n, const std::string& spec, Strategy s, int k, bool two) const {
+    const CostModel& m = PlannerAccess::model(planner);
+    if (!two) return m.predict(n, spec, s, k, ranks, threads);
+    return m.predict_hosts(n, spec, s, k, planner::host_layout(m.calibration(), *topology),
+                           threads);
+  }
 
   // The engine's default partitions for a raw tensor of n floats.
   int default_partitions(std::size_t n) const {
     return static_cast<int>(std::clamp<std::size_t>(
         (n * sizeof(float) + partition_bytes - 1) / partition_bytes, 1, 256));
   }
-  Prediction raw(std::size_t n) const {
-    return PlannerAccess::model(planner).predict(n, "none", Strategy::kRaw, default_partitions(n),
-                                                 ranks, threads);
+  // Raw as the engine runs it (fused: the group's one message, which is flat).
+  Prediction raw(std::size_t n, bool fused = false) const {
+    const int k = default_partitions(n);
+    return priced(n, "none", Strategy::kRaw, k, !fused && engine_two_level(n, k));
   }
   // Codec c (not none) on n floats as the engine runs it with strategy auto and partitions 0:
   // the engine's strategy for it, multi-round codecs on one partition.
   Prediction fixed(std::size_t n, const Codec& c) const {
     const int k =
         c.traits().multi_round ? 1 : planner::clamp_partitions(default_partitions(n), n);
-    return PlannerAccess::model(planner).predict(n, c.spec(), engine::auto_strategy(c), k, ranks,
-                                                 threads);
+    return priced(n, c.spec(), engine::auto_strategy(c), k, engine_two_level(n, k));
   }
 
   // only: every tensor with this strategy (its best codec and K); kAuto: the planner's choice.
@@ -197,7 +225,7 @@ struct StepModel {
         step.raw_seconds += r.seconds;
         step.raw_bytes += r.bytes_sent;
       }
-      const PlanDecision d = planner.decide(t.elements, ranks, threads, only, 0, tier);
+      const PlanDecision d = planner::decide(planner, use(t.elements, only), ranks);
       if (small && d.chosen.plan.strategy == Strategy::kRaw) {
         step.fused.push_back(t);
         fused_elements += t.elements;
@@ -210,13 +238,13 @@ struct StepModel {
       step.rows.push_back(std::move(row));
     }
     if (fused_elements > 0) {
-      const Prediction f = raw(fused_elements);
+      const Prediction f = raw(fused_elements, true);
       step.fused_seconds = f.seconds;
       step.bytes += f.bytes_sent;
     }
     step.seconds += step.fused_seconds;
     if (raw_fused_elements > 0) {
-      const Prediction f = raw(raw_fused_elements);
+      const Prediction f = raw(raw_fused_elements, true);
       step.raw_seconds += f.seconds;
       step.raw_bytes += f.bytes_sent;
     }
@@ -228,7 +256,8 @@ struct StepModel {
   // it, small ones too (DiLoCo's default min_bytes 0).
   Exchange exchange(const std::vector<TensorSize>& tensors, const std::string& spec) const {
     if (const std::optional<Tier> t = auto_tier(spec)) {
-      const StepModel other{planner, ranks, threads, fuse_bytes, partition_bytes, *t};
+      StepModel other = *this;
+      other.tier = *t;
       const Step s = other.predict(tensors);
       return {s.seconds, s.bytes};
     }
@@ -253,7 +282,8 @@ std::string short_plan(const TensorPlan& p) {
   if (colon != std::string::npos) {
     codec = codec.substr(0, colon) + (codec.find("ef=1") != std::string::npos ? "+ef" : "");
   }
-  return fmt::format("{} {} K={}", to_string(p.strategy), codec, p.partitions);
+  return fmt::format("{} {} K={}{}", to_string(p.strategy), codec, p.partitions,
+                     p.hierarchical ? " hosts" : "");
 }
 
 // "raw" for none, auto or auto:heavy, else the canonical spec.
@@ -327,7 +357,8 @@ void check_methods(const Options& opt) {
 
 // CPU costs: a calibration file (from `terse calibrate`), else measured here and now. source:
 // where they came from, for the report's header.
-Calibration cpu_costs(const Options& opt, const Planner& defaults, std::string& source) {
+Calibration cpu_costs(const Options& opt, const Planner& defaults, int ranks_per_host,
+                      std::string& source) {
   Calibration cal;
   if (!opt.calibration.empty()) {
     std::ifstream f(opt.calibration);
@@ -345,7 +376,7 @@ Calibration cpu_costs(const Options& opt, const Planner& defaults, std::string& 
         co.codecs.push_back(spec);
       }
     }
-    cal = calibrate_local(co, opt.ranks, opt.ranks_per_host,
+    cal = calibrate_local(co, opt.ranks, ranks_per_host,
                           allreduce_probes(engine_options_from_environment().threads));
     source =
         fmt::format("measured now, {} rank(s) per host on {} cores", cal.ranks_on_host, cal.cores);
@@ -371,6 +402,110 @@ void set_links(const Options& opt, Calibration& cal) {
   }
 }
 
+// --hosts: two classes of links, as a calibration of that job would measure them per pair:
+// across hosts the links above (--bandwidth, --latency), inside a host --intra-bandwidth and
+// --intra-latency. --bandwidth is a host's link, which calibration measures shared by the
+// host's ranks (a tournament round has every rank of a host exchange across at once), and so do
+// the collectives (flat, or the slots' owners of two levels): a pair across hosts gets 1/R of
+// it, R the most ranks on a host. The flat model's links are the slowest pair's
+// (planner::link_classes).
+void set_host_links(const Options& opt, const transport::Topology& t, Calibration& cal) {
+  const double cross_beta = cal.beta * t.most_ranks_on_a_host(), cross_alpha = cal.alpha;
+  const double intra_beta = 8.0 / parse_rate(opt.intra_bandwidth, "--intra-bandwidth");
+  if (opt.intra_latency < 0) {
+    throw InvalidArgument(fmt::format("--intra-latency {}: seconds, 0 or more", opt.intra_latency));
+  }
+  const auto n = static_cast<std::size_t>(t.size());
+  cal.peer_alpha.assign(n, std::vector<double>(n, 0.0));
+  cal.peer_beta.assign(n, std::vector<double>(n, 0.0));
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < n; ++j) {
+      if (i == j) continue;
+      const bool same = t.host_of[i] == t.host_of[j];
+      cal.peer_alpha[i][j] = same ? opt.intra_latency : cross_alpha;
+      cal.peer_beta[i][j] = same ? intra_beta : cross_beta;
+    }
+  }
+  cal.alpha = std::max(cross_alpha, opt.intra_latency);
+  cal.beta = std::max(cross_beta, intra_beta);
+  cal.host_of = t.host_of;
+}
+
+// The ranks of a --hosts layout ("2x2": 4, "3,2": 5), to check --ranks against or stand in
+// for it; 0 where it is not one (topology_from_spec then says why).
+int ranks_of_layout(const std::string& spec) {
+  int total = 0;
+  std::size_t at = 0;
+  while (at <= spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string part = spec.substr(at, comma - at);
+    const std::size_t x = part.find('x');
+    try {
+      total += x == std::string::npos
+                   ? std::stoi(part)
+                   : std::stoi(part.substr(0, x)) * std::stoi(part.substr(x + 1));
+    } catch (const std::exception&) {
+      return 0;
+    }
+    at = comma + 1;
+  }
+  return total;
+}
+
+// --hosts: each tensor's best flat plan, its best plan in two levels and the planner's choice
+// between them (codec auto under hierarchy auto), then the step under each; into report too.
+void report_hosts(const std::vector<TensorSize>& tensors, const StepModel& model,
+                  nlohmann::json& report) {
+  const transport::Topology& t = *model.topology;
+  const Calibration& c = PlannerAccess::model(model.planner).calibration();
+  const LinkClasses l = link_classes(c, t.host_of);
+  auto rate = [](double beta) { return beta > 0 ? 8e-6 / beta : 0.0; };
+  fmt::print(
+      "\ntwo levels over {} ({} ranks): inside hosts {:.0f} Mbit/s and {:.1f} us a pair, across "
+      "hosts {:.0f} Mbit/s and {:.1f} us a pair\n",
+      t.describe(), t.size(), rate(l.intra.pair_beta), l.intra.alpha * 1e6,
+      rate(l.cross.pair_beta), l.cross.alpha * 1e6);
+  StepModel flat = model, hosts = model;
+  flat.hierarchy = Hierarchy::kFlat;
+  hosts.hierarchy = Hierarchy::kHosts;
+  fmt::print("{:<28} {:>11} {:<27} {:>10} {:<33} {:>10}  {}\n", "tensor", "elements",
+             "best flat", "ms", "best in two levels", "ms", "choice");
+  nlohmann::json rows = nlohmann::json::array();
+  std::size_t small = 0;
+  for (const auto& tensor : tensors) {
+    if (tensor.elements * sizeof(float) <= model.fuse_bytes) {
+      ++small;  // decided in the step below (fused raw where raw)
+      continue;
+    }
+    const auto decide = [&](const StepModel& m) {
+      return planner::decide(m.planner, m.use(tensor.elements), m.ranks).chosen;
+    };
+    const PlanCandidate f = decide(flat), h = decide(hosts), a = decide(model);
+    fmt::print("{:<28} {:>11} {:<27} {:>10.3f} {:<33} {:>10.3f}  {}\n", tensor.name,
+               tensor.elements, short_plan(f.plan), f.predicted.seconds * 1e3, short_plan(h.plan),
+               h.predicted.seconds * 1e3, a.plan.hierarchical ? "two levels" : "flat");
+    rows.push_back({{"name", tensor.name},
+                    {"elements", tensor.elements},
+                    {"flat", {{"plan", plan_key(f.plan)}, {"predicted_s", f.predicted.seconds}}},
+                    {"hosts", {{"plan", plan_key(h.plan)}, {"predicted_s", h.predicted.seconds}}},
+                    {"choice", plan_key(a.plan)}});
+  }
+  if (small > 0) fmt::print("({} tensors of --fuse-bytes or less: in the steps below)\n", small);
+  const double flat_s = flat.predict(tensors).seconds, hosts_s = hosts.predict(tensors).seconds;
+  const Step step = model.predict(tensors);
+  fmt::print(
+      "per step: flat {:.3f} ms, two levels {:.3f} ms, auto's choice per tensor {:.3f} ms; raw "
+      "allreduce as the engine runs it {:.3f} ms\n",
+      flat_s * 1e3, hosts_s * 1e3, step.seconds * 1e3, step.raw_seconds * 1e3);
+  report["hosts"] = {{"topology", t.describe()},
+                     {"intra", {{"alpha", l.intra.alpha}, {"beta", l.intra.pair_beta}}},
+                     {"cross", {{"alpha", l.cross.alpha}, {"beta", l.cross.pair_beta}}},
+                     {"tensors", rows},
+                     {"flat_step_s", flat_s},
+                     {"hosts_step_s", hosts_s},
+                     {"auto_step_s", step.seconds}};
+}
+
 // The header and the per-tensor table of one step on opt.ranks ranks, into report too.
 void report_step(const Options& opt, const std::vector<TensorSize>& tensors,
                  const StepModel& model, const std::string& source, nlohmann::json& report) {
@@ -378,12 +513,18 @@ void report_step(const Options& opt, const std::vector<TensorSize>& tensors,
   std::size_t total = 0;
   for (const auto& t : tensors) total += t.elements;
   fmt::print(
-      "terse plan: {} ({} tensors, {} floats, {}), {} ranks, links {:.0f} Mbit/s and "
+      "terse plan: {} ({} tensors, {} floats, {}), {} ranks, links {:.0f} Mbit/s{} and "
       "{:.1f} us, {} threads\n  CPU costs: {}\n",
       opt.model.empty() ? opt.sizes : "model " + opt.model, tensors.size(), total,
-      format_bytes(total * 4.0), opt.ranks, 8e-6 / c.beta, c.alpha * 1e6, opt.threads, source);
+      format_bytes(total * 4.0), opt.ranks, 8e-6 / c.beta,
+      model.topology != nullptr
+          ? fmt::format(" a pair across hosts (a host's link shared by its {} ranks)",
+                        model.topology->most_ranks_on_a_host())
+          : "",
+      c.alpha * 1e6, opt.threads, source);
   const Step step = model.predict(tensors);
-  fmt::print("{:<28} {:>11} {:<30} {:>12} {:>10} {:>8}\n", "tensor", "elements", "decision",
+  const int w = model.topology != nullptr ? 34 : 30;  // " hosts" on two-level plans
+  fmt::print("{:<28} {:>11} {:<{}} {:>12} {:>10} {:>8}\n", "tensor", "elements", "decision", w,
              "predicted ms", "raw ms", "speedup");
   report["ranks"] = opt.ranks;
   report["beta"] = c.beta;
@@ -391,8 +532,8 @@ void report_step(const Options& opt, const std::vector<TensorSize>& tensors,
   report["tensors"] = nlohmann::json::array();
   for (const auto& r : step.rows) {
     const bool ratio = !r.raw_fused && r.seconds > 0 && r.raw_seconds > 0;
-    fmt::print("{:<28} {:>11} {:<30} {:>12.3f} {:>10} {:>8}\n", r.tensor.name, r.tensor.elements,
-               short_plan(r.plan), r.seconds * 1e3,
+    fmt::print("{:<28} {:>11} {:<{}} {:>12.3f} {:>10} {:>8}\n", r.tensor.name, r.tensor.elements,
+               short_plan(r.plan), w, r.seconds * 1e3,
                r.raw_fused ? std::string("(fused)") : fmt::format("{:.3f}", r.raw_seconds * 1e3),
                ratio ? fmt::format("{:.2f}x", r.raw_seconds / r.seconds) : std::string("-"));
     report["tensors"].push_back(
@@ -406,8 +547,9 @@ void report_step(const Options& opt, const std::vector<TensorSize>& tensors,
   if (!step.fused.empty()) {
     std::size_t n = 0;
     for (const auto& t : step.fused) n += t.elements;
-    fmt::print("{:<28} {:>11} {:<30} {:>12.3f}\n",
-               fmt::format("(fused: {} small tensors)", step.fused.size()), n, "raw, one message",
+    fmt::print("{:<28} {:>11} {:<{}} {:>12.3f}\n",
+               fmt::format("(fused: {} small tensors)", step.fused.size()), n,
+               "raw, one message", w,
                step.fused_seconds * 1e3);
   }
   fmt::print(
@@ -544,7 +686,15 @@ void report_methods(const Options& opt, const std::vector<TensorSize>& tensors,
   report["fastest"] = fastest->name;
 }
 
-void run(const Options& opt) {
+void run(Options opt) {
+  std::optional<transport::Topology> topology;
+  if (!opt.hosts.empty()) {
+    if (opt.ranks == 0) opt.ranks = ranks_of_layout(opt.hosts);
+    topology = transport::topology_from_spec(opt.hosts, opt.ranks);  // names what is wrong
+    if (!opt.scale.empty()) {
+      throw InvalidArgument("--scale prices flat jobs of other sizes; --hosts is one job's hosts");
+    }
+  }
   if (opt.ranks < 1) throw InvalidArgument("--ranks: the number of ranks of the job (1 or more)");
   check_methods(opt);
   const std::vector<TensorSize> tensors = tensors_of(opt);
@@ -559,8 +709,12 @@ void run(const Options& opt) {
   const Planner defaults(po);  // resolves the codec lists
 
   std::string source;
-  Calibration cal = cpu_costs(opt, defaults, source);
+  const int ranks_per_host = opt.ranks_per_host > 0 ? opt.ranks_per_host
+                             : topology             ? topology->most_ranks_on_a_host()
+                                                    : 1;
+  Calibration cal = cpu_costs(opt, defaults, ranks_per_host, source);
   set_links(opt, cal);
+  if (topology) set_host_links(opt, *topology, cal);
   for (const auto& spec : diloco_codecs(opt)) {
     if (cal.find(spec) == nullptr) {
       throw InvalidArgument(fmt::format(
@@ -573,15 +727,17 @@ void run(const Options& opt) {
   const std::unique_ptr<Planner> made = PlannerAccess::with_calibration(po, std::move(cal));
   Planner& planner = *made;
   if (!opt.partitions.empty()) PlannerAccess::set_partitions(planner, opt.partitions);
-  const StepModel model{planner,
-                        opt.ranks,
-                        opt.threads,
-                        parse_size(opt.fuse, "--fuse-bytes"),
-                        parse_size(opt.partition, "--partition-bytes"),
-                        *tier};
+  StepModel model{planner,
+                  opt.ranks,
+                  opt.threads,
+                  parse_size(opt.fuse, "--fuse-bytes"),
+                  parse_size(opt.partition, "--partition-bytes"),
+                  *tier};
+  if (topology) model.topology = &*topology;
 
   nlohmann::json report;
   report_step(opt, tensors, model, source, report);
+  if (topology) report_hosts(tensors, model, report);
   if (!opt.scale.empty()) report_scale(opt, tensors, model, report);
   if (opt.compute_given) report_methods(opt, tensors, model, report);
   if (!opt.json.empty()) {
@@ -599,7 +755,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--sizes", opt->sizes,
                   "JSON list of {\"name\", \"elements\"} (python/terse/model_sizes.py writes it)");
   cmd->add_option("--model", opt->model, "A built-in model: " + builtin_model_names());
-  cmd->add_option("--ranks", opt->ranks, "Ranks of the job")->required();
+  cmd->add_option("--ranks", opt->ranks, "Ranks of the job (default with --hosts: its ranks)");
   cmd->add_option("--bandwidth", opt->bandwidth, "Link rate, e.g. 100mbit, 1gbit, 10gbit");
   cmd->add_option("--latency", opt->latency,
                   "One-way link latency in seconds (default: the calibration's, else 50e-6)");
@@ -615,7 +771,17 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--partitions", opt->partitions, "Partition counts the planner tries");
   cmd->add_option("--threads", opt->threads, "Engine worker threads")->capture_default_str();
   cmd->add_option("--ranks-per-host", opt->ranks_per_host,
-                  "Ranks sharing one machine's cores (for CPU costs measured here)")
+                  "Ranks sharing one machine's cores (for CPU costs measured here; default 1, "
+                  "with --hosts the most ranks on a host)");
+  cmd->add_option("--hosts", opt->hosts,
+                  "The job's hosts, as TERSE_TOPOLOGY: 2x2 (2 hosts of 2 ranks), 3,2: prices "
+                  "each tensor flat and in two levels (--bandwidth, --latency: each host's link "
+                  "across hosts, which its ranks share)");
+  cmd->add_option("--intra-bandwidth", opt->intra_bandwidth,
+                  "With --hosts: the link rate between ranks of one host")
+      ->capture_default_str();
+  cmd->add_option("--intra-latency", opt->intra_latency,
+                  "With --hosts: the latency between ranks of one host, in seconds")
       ->capture_default_str();
   cmd->add_option("--calibration", opt->calibration,
                   "CPU costs (and links) from this file of `terse calibrate`");

@@ -49,7 +49,8 @@ struct AllreduceOptions : CommonOptions {
   // tensor's elements. A codec named explicitly takes its own rows= parameter instead.
   std::size_t rows = 0;
   // Flat, or in two levels over the job's hosts (EngineOptions::topology): exact inside each
-  // host, this call's codec and strategy across hosts. See Hierarchy.
+  // host, this call's codec and strategy across hosts. See Hierarchy. With codec "auto", kAuto
+  // lets the planner price both levels and choose; kFlat and kHosts restrict it.
   Hierarchy hierarchy = Hierarchy::kAuto;
 };
 

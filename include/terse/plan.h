@@ -35,7 +35,8 @@ TERSE_API Strategy parse_strategy(std::string_view name);
 enum class Hierarchy {
   kAuto,   // hosts where the job spans several hosts and some host holds several ranks, and
            // the partition is larger than what the engine gathers raw (EngineOptions::
-           // gather_bytes / (N - 1)); flat otherwise
+           // gather_bytes / (N - 1)); flat otherwise. Codec "auto": the planner's choice,
+           // each plan priced at both levels
   kFlat,   // one level: every rank alike
   kHosts,  // two levels (on a single host: the reduce-scatter and all-gather inside it)
 };

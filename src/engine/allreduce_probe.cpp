@@ -19,6 +19,9 @@ class EngineProbe final : public AllreduceProbe {
     o.codec = plan.codec;
     o.strategy = plan.strategy;
     o.partitions = plan.partitions;
+    // As planned: calibration's probes are flat (the engine's rule would take a large raw probe
+    // to two levels on a job of hosts, whose bytes and rounds are not what the probe prices).
+    o.hierarchy = plan.hierarchical ? Hierarchy::kHosts : Hierarchy::kFlat;
     engine_.allreduce(name, x, o).wait();
   }
   int threads() const override {

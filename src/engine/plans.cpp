@@ -182,7 +182,7 @@ TensorPlan Plans::plan_collective(Operation op, const std::string& name, std::si
     if (total > 0) {  // an empty tensor has nothing to plan: raw
       TensorPlan decided;
       try {
-        decided = decide_auto(total, o.strategy, o.partitions, *tier, op);
+        decided = decide_auto(use(total, o.strategy, o.partitions, *tier, op));
       } catch (const InvalidArgument& e) {
         throw refuse(e.what());  // a restriction no allowed codec can use
       }
@@ -278,13 +278,19 @@ Planner& Plans::planner() const {
   return *planner_;
 }
 
-TensorPlan Plans::decide_auto(std::size_t n, Strategy strategy, int partitions, Tier tier,
-                              Operation op) const {
+planner::Use Plans::use(std::size_t n, Strategy strategy, int partitions, Tier tier, Operation op,
+                        Hierarchy hierarchy) const {
+  planner::Use u{n, threads_, strategy, partitions, tier, op, options_.partition_bytes};
+  u.topology = &topology_;
+  u.hierarchy = hierarchy;
+  return u;
+}
+
+TensorPlan Plans::decide_auto(const planner::Use& u) const {
   Planner& p = planner();
   // Calibration measures the links: let submitted work finish first (every rank does).
   if (!p.calibrated()) drain_();
-  return planner::plan(p, comm_,
-                       {n, threads_, strategy, partitions, tier, op, options_.partition_bytes});
+  return planner::plan(p, comm_, u);
 }
 
 TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
@@ -296,40 +302,41 @@ TensorPlan Plans::plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier,
   }
   AllreduceOptions chosen = o;
   const TensorPlan decided =
-      decide_auto(n, o.strategy, o.partitions, tier, Operation::kAllreduce);
+      decide_auto(use(n, o.strategy, o.partitions, tier, Operation::kAllreduce, o.hierarchy));
   // The planner priced a matrix codec's most nearly square view; the tensor's own is sent.
   chosen.codec = o.rows > 0 ? with_rows(decided.codec, o.rows, true) : decided.codec;
   chosen.strategy = decided.strategy;
   chosen.partitions = decided.partitions;
+  // The planner priced both levels (or the one o.hierarchy allows): its choice, not the rule.
+  chosen.hierarchy = decided.hierarchical ? Hierarchy::kHosts : Hierarchy::kFlat;
   return plan(n, chosen, codec_out, dtype);
 }
 
 void Plans::before_collective(Operation op, std::size_t total, const CollectiveOptions& o) {
   const auto tier = auto_tier(o.codec);
   if (!tier || op == Operation::kAllToAll || total == 0) return;
-  const planner::Use use{total, threads_, o.strategy, o.partitions, *tier, op,
-                         options_.partition_bytes};
-  planner::before_submission(planner(), comm_, std::span(&use, 1));
+  const planner::Use u = use(total, o.strategy, o.partitions, *tier, op);
+  planner::before_submission(planner(), comm_, std::span(&u, 1));
 }
 
 planner::Use Plans::use_of(const Item& it) const {
   const AllreduceOptions& o = it.ref.options;
   const Tier tier = auto_tier(o.codec).value_or(Tier::kLight);
   if (it.op == Operation::kAllreduce) {
-    return {it.ref.tensor.elements, threads_, o.strategy, o.partitions, tier,
-            Operation::kAllreduce, options_.partition_bytes};
+    return use(it.ref.tensor.elements, o.strategy, o.partitions, tier, Operation::kAllreduce,
+               o.hierarchy);
   }
   // A collective's size is the larger of input and output (N shards).
-  return {std::max(it.ref.tensor.elements, it.output.elements), threads_, o.strategy, o.partitions,
-          tier, it.op, options_.partition_bytes};
+  return use(std::max(it.ref.tensor.elements, it.output.elements), o.strategy, o.partitions, tier,
+             it.op);
 }
 
 void Plans::before_submission(const std::vector<TensorRef>& tensors) {
   std::vector<planner::Use> uses;
   for (const auto& t : tensors) {
     if (const auto tier = auto_tier(t.options.codec)) {
-      uses.push_back({t.tensor.elements, threads_, t.options.strategy, t.options.partitions, *tier,
-                      Operation::kAllreduce, options_.partition_bytes});
+      uses.push_back(use(t.tensor.elements, t.options.strategy, t.options.partitions, *tier,
+                         Operation::kAllreduce, t.options.hierarchy));
     }
   }
   if (!uses.empty()) planner::before_submission(planner(), comm_, uses);

@@ -115,10 +115,13 @@ class Plans {
   TensorPlan plan_auto(std::size_t n, const AllreduceOptions& o, Tier tier, const Codec** codec_out,
                        DType dtype) const;
   Planner& planner() const;
-  // The planner's plan for n elements of op under a restriction (calibrating first, after the
-  // submitted work has finished, where it has not yet).
-  TensorPlan decide_auto(std::size_t n, Strategy strategy, int partitions, Tier tier,
-                         Operation op) const;
+  // What the planner is asked about n elements of op under a restriction: this engine's
+  // threads, partitioning and topology.
+  planner::Use use(std::size_t n, Strategy strategy, int partitions, Tier tier, Operation op,
+                   Hierarchy hierarchy = Hierarchy::kAuto) const;
+  // The planner's plan for a use (calibrating first, after the submitted work has finished,
+  // where it has not yet).
+  TensorPlan decide_auto(const planner::Use& u) const;
   // What the planner is asked about an item (its size, restriction and operation).
   planner::Use use_of(const Item& it) const;
 

@@ -62,6 +62,43 @@ double Calibration::slowdown(double threads) const {
   return std::max(s, saturation(threads));
 }
 
+LinkClasses link_classes(const Calibration& c, const std::vector<int>& host_of) {
+  const std::size_t n = host_of.size();
+  double slowest_alpha = 0, slowest_beta = 0;
+  const bool covered = n > 1 && c.peer_alpha.size() == n && c.peer_beta.size() == n;
+  LinkClasses out;
+  if (covered) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (c.peer_alpha[i].size() != n || c.peer_beta[i].size() != n) return link_classes(c, {});
+      for (std::size_t j = i + 1; j < n; ++j) {
+        // A link runs both ways at once in the probes; the slower direction is the pair's.
+        const double a = std::max(c.peer_alpha[i][j], c.peer_alpha[j][i]);
+        const double b = std::max(c.peer_beta[i][j], c.peer_beta[j][i]);
+        slowest_alpha = std::max(slowest_alpha, a);
+        slowest_beta = std::max(slowest_beta, b);
+        LinkClass& k = host_of[i] == host_of[j] ? out.intra : out.cross;
+        ++k.pairs;
+        k.pair_alpha = std::max(k.pair_alpha, a);
+        k.pair_beta = std::max(k.pair_beta, b);
+      }
+    }
+  }
+  // The engine's round latency (alpha) is measured on the job's slowest links; a class whose
+  // slowest exchange is sooner has rounds that much sooner (what the engine adds, wake-ups and
+  // hand-offs, is the same on every link). The slowest class keeps alpha itself, so that two
+  // alike classes price as the flat model does.
+  for (LinkClass* k : {&out.intra, &out.cross}) {
+    if (k->pairs == 0) {
+      k->alpha = c.alpha;
+      k->scale = 1;
+      continue;
+    }
+    k->alpha = std::max(0.0, c.alpha - (slowest_alpha - k->pair_alpha));
+    k->scale = slowest_beta > 0 ? std::min(1.0, k->pair_beta / slowest_beta) : 1.0;
+  }
+  return out;
+}
+
 namespace {
 
 using planner::Clock;
@@ -93,6 +130,7 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in,
   Calibration c;
   c.host = host_name();
   c.world_size = comm.size();
+  if (static_cast<int>(options.host_of.size()) == comm.size()) c.host_of = options.host_of;
   const transport::MachineShare share = transport::machine_share(comm);
   // The codecs are measured with OpenBLAS's threads as the engine will set them.
   kit::blas_limit_threads(share.cores_per_rank);

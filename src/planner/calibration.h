@@ -51,10 +51,14 @@ struct CodecCosts {
 struct Calibration {
   // The cache's format and meaning: bumped whenever a field is added, removed or measured
   // differently. A cache of another version is measured again (with a one-line log message).
-  static constexpr int kVersion = 2;
+  static constexpr int kVersion = 3;
 
   std::string host;  // host name of the rank that wrote it
   int world_size = 1;
+  // The host of each rank (transport::Topology::host_of) of the job whose links were measured;
+  // empty: not known. The per-peer figures below split into intra-host and cross-host links by
+  // it (link_classes), so a cache is only used by a job of the same topology.
+  std::vector<int> host_of;
   int ranks_on_host = 1;  // ranks of the job sharing this machine (same machine id)
   int cores = 1;          // CPUs this process may run on
 
@@ -153,6 +157,28 @@ struct Calibration {
   static Calibration from_json(std::string_view text);
 };
 
+// One class of links, as the cost model prices the hierarchical allreduce's phases: pairs of
+// ranks on one host, or pairs on different hosts.
+struct LinkClass {
+  int pairs = 0;          // pairs of the class measured (0: none; the flat model's links stand in)
+  double pair_alpha = 0;  // the slowest pair's exchange latency, seconds
+  double pair_beta = 0;   // the slowest pair's seconds per byte
+  // A message round's latency inside the engine: Calibration::alpha (measured on the slowest
+  // links) less how much sooner this class's slowest exchange is than the slowest of all.
+  double alpha = 0;
+  // The class's link time over the flat model's (Calibration::link_seconds, which prices the
+  // slowest pair): its pair_beta over the slowest pair's beta, at most 1.
+  double scale = 1;
+};
+struct LinkClasses {
+  LinkClass intra, cross;
+};
+// The links of calibration `c` split by `host_of` (a rank's host, as Topology::host_of): each
+// class is its slowest pair, as the flat model takes the slowest pair of all. Where the per-peer
+// figures do not cover host_of's ranks (a calibration of another size, or calibrate_local's,
+// which has none), or a class has no pair, that class is the flat model's links (alpha, scale 1).
+LinkClasses link_classes(const Calibration& c, const std::vector<int>& host_of);
+
 struct CalibrationOptions {
   // Codec specs to measure (canonicalized); "none" is implied.
   std::vector<std::string> codecs;
@@ -163,6 +189,9 @@ struct CalibrationOptions {
   double link_target_seconds = 0.03;
   std::size_t link_max_bytes = std::size_t{16} << 20;
   bool measure_links = true;  // false: keep the links of an earlier calibration unmeasured
+  // The job's hosts (transport::Topology::host_of; empty: not known), recorded in the
+  // calibration (Calibration::host_of); a pair's link is judged against its class's.
+  std::vector<int> host_of;
   bool quiet = true;          // false: progress lines on stderr (rank 0)
 };
 

@@ -40,6 +40,9 @@
 //   T = max(T, host bound + W*beta - X(W))
 // (one partition's W: without it, sharded onebit at 1 Gbit/s and 16 MiB is predicted fast at
 // small K and slow at large K, and the model prefers K = 1 where it is not the best).
+// Two levels over hosts (predict_hosts, hosts_partition below) price one partition's three
+// phases with the same L, W, C terms, each at its class of links, and go through the same
+// pipeline and host bound.
 #include "planner/cost_model.h"
 
 #include <fmt/format.h>
@@ -80,6 +83,10 @@ struct CostModel::PartitionCost {
   double messages = 0;  // messages this rank sends (and as many it receives)
   double bytes = 0;     // W
   double cpu = 0;       // C
+  // Where the partition's message steps run on links of two classes (two levels): their
+  // latency and link seconds, priced per class. Negative: L * alpha and link_seconds(W).
+  double latency = -1;
+  double link = -1;
 };
 
 int planner::clamp_partitions(int k, std::size_t n) {
@@ -99,8 +106,8 @@ Prediction CostModel::pipeline(const PartitionCost& p, int parts, int threads) c
   const Calibration& c = calibration_;
   const double K = parts;
   const int concurrent = std::min(parts, threads);
-  const double link = c.link_seconds(p.bytes);
-  const double latency = p.rounds * c.alpha;
+  const double link = p.link >= 0 ? p.link : c.link_seconds(p.bytes);
+  const double latency = p.latency >= 0 ? p.latency : p.rounds * c.alpha;
   // Partitions in flight spend part of their time waiting on the link: only the share that
   // computes contends for the cores.
   const double computing = concurrent * p.cpu / std::max(latency + link + p.cpu, 1e-12);
@@ -176,9 +183,41 @@ CostModel::PartitionCost CostModel::rounds_partition(const RoundCodec& rounds, c
   return p;
 }
 
+const CodecCosts* CostModel::codec_costs(std::string_view codec_spec, Strategy strategy) const {
+  const bool raw = codec_spec == "none";
+  if (raw != (strategy == Strategy::kRaw)) {
+    throw InvalidArgument(
+        fmt::format("cost model: strategy {} with codec {}", to_string(strategy), codec_spec));
+  }
+  const CodecCosts* k = raw ? nullptr : calibration_.find(codec_spec);
+  if (!raw && k == nullptr) {
+    throw InvalidArgument(fmt::format("cost model: codec {} was not calibrated", codec_spec));
+  }
+  return k;
+}
+
+const CodecCosts* CostModel::allreduce_codec(std::string_view codec_spec, Strategy strategy,
+                                             int partitions, const RoundCodec** rounds) const {
+  const CodecCosts* k = codec_costs(codec_spec, strategy);
+  *rounds = nullptr;
+  if (strategy == Strategy::kSummable && !k->summable && !k->multi_round) {
+    throw InvalidArgument(fmt::format("cost model: {} is not summable", codec_spec));
+  }
+  if (k != nullptr && k->multi_round) {
+    auto it = rounds_.find(codec_spec);
+    *rounds = it == rounds_.end() ? nullptr : dynamic_cast<const RoundCodec*>(it->second.get());
+    if (*rounds == nullptr ||
+        (strategy != Strategy::kSummable && strategy != Strategy::kAllgather) || partitions > 1) {
+      throw InvalidArgument(fmt::format(
+          "cost model: {} runs rounds of sums: strategy summable or allgather, one partition",
+          codec_spec));
+    }
+  }
+  return k;
+}
+
 Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strategy strategy,
                               int partitions, int ranks, int threads, Operation op) const {
-  const Calibration& c = calibration_;
   if (ranks < 1 || threads < 1) {
     throw InvalidArgument(fmt::format("cost model: {} ranks, {} threads", ranks, threads));
   }
@@ -186,37 +225,23 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
     throw InvalidArgument(
         "cost model: all_to_all is not priced (allreduce, reduce_scatter and all_gather are)");
   }
-  const bool raw = codec_spec == "none";
-  if (raw != (strategy == Strategy::kRaw)) {
-    throw InvalidArgument(
-        fmt::format("cost model: strategy {} with codec {}", to_string(strategy), codec_spec));
-  }
-  const CodecCosts* k = raw ? nullptr : c.find(codec_spec);
-  if (!raw && k == nullptr) {
-    throw InvalidArgument(fmt::format("cost model: codec {} was not calibrated", codec_spec));
-  }
   if (op != Operation::kAllreduce) {
-    return predict_collective(n, k, strategy, partitions, ranks, threads, op);
-  }
-  if (strategy == Strategy::kSummable && !k->summable && !k->multi_round) {
-    throw InvalidArgument(fmt::format("cost model: {} is not summable", codec_spec));
+    return predict_collective(n, codec_costs(codec_spec, strategy), strategy, partitions, ranks,
+                              threads, op);
   }
   const RoundCodec* rounds = nullptr;
-  if (k != nullptr && k->multi_round) {
-    auto it = rounds_.find(codec_spec);
-    rounds = it == rounds_.end() ? nullptr : dynamic_cast<const RoundCodec*>(it->second.get());
-    if (rounds == nullptr ||
-        (strategy != Strategy::kSummable && strategy != Strategy::kAllgather) || partitions > 1) {
-      throw InvalidArgument(fmt::format(
-          "cost model: {} runs rounds of sums: strategy summable or allgather, one partition",
-          codec_spec));
-    }
-  }
+  const CodecCosts* k = allreduce_codec(codec_spec, strategy, partitions, &rounds);
   const int parts = planner::clamp_partitions(partitions, n);
-  const double N = ranks;
   const double m = largest_piece(static_cast<double>(n), parts);
-  const double s = largest_piece(m, N);
+  return pipeline(flat_partition(k, rounds, strategy, m, n, ranks), parts, threads);
+}
 
+CostModel::PartitionCost CostModel::flat_partition(const CodecCosts* k, const RoundCodec* rounds,
+                                                   Strategy strategy, double m, std::size_t n,
+                                                   int ranks) const {
+  const Calibration& c = calibration_;
+  const double N = ranks;
+  const double s = largest_piece(m, N);
   PartitionCost p;
   // An operation on a piece of the tensor costs its rate over the whole tensor: whether its data
   // are in the cache depends on the tensor (a 16 MiB tensor's 1 MiB partition came from
@@ -245,10 +270,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       }
       break;
     case Strategy::kAllgather:
-      if (rounds != nullptr) {
-        p = rounds_partition(*rounds, *k, true, n, ranks);
-        break;
-      }
+      if (rounds != nullptr) return rounds_partition(*rounds, *k, true, n, ranks);
       p.rounds = ranks > 1 ? 1 : 0;
       p.messages = N - 1;
       p.bytes = (N - 1) * e(m);
@@ -267,10 +289,7 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
       p.cpu = N * enc(s) + (N - 1) * (dec(s) + add(s)) + div(s) + N * dec(s);
       break;
     case Strategy::kSummable:
-      if (rounds != nullptr) {
-        p = rounds_partition(*rounds, *k, false, n, ranks);
-        break;
-      }
+      if (rounds != nullptr) return rounds_partition(*rounds, *k, false, n, ranks);
       p.rounds = ranks > 1 ? N : 0;
       p.messages = 2 * (N - 1);
       p.bytes = 2 * (N - 1) * e(s);
@@ -281,8 +300,95 @@ Prediction CostModel::predict(std::size_t n, std::string_view codec_spec, Strate
     case Strategy::kAllToAll:
       throw InvalidArgument("cost model: strategy alltoall is not an allreduce strategy");
   }
+  return p;
+}
 
-  return pipeline(p, parts, threads);
+planner::HostLayout planner::host_layout(const Calibration& c, const transport::Topology& t) {
+  HostLayout out;
+  for (const auto& h : t.hosts) out.ranks.push_back(static_cast<int>(h.size()));
+  out.links = link_classes(c, t.host_of);
+  return out;
+}
+
+// Two levels (collectives/allreduce/hierarchical.cpp): one partition of m floats on hosts of R
+// ranks, cut into L slots (the most ranks on a host; 1 for a multi-round codec). Rank i of a
+// host of R owns k_i = floor((i+1) L/R) - floor(i L/R) slots, own_i = k_i m/L floats:
+//   1. inside (R > 1): it sends each other rank of its host that rank's slots (m - own_i floats
+//      in all) and sums the host's R contributions to its own: one message step, R - 1
+//      messages, C = (R-1) add(own_i) (and the division where there is one host);
+//   2. across (H > 1): for each of its k_i slots in turn, the strategy's flat partition of
+//      m/L floats among the slot's owners, one a host (raw and multi-round codecs: then a status
+//      round, one step of H - 1 messages);
+//   3. inside: it sends its slots' results to the others ((R-1) own_i floats, one step), then
+//      the status round (one step, R - 1 messages).
+// Each term is the busiest rank's: inside, 3 rounds at the intra-host class's alpha and
+// W_in = max_i 4 (m - own_i + (R-1) own_i) bytes at its links; across, max_i k_i times the
+// slot's rounds, bytes and CPU at the cross-host class's.
+CostModel::PartitionCost CostModel::hosts_partition(const PartitionCost& slot, bool status,
+                                                    double m, int slots, std::size_t n,
+                                                    const planner::HostLayout& hosts) const {
+  const Calibration& c = calibration_;
+  const double whole = static_cast<double>(n);
+  const double piece = largest_piece(m, slots);
+  const double H = static_cast<double>(hosts.ranks.size());
+  double in_rounds = 0, in_messages = 0, in_bytes = 0, in_cpu = 0;
+  int most = 0;  // slots of the busiest rank
+  for (const int R : hosts.ranks) {
+    for (int i = 0; i < R; ++i) {
+      const int k = collectives::first_slot(i + 1, R, slots) - collectives::first_slot(i, R, slots);
+      most = std::max(most, k);
+      if (R == 1) continue;
+      const double own = std::min(m, k * piece), others = R - 1;
+      in_rounds = 3;
+      in_messages = std::max(in_messages, 3 * others);
+      in_bytes = std::max(in_bytes, 4 * (m - own + others * own) + others * kStatusBytes);
+      in_cpu = std::max(in_cpu, others * piece_cost(c.add, own, whole) +
+                                    (H == 1 ? piece_cost(c.divide, own, whole) : 0.0));
+    }
+  }
+  PartitionCost across;
+  if (H > 1) {
+    across.rounds = most * (slot.rounds + (status ? 1 : 0));
+    across.messages = most * (slot.messages + (status ? H - 1 : 0));
+    across.bytes = most * (slot.bytes + (status ? (H - 1) * kStatusBytes : 0));
+    across.cpu = most * slot.cpu;
+  }
+  const LinkClasses& l = hosts.links;
+  auto link = [&](double bytes, const LinkClass& k) {
+    return bytes > 0 ? c.link_seconds(bytes) * k.scale : 0.0;
+  };
+  PartitionCost p;
+  p.rounds = in_rounds + across.rounds;
+  p.messages = in_messages + across.messages;
+  p.bytes = in_bytes + across.bytes;
+  p.cpu = in_cpu + across.cpu;
+  p.latency = in_rounds * l.intra.alpha + across.rounds * l.cross.alpha;
+  p.link = link(in_bytes, l.intra) + link(across.bytes, l.cross);
+  return p;
+}
+
+Prediction CostModel::predict_hosts(std::size_t n, std::string_view codec_spec, Strategy strategy,
+                                    int partitions, const planner::HostLayout& hosts,
+                                    int threads) const {
+  int most = 0;
+  for (const int r : hosts.ranks) {
+    if (r < 1) throw InvalidArgument("cost model: a host of no ranks");
+    most = std::max(most, r);
+  }
+  if (most == 0 || threads < 1) {
+    throw InvalidArgument(
+        fmt::format("cost model: {} hosts, {} threads", hosts.ranks.size(), threads));
+  }
+  const RoundCodec* rounds = nullptr;
+  const CodecCosts* k = allreduce_codec(codec_spec, strategy, partitions, &rounds);
+  const int parts = planner::clamp_partitions(partitions, n);
+  const double m = largest_piece(static_cast<double>(n), parts);
+  // A multi-round codec compresses the whole partition as one matrix: one slot a host.
+  const int slots = rounds != nullptr ? 1 : most;
+  const PartitionCost slot = flat_partition(k, rounds, strategy, largest_piece(m, slots), n,
+                                            static_cast<int>(hosts.ranks.size()));
+  const bool status = strategy == Strategy::kRaw || rounds != nullptr;
+  return pipeline(hosts_partition(slot, status, m, slots, n, hosts), parts, threads);
 }
 
 // A reduce-scatter of n floats of input (N shards of n/N) or an all-gather of n floats of

@@ -10,6 +10,7 @@
 
 #include "collectives/collective.h"  // kMaxPartitions
 #include "planner/calibration.h"
+#include "transport/topology.h"
 #include "terse/plan.h"
 #include "terse/planner.h"  // Prediction
 
@@ -26,6 +27,16 @@ using collectives::kMaxPartitions;
 // kMaxPartitions.
 int clamp_partitions(int k, std::size_t n);
 
+// Two levels over the job's hosts (TensorPlan::hierarchical), as the cost model prices them:
+// each host's rank count and the two classes of links.
+struct HostLayout {
+  std::vector<int> ranks;  // per host, in host order
+  LinkClasses links;
+};
+
+// The layout of `topology` with the links of calibration `c` split by it (link_classes).
+HostLayout host_layout(const Calibration& c, const transport::Topology& topology);
+
 }  // namespace planner
 
 class CostModel {
@@ -41,6 +52,13 @@ class CostModel {
   Prediction predict(std::size_t n, std::string_view codec, Strategy strategy, int partitions,
                      int ranks, int threads, Operation op = Operation::kAllreduce) const;
 
+  // The same allreduce in two levels over `hosts` (collectives/allreduce/hierarchical.cpp): an
+  // fp32 reduce-scatter inside each host at its links, the strategy and codec across hosts on
+  // each slot at theirs, an all-gather inside each host (docs/planner.md, "Two levels").
+  // Throws InvalidArgument as predict() does.
+  Prediction predict_hosts(std::size_t n, std::string_view codec, Strategy strategy,
+                           int partitions, const planner::HostLayout& hosts, int threads) const;
+
   const Calibration& calibration() const { return calibration_; }
 
   // The EngineOptions::gather_bytes of the engine predicted for (default: the default):
@@ -49,6 +67,20 @@ class CostModel {
 
  private:
   struct PartitionCost;
+  // The costs of codec spec under strategy (null for raw); throws InvalidArgument for raw with a
+  // codec, a codec with strategy raw, or a codec the calibration does not hold.
+  const CodecCosts* codec_costs(std::string_view spec, Strategy strategy) const;
+  // The same for an allreduce, checked as the engine checks it (summable, a multi-round codec's
+  // strategies and one partition); *rounds gets a multi-round codec's RoundCodec, else null.
+  const CodecCosts* allreduce_codec(std::string_view spec, Strategy strategy, int partitions,
+                                    const RoundCodec** rounds) const;
+  // One flat allreduce partition of m floats of a tensor of n on `ranks` ranks.
+  PartitionCost flat_partition(const CodecCosts* k, const RoundCodec* rounds, Strategy strategy,
+                               double m, std::size_t n, int ranks) const;
+  // One partition of m floats in two levels, its slots `slot`'s cost each (flat_partition on
+  // the hosts' owners of a slot), the status round after each where `status`.
+  PartitionCost hosts_partition(const PartitionCost& slot, bool status, double m, int slots,
+                                std::size_t n, const planner::HostLayout& hosts) const;
   // A reduce-scatter's or all-gather's partition (k: the codec's costs, null for raw).
   Prediction predict_collective(std::size_t n, const CodecCosts* k, Strategy strategy,
                                 int partitions, int ranks, int threads, Operation op) const;

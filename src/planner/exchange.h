@@ -48,8 +48,9 @@ inline double median_standard_error(std::vector<double> v) {
 // Measures per-peer latency and time per byte (a collective); fills the link fields.
 void measure_links(Communicator& comm, const CalibrationOptions& options, Calibration& out);
 // Measures again, alone, each pair of out.peer_beta more than twice as slow a byte as the
-// median pair, and keeps each one's fastest measurement (then out.alpha and out.beta, the
-// slowest pair's). A collective; every rank must hold the same figures.
+// median pair (of its class, inside a host or across hosts, where out.host_of gives the job's
+// hosts), and keeps each one's fastest measurement (then out.alpha and out.beta, the slowest
+// pair's). A collective; every rank must hold the same figures.
 void recheck_slow_pairs(Communicator& comm, const CalibrationOptions& options, Calibration& out);
 
 // Times a raw allreduce through `probe` and sets calibration.engine_beta from what alpha,

@@ -103,8 +103,9 @@ constexpr std::uint32_t kRetryRounds = 0x8000;
 // rank learns every pair's figures, the larger of its two ranks' measurements. A link figure
 // is the pace of the whole job's collectives (the slowest pair bounds a ring), so one
 // disturbed measurement (outside load during its exchanges) would misprice every plan. A pair
-// more than kSlowPair times slower than the median pair is measured again, alone, up to
-// kPairRetries times, and keeps its fastest measurement: a link slow for real stays slow.
+// more than kSlowPair times slower than the median pair (of its class, where out.host_of gives
+// the job's hosts) is measured again, alone, up to kPairRetries times, and keeps its fastest
+// measurement: a link slow for real stays slow.
 void measure_links(Communicator& comm, const CalibrationOptions& options, Calibration& out) {
   const int n = comm.size(), r = comm.rank();
   std::vector<double> alpha_row(n, 0.0), beta_row(n, 0.0);
@@ -137,17 +138,27 @@ void measure_links(Communicator& comm, const CalibrationOptions& options, Calibr
 void recheck_slow_pairs(Communicator& comm, const CalibrationOptions& options, Calibration& out) {
   const int n = comm.size(), r = comm.rank();
   std::vector<std::byte> out_buffer, in_buffer;
-  std::vector<double> pair_betas;
+  // Where the job's hosts are known, a pair is judged against the median pair of its class
+  // (inside a host, or across hosts): links inside a host are many times faster than across, so
+  // a disturbed one would still look fast against a median pair across hosts, and be kept.
+  const bool classes = static_cast<int>(out.host_of.size()) == n;
+  auto class_of = [&](int i, int j) { return classes && out.host_of[i] == out.host_of[j]; };
+  std::array<std::vector<double>, 2> pair_betas;
   for (int i = 0; i < n; ++i) {
-    for (int j = i + 1; j < n; ++j) pair_betas.push_back(out.peer_beta[i][j]);
+    for (int j = i + 1; j < n; ++j) pair_betas[class_of(i, j)].push_back(out.peer_beta[i][j]);
   }
   // Every rank holds the same figures, so every rank finds the same slow pairs, in the same
   // order, and takes part in each one's round (a barrier; the pair exchanges; a gather).
-  const double typical = pair_betas.empty() ? 0.0 : median(pair_betas);
+  std::array<double, 2> typical_of{};
+  for (int k = 0; k < 2; ++k) {
+    typical_of[k] = pair_betas[k].empty() ? 0.0 : median(pair_betas[k]);
+  }
   std::uint32_t retry_round = kRetryRounds;
-  for (int i = 0; i < n && typical > 0; ++i) {
+  for (int i = 0; i < n; ++i) {
     for (int j = i + 1; j < n; ++j) {
-      for (int attempt = 0; attempt < kPairRetries && out.peer_beta[i][j] > kSlowPair * typical;
+      const double typical = typical_of[class_of(i, j)];
+      for (int attempt = 0; attempt < kPairRetries && typical > 0 &&
+                            out.peer_beta[i][j] > kSlowPair * typical;
            ++attempt) {
         comm.barrier("calibration");
         std::array<double, 2> again = {0.0, 0.0};
@@ -161,9 +172,12 @@ void recheck_slow_pairs(Communicator& comm, const CalibrationOptions& options, C
         const double alpha = std::max(all[i][0], all[j][0]);
         const double beta = std::max(all[i][1], all[j][1]);
         log_line(options.quiet, r,
-                 fmt::format("link {}-{} measured at {:.2f} ns/B, {:.1f}x the median pair's; "
+                 fmt::format("link {}-{} measured at {:.2f} ns/B, {:.1f}x the median pair's{}; "
                              "measured again: {:.2f} ns/B",
                              i, j, out.peer_beta[i][j] * 1e9, out.peer_beta[i][j] / typical,
+                             !classes              ? ""
+                             : class_of(i, j)      ? " inside a host"
+                                                   : " across hosts",
                              beta * 1e9));
         if (beta > 0 && beta < out.peer_beta[i][j]) {
           out.peer_beta[i][j] = out.peer_beta[j][i] = beta;

@@ -23,6 +23,7 @@
 #include "terse/codec.h"
 #include "terse/communicator.h"
 #include "terse/error.h"
+#include "transport/topology.h"
 
 namespace terse {
 
@@ -68,10 +69,56 @@ void write_file(const std::string& path, const std::string& text, int rank) {
   if (ec) std::filesystem::remove(tmp, ec);
 }
 
+// Measured K of a codec, strategy and levels correct the predictions of its other K
+// (geometric mean of the measured / predicted ratios): a model error of the configuration
+// carries over to its other partition counts, not to the other level's.
+void correct_by_family(std::vector<PlanCandidate>& candidates) {
+  std::map<std::string, std::pair<double, int>> family;
+  auto family_of = [](const TensorPlan& p) {
+    return fmt::format("{}/{}{}", p.codec, to_string(p.strategy), p.hierarchical ? "/hosts" : "");
+  };
+  for (const auto& c : candidates) {
+    if (!c.measured || c.predicted.seconds <= 0) continue;
+    auto& [log_sum, count] = family[family_of(c.plan)];
+    log_sum += std::log(*c.measured / c.predicted.seconds);
+    ++count;
+  }
+  for (auto& c : candidates) {
+    auto it = family.find(family_of(c.plan));
+    if (!c.measured && it != family.end()) {
+      c.correction = std::exp(it->second.first / it->second.second);
+    }
+  }
+}
+
 }  // namespace
 
 std::string plan_key(const TensorPlan& p) {
-  return fmt::format("{}/{}/{}", p.codec, to_string(p.strategy), p.partitions);
+  return fmt::format("{}/{}/{}{}", p.codec, to_string(p.strategy), p.partitions,
+                     p.hierarchical ? "/hosts" : "");
+}
+
+planner::Levels planner::levels_of(const Use& use) {
+  if (use.op != Operation::kAllreduce || use.topology == nullptr) return {true, false};
+  switch (use.hierarchy) {
+    case Hierarchy::kFlat: return {true, false};
+    case Hierarchy::kHosts: return {false, true};
+    case Hierarchy::kAuto: break;
+  }
+  // One host, or a rank a host: two levels are the flat collective with extra steps.
+  return {true, use.topology->two_level()};
+}
+
+Planner::Impl::Key Planner::Impl::key_of(const planner::Use& u) {
+  const planner::Levels l = planner::levels_of(u);
+  std::uint64_t topology = 0;
+  if (l.hosts) {
+    // Engines sharing a planner may have other topologies: each prices its own.
+    topology = fnv1a64(std::string_view(reinterpret_cast<const char*>(u.topology->host_of.data()),
+                                        u.topology->host_of.size() * sizeof(int)));
+  }
+  return {u.n,  u.threads, u.strategy, u.partitions, u.tier,  u.op, u.raw_partition_bytes,
+          l.flat, l.hosts,  topology};
 }
 
 std::optional<Tier> auto_tier(std::string_view codec) {
@@ -154,8 +201,10 @@ const CostModel& PlannerAccess::model(const Planner& planner) {
   return *m.model;
 }
 
-const Calibration& PlannerAccess::calibration(Planner& planner, Communicator& comm) {
-  planner.impl_->ensure_calibrated(comm);
+const Calibration& PlannerAccess::calibration(Planner& planner, Communicator& comm,
+                                              const transport::Topology* topology) {
+  planner.impl_->ensure_calibrated(comm,
+                                   topology != nullptr ? topology->host_of : std::vector<int>{});
   return model(planner).calibration();
 }
 
@@ -180,7 +229,7 @@ void PlannerAccess::set_gather_bytes(Planner& planner, std::size_t bytes) {
   if (planner.impl_->model) planner.impl_->model->set_gather_bytes(bytes);
 }
 
-void Planner::Impl::ensure_calibrated(Communicator& comm) {
+void Planner::Impl::ensure_calibrated(Communicator& comm, const std::vector<int>& host_of) {
   MakeAllreduceProbe probe_maker;
   {
     std::lock_guard lock(mu);
@@ -204,7 +253,16 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
   if (!text.empty()) {
     try {
       cached = Calibration::from_json(text);
-      usable = cached.world_size == comm.size();
+      // Its links split into intra-host and cross-host ones by the topology it was measured
+      // under: another topology's (the same host name, other emulated hosts or launch) is not
+      // this job's.
+      usable = cached.world_size == comm.size() && cached.host_of == host_of;
+      if (log && cached.world_size == comm.size() && cached.host_of != host_of) {
+        std::fprintf(stderr,
+                     "terse plan: calibration cache %s was measured on other hosts (another "
+                     "topology); calibrating\n",
+                     path.c_str());
+      }
       for (const auto& spec : calibration_options.codecs) usable &= cached.find(spec) != nullptr;
     } catch (const DecodeError& e) {
       // Another version's cache (or a damaged one) is measured again, never patched up.
@@ -237,7 +295,9 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
     }
     if (log) std::fprintf(stderr, "terse plan: calibration from %s\n", path.c_str());
   } else {
-    c = calibrate(comm, calibration_options, probe_maker);
+    CalibrationOptions measuring = calibration_options;
+    measuring.host_of = host_of;  // recorded, and each link judged within its class
+    c = calibrate(comm, measuring, probe_maker);
   }
   if (save && path != "-") write_file(path, c.to_json(), comm.rank());
   if (log) {
@@ -247,6 +307,16 @@ void Planner::Impl::ensure_calibrated(Communicator& comm) {
                  c.seconds, c.alpha * 1e6, c.beta * 1e9, c.beta > 0 ? 1e-6 / c.beta : 0.0,
                  c.engine_beta > 0 ? 1e-6 / c.engine_beta : 0.0, c.ranks_on_host, c.cores,
                  c.slowdown(4));
+    const LinkClasses l = link_classes(c, host_of);
+    if (l.intra.pairs > 0 && l.cross.pairs > 0) {
+      std::fprintf(stderr,
+                   "terse plan: links inside hosts %.1f us, %.3f ns/B (%.0f MB/s); across hosts "
+                   "%.1f us, %.3f ns/B (%.0f MB/s)\n",
+                   l.intra.alpha * 1e6, l.intra.pair_beta * 1e9,
+                   l.intra.pair_beta > 0 ? 1e-6 / l.intra.pair_beta : 0.0, l.cross.alpha * 1e6,
+                   l.cross.pair_beta * 1e9,
+                   l.cross.pair_beta > 0 ? 1e-6 / l.cross.pair_beta : 0.0);
+    }
   }
   std::lock_guard lock(mu);
   model = std::make_unique<CostModel>(std::move(c));
@@ -288,19 +358,34 @@ PlanDecision planner::decide(const Planner& self, const Use& use, int ranks) {
         planner::clamp_partitions(static_cast<int>(std::min<std::size_t>(own, 1 << 20)), split);
     if (std::find(raw_ks.begin(), raw_ks.end(), c) == raw_ks.end()) raw_ks.push_back(c);
   }
+  // Each candidate flat, in two levels over the hosts, or both (planner::levels_of).
+  const planner::Levels levels = planner::levels_of(use);
+  planner::HostLayout hosts;
+  if (levels.hosts) {
+    if (use.topology->size() != ranks) {
+      throw InvalidArgument(fmt::format("planner: a topology of {} ranks for a job of {}",
+                                        use.topology->size(), ranks));
+    }
+    hosts = planner::host_layout(m.model->calibration(), *use.topology);
+  }
   auto consider = [&](const std::string& spec, Strategy s, bool whole) {
     if (use.strategy != Strategy::kAuto && use.strategy != s) return;
     if (whole && use.partitions > 1) return;
     for (int k : whole ? std::vector<int>{1} : s == Strategy::kRaw ? raw_ks : ks) {
-      PlanCandidate c;
-      c.plan.codec = spec;
-      c.plan.strategy = s;
-      c.plan.partitions = k;
-      c.predicted = m.model->predict(n, spec, s, k, ranks, use.threads, op);
-      if (auto it = m.measured.find({n, planner::run_key(op, c.plan)}); it != m.measured.end()) {
-        c.measured = it->second;
+      for (const bool two : {false, true}) {
+        if (!(two ? levels.hosts : levels.flat)) continue;
+        PlanCandidate c;
+        c.plan.codec = spec;
+        c.plan.strategy = s;
+        c.plan.partitions = k;
+        c.plan.hierarchical = two;
+        c.predicted = two ? m.model->predict_hosts(n, spec, s, k, hosts, use.threads)
+                          : m.model->predict(n, spec, s, k, ranks, use.threads, op);
+        if (auto it = m.measured.find({n, planner::run_key(op, c.plan)}); it != m.measured.end()) {
+          c.measured = it->second;
+        }
+        d.ranked.push_back(std::move(c));
       }
-      d.ranked.push_back(std::move(c));
     }
   };
   consider("none", Strategy::kRaw, false);
@@ -330,30 +415,13 @@ PlanDecision planner::decide(const Planner& self, const Use& use, int ranks) {
     }
     if (k.summable) consider(spec, Strategy::kSummable, false);
   }
-  // Measured K of a codec and strategy correct the predictions of its other K (geometric mean
-  // of the measured / predicted ratios).
-  std::map<std::string, std::pair<double, int>> family;
-  auto family_of = [](const TensorPlan& p) {
-    return fmt::format("{}/{}", p.codec, to_string(p.strategy));
-  };
-  for (const auto& c : d.ranked) {
-    if (!c.measured || c.predicted.seconds <= 0) continue;
-    auto& [log_sum, count] = family[family_of(c.plan)];
-    log_sum += std::log(*c.measured / c.predicted.seconds);
-    ++count;
-  }
-  for (auto& c : d.ranked) {
-    auto it = family.find(family_of(c.plan));
-    if (!c.measured && it != family.end()) {
-      c.correction = std::exp(it->second.first / it->second.second);
-    }
-  }
+  correct_by_family(d.ranked);
   if (d.ranked.empty()) {
     throw InvalidArgument(fmt::format("planner: no allowed codec can use strategy {} in {}",
                                       to_string(use.strategy), to_string(op)));
   }
   // Stable: equal times keep the order above (raw first, then the light tier's list, then the
-  // heavy tier's).
+  // heavy tier's; each configuration flat before two levels).
   std::stable_sort(d.ranked.begin(), d.ranked.end(), [](const auto& a, const auto& b) {
     return PlanDecision::expected(a) < PlanDecision::expected(b);
   });
@@ -385,10 +453,11 @@ void Planner::Impl::log_decision(const PlanDecision& d, int rank, const char* wh
   const std::string op =
       d.op == Operation::kAllreduce ? "" : fmt::format("{} of ", to_string(d.op));
   std::fprintf(stderr,
-               "terse plan: %s %s%zu floats -> %s, strategy %s, K=%d: %s %.3f ms (raw %.3f ms, "
+               "terse plan: %s %s%zu floats -> %s, strategy %s%s, K=%d: %s %.3f ms (raw %.3f ms, "
                "%.2fx)\n",
                why, op.c_str(), d.elements, c.plan.codec.c_str(),
-               std::string(to_string(c.plan.strategy)).c_str(), c.plan.partitions,
+               std::string(to_string(c.plan.strategy)).c_str(),
+               c.plan.hierarchical ? " across hosts" : "", c.plan.partitions,
                c.measured ? "measured" : "predicted", PlanDecision::expected(c) * 1e3,
                d.raw_seconds * 1e3,
                PlanDecision::expected(c) > 0 ? d.raw_seconds / PlanDecision::expected(c) : 0.0);
@@ -399,7 +468,7 @@ TensorPlan planner::plan(Planner& self, Communicator& comm, const Use& use) {
   const Tier tier = use.tier;
   const Operation op = use.op;
   Planner::Impl& m = PlannerAccess::impl(self);
-  m.ensure_calibrated(comm);
+  m.ensure_calibrated(comm, use.topology != nullptr ? use.topology->host_of : std::vector<int>{});
   const Planner::Impl::Key key = Planner::Impl::key_of(use);
   {
     std::lock_guard lock(m.mu);

@@ -16,6 +16,7 @@
 #include "planner/cost_model.h"
 #include "planner/explorer.h"
 #include "planner/protocol.h"
+#include "terse/export.h"
 #include "terse/planner.h"
 
 namespace terse {
@@ -40,11 +41,12 @@ struct Planner::Impl {
     Tier tier;
     Operation op;
     std::size_t raw_partition_bytes;
+    bool flat = true, hosts = false;  // the levels priced (planner::levels_of)
+    std::uint64_t topology = 0;       // where hosts: a digest of the topology's host_of
     auto operator<=>(const Key&) const = default;
   };
-  static Key key_of(const planner::Use& u) {
-    return {u.n, u.threads, u.strategy, u.partitions, u.tier, u.op, u.raw_partition_bytes};
-  }
+  // Out of line and hidden: Impl is nested in an exported class, and this one is no API.
+  TERSE_HIDDEN static Key key_of(const planner::Use& u);
 
   PlannerOptions options;
   std::vector<std::string> allowed;  // canonical specs of the light tier
@@ -64,7 +66,9 @@ struct Planner::Impl {
   std::map<std::pair<std::size_t, std::string>, double> measured;
   std::uint64_t submissions = 0;
 
-  void ensure_calibrated(Communicator& comm);
+  // Calibrates, or takes the cache every rank agrees on, for the job of `host_of` (its
+  // topology's; empty: unknown).
+  void ensure_calibrated(Communicator& comm, const std::vector<int>& host_of);
   void log_decision(const PlanDecision& d, int rank, const char* why) const;
   // After an exchange (mu held): ends the rounds of explored sizes with the agreed runs, and
   // settles those that are done. Returns how many changed plan.
@@ -78,8 +82,10 @@ struct PlannerAccess {
   static std::unique_ptr<Planner> with_calibration(PlannerOptions options, Calibration calibration);
   // The cost model (throws InvalidArgument before calibration).
   static const CostModel& model(const Planner& planner);
-  // Calibrates now, if not yet done (a collective), and returns the calibration.
-  static const Calibration& calibration(Planner& planner, Communicator& comm);
+  // Calibrates now, if not yet done (a collective), for the job of `topology` (null: unknown),
+  // and returns the calibration.
+  static const Calibration& calibration(Planner& planner, Communicator& comm,
+                                        const transport::Topology* topology = nullptr);
   // What calibration times the engine with; the engine sets it before its first plan().
   static void set_allreduce_probe(Planner& planner, MakeAllreduceProbe make_probe);
   // Partition counts tried (`--partitions` of the tools; default kPartitionChoices).

@@ -15,6 +15,10 @@ namespace terse {
 
 class Communicator;
 
+namespace transport {
+struct Topology;
+}
+
 namespace planner {
 
 // One planned tensor of a submission: plan()'s arguments.
@@ -31,7 +35,23 @@ struct Use {
   // decision is kept under, so engines of different partitionings sharing a planner each get
   // their own.
   std::size_t raw_partition_bytes = kDefaultPartitionBytes;
+  // The job's hosts (the engine's agreed topology; null: unknown, flat plans only) and the
+  // tensor's AllreduceOptions::hierarchy. An allreduce under kAuto on a two-level topology has
+  // every candidate priced flat and in two levels; kFlat and kHosts restrict it to one (kHosts
+  // on any topology given). Other operations are flat. The topology is the calibrated job's:
+  // its first plan records it with the calibration (a cache of another topology is measured
+  // again), and link_classes splits the links by it. Decisions are kept per levels priced and
+  // topology.
+  const transport::Topology* topology = nullptr;
+  Hierarchy hierarchy = Hierarchy::kAuto;
 };
+
+// Which levels a use prices: flat, two levels over its topology's hosts, or both.
+struct Levels {
+  bool flat = true;
+  bool hosts = false;
+};
+Levels levels_of(const Use& use);
 
 // Planner::decide for a use (the engine's partitioning included).
 PlanDecision decide(const Planner& planner, const Use& use, int ranks);

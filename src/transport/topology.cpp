@@ -128,6 +128,25 @@ Topology topology_from_spec(const std::string& spec, int size) {
   return from_hosts(std::move(hosts), size);
 }
 
+Topology topology_of_hosts(std::vector<std::vector<int>> hosts, int size) {
+  std::vector<int> seen(static_cast<std::size_t>(std::max(size, 0)), 0);
+  for (const auto& h : hosts) {
+    for (int r : h) {
+      if (r < 0 || r >= size || seen[r]++ > 0) {
+        throw InvalidArgument(
+            fmt::format("hosts place rank {} twice or outside 0..{}", r, size - 1));
+      }
+    }
+    if (h.empty()) throw InvalidArgument("hosts: a host of no ranks");
+  }
+  if (std::find(seen.begin(), seen.end(), 0) != seen.end()) {
+    throw InvalidArgument(fmt::format("hosts do not place all {} ranks", size));
+  }
+  for (auto& h : hosts) std::sort(h.begin(), h.end());
+  std::sort(hosts.begin(), hosts.end());  // ordered by their lowest rank, as agree_topology does
+  return from_hosts(std::move(hosts), size);
+}
+
 Topology agree_topology(Communicator& comm, const std::string& spec, const std::string& host,
                         int local_ranks) {
   const int n = comm.size(), r = comm.rank();

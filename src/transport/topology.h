@@ -33,6 +33,11 @@ struct Topology {
 // size. "auto" is not a layout: see agree_topology.
 Topology topology_from_spec(const std::string& spec, int size);
 
+// The topology of `size` ranks whose hosts are `hosts` (each host's ranks, as Topology::hosts
+// and Engine::hosts() give them): for callers that hold an engine's hosts and need its
+// host_of. Throws InvalidArgument unless every rank below size is on exactly one host.
+Topology topology_of_hosts(std::vector<std::vector<int>> hosts, int size);
+
 // The job's topology, agreed by every rank (a collective: one allgather). With spec "auto", ranks
 // share a host when their machine (kit::machine_id), network namespace and `host` name are
 // equal; otherwise the spec's layout. Every rank must pass the same spec: a rank whose spec

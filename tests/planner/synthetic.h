@@ -2,6 +2,7 @@
 // decisions can be checked by hand.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -50,6 +51,30 @@ inline Calibration synthetic(double bytes_per_second, double alpha, int ranks = 
     k.bytes = line(24, static_cast<double>(codec->max_encoded_bytes(kProbe) - 24) / kProbe);
     c.codecs.push_back(k);
   }
+  return c;
+}
+
+// Two classes of links on the hosts of `host_of` (a rank's host, as Topology::host_of): pairs
+// on one host at intra_bytes_per_second and intra_alpha, pairs on different hosts at
+// cross_bytes_per_second and cross_alpha; the model's alpha and beta the slowest pair's, as
+// calibration measures them. Otherwise synthetic()'s.
+inline Calibration synthetic_hosts(const std::vector<int>& host_of, double cross_bytes_per_second,
+                                   double cross_alpha, double intra_bytes_per_second,
+                                   double intra_alpha,
+                                   const std::vector<std::string>& codecs = {"fp16",
+                                                                             "onebit:ef=1"}) {
+  const int ranks = static_cast<int>(host_of.size());
+  Calibration c = synthetic(cross_bytes_per_second, cross_alpha, ranks, codecs);
+  for (int i = 0; i < ranks; ++i) {
+    for (int j = 0; j < ranks; ++j) {
+      const bool same = host_of[i] == host_of[j];
+      c.peer_alpha[i][j] = i == j ? 0 : same ? intra_alpha : cross_alpha;
+      c.peer_beta[i][j] = i == j ? 0 : same ? 1 / intra_bytes_per_second : c.beta;
+    }
+  }
+  c.alpha = std::max(cross_alpha, intra_alpha);
+  c.beta = std::max(c.beta, 1 / intra_bytes_per_second);
+  c.host_of = host_of;
   return c;
 }
 

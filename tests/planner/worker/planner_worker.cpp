@@ -25,6 +25,14 @@
 //           every contender measured, apart from an allreduce's decisions of the same size
 //   collective_mismatch  one rank "auto", the others a codec: MismatchError naming the
 //           operation on every rank
+//   hosts   4 ranks under TERSE_TOPOLOGY=2,2: a pair's link disturbed inside a host is measured
+//           again against its class's pairs; codec "auto" with a calibration of two link
+//           classes (slow across hosts, fast inside): the large tensor goes two levels, a tiny
+//           one flat, the decision priced both levels and the engine runs its choice;
+//           hierarchy flat and hosts restrict it; plans and results identical on every rank
+//   hosts_auto  codec "auto" with the engine's own planner under the job's topology
+//           (TERSE_TOPOLOGY): calibrated (or cached for that topology), explored and settled,
+//           plans identical on every rank; two levels priced where the topology has them
 // Prints "OK rank R SCENARIO" on success; "CHECK FAILED: ..." and exit 2 otherwise.
 #include <fmt/format.h>
 
@@ -47,6 +55,7 @@
 #include "terse/environment.h"
 #include "terse/error.h"
 #include "terse/planner.h"
+#include "transport/topology.h"
 #include "worker_check.h"
 
 namespace {
@@ -86,7 +95,8 @@ void check_same_everywhere(Communicator& comm, const std::string& text, const st
 // order when the plan is raw). Returns the settled plans and the step each settled at, one line
 // per size (the same on every rank: every rank settles at the same submission).
 std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std::size_t>& sizes,
-                      const Planner& planner, std::size_t rows = 0) {
+                      const Planner& planner, std::size_t rows = 0,
+                      const transport::Topology* topology = nullptr) {
   AllreduceOptions o;
   o.codec = "auto";
   o.rows = rows;
@@ -95,14 +105,17 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
     const std::string name = fmt::format("t{}", n);
     TensorPlan plan;
     std::vector<PlanCandidate> contenders;
+    // What the engine asks the planner about this size (on hosts: both levels priced).
+    planner::Use use{n, kThreads};
+    use.topology = topology;
     std::uint64_t step = 0;
-    for (; step < 3 || planner::exploring(planner, {n, kThreads}); ++step) {
+    for (; step < 3 || planner::exploring(planner, use); ++step) {
       check(step < 400, fmt::format("{}: still exploring after 400 steps", name));
       const std::uint64_t key = kit::combine_keys(fnv1a64(name), step);
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; ++i) x[i] = value(comm.rank(), key, i);
       engine.allreduce(name, x, o).wait();
-      if (step == 0) contenders = planner.decide(n, comm.size(), kThreads).contenders;
+      if (step == 0) contenders = planner::decide(planner, use, comm.size()).contenders;
       // The plan that ran (an exchange before the submission may have moved it on).
       plan = engine.plan(n, o);
       check_same_everywhere(comm, std::to_string(digest(x)), fmt::format("result of {}", name));
@@ -124,7 +137,7 @@ std::string run_sizes(Communicator& comm, Engine& engine, const std::vector<std:
     // Every contender explored has a measured time: the contenders took turns, and the engine
     // kept each one's state between its turns, so that only its first run went unmeasured.
     if (contenders.size() > 1) {
-      const PlanDecision d = planner.decide(n, comm.size(), kThreads);
+      const PlanDecision d = planner::decide(planner, use, comm.size());
       for (const auto& c : contenders) {
         const auto m = std::find_if(d.ranked.begin(), d.ranked.end(), [&](const auto& r) {
           return plan_key(r.plan) == plan_key(c.plan);
@@ -543,8 +556,8 @@ int scenario_collectives(Communicator& comm) {
       engine.reduce_scatter("restricted", TensorView(std::span(x)), TensorView(std::span(y)), o)
           .wait();
       const auto& decisions = PlannerAccess::impl(*planner).decisions;
-      const auto d = decisions.find(
-          {total, kThreads, Strategy::kRing, 3, Tier::kLight, rs, kDefaultPartitionBytes});
+      const auto d = decisions.find(Planner::Impl::key_of(
+          {total, kThreads, Strategy::kRing, 3, Tier::kLight, rs, kDefaultPartitionBytes}));
       check(d != decisions.end(), "the engine did not ask for a ring of 3 partitions");
       const TensorPlan& p = d->second.chosen.plan;
       check(p.strategy == Strategy::kRing && p.partitions == 3 && p.codec != "none",
@@ -666,13 +679,129 @@ int scenario_collective_mismatch(Communicator& comm) {
   return 0;
 }
 
+// The job's hosts as the engine agreed them (TERSE_TOPOLOGY), for the planner's uses.
+transport::Topology topology_of(const Engine& engine, const Communicator& comm) {
+  return transport::topology_of_hosts(engine.hosts(), comm.size());
+}
+
+// A pair disturbed inside a host is measured again against its class's median pair, not
+// against the pairs across hosts, which are far slower (here: 1000x; the disturbed pair 100x,
+// below the median of all pairs). Hosts {0, 1, 2} and {3}: three pairs in each class.
+void check_slow_pairs_by_class(Communicator& comm) {
+  CalibrationOptions o;
+  o.quiet = true;
+  Calibration c = testing::synthetic(1e9, 50e-6, comm.size());
+  planner::measure_links(comm, o, c);
+  const std::vector<int> host_of = {0, 0, 0, 1};
+  Calibration shaped = c;
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      if (host_of[i] != host_of[j]) shaped.peer_beta[i][j] *= 1000;
+    }
+  }
+  const double pair = shaped.peer_beta[0][1];
+  shaped.peer_beta[0][1] = shaped.peer_beta[1][0] = 100 * pair;
+  Calibration flat = shaped;  // hosts unknown: judged against every pair, kept
+  planner::recheck_slow_pairs(comm, o, flat);
+  check(flat.peer_beta[0][1] == 100 * pair, "without hosts, the pair was measured again");
+  shaped.host_of = host_of;
+  planner::recheck_slow_pairs(comm, o, shaped);
+  check(shaped.peer_beta[0][1] < 10 * pair,
+        fmt::format("a pair inside a host at {} s/B among its class's {} s/B was not measured "
+                    "again: {} s/B",
+                    100 * pair, pair, shaped.peer_beta[0][1]));
+  check(shaped.peer_beta[0][3] == 1000 * c.peer_beta[0][3], "a pair across hosts changed");
+  check(planner::agree_max(comm, {shaped.peer_beta[0][1]})[0] == shaped.peer_beta[0][1],
+        "ranks disagree on the pair measured again");
+}
+
+int scenario_hosts(Communicator& comm) {
+  check(comm.size() == 4, "hosts: 4 ranks");
+  check_slow_pairs_by_class(comm);
+  const EngineOptions eo = engine_options_from_environment();
+  // The calibration's links are split by the topology the engine will agree (TERSE_TOPOLOGY).
+  const transport::Topology t =
+      transport::agree_topology(comm, eo.topology, eo.host, eo.local_ranks);
+  check(t.two_level(), "hosts: run it with TERSE_TOPOLOGY=2,2 (got " + t.describe() + ")");
+  // 100 Mbit/s across hosts, 10 Gbit/s inside them; the model's choices stand (no exploring:
+  // this machine's loopback would measure otherwise).
+  const Calibration c = testing::synthetic_hosts(t.host_of, 12.5e6, 100e-6, 1.25e9, 20e-6);
+  PlannerOptions po;
+  po.allowed = {"fp16", "onebit:ef=1"};
+  po.heavy = {"none"};
+  po.explore_seconds = 0;
+  std::shared_ptr<Planner> planner =
+      PlannerAccess::with_calibration(planner_options_from_environment(po), c);
+  Engine engine = engine_with(comm, planner);
+  const std::size_t large = std::size_t{1} << 20, tiny = 64;
+  const std::string plans = run_sizes(comm, engine, {tiny, 5000, large}, *planner, 0, &t);
+  AllreduceOptions o;
+  o.codec = "auto";
+  // A large tensor crosses the slow links once per host: two levels, by the planner's choice.
+  check(engine.plan(large, o).hierarchical, "the large tensor planned flat:\n" + plans);
+  check(!engine.plan(tiny, o).hierarchical, "a tiny tensor planned in two levels:\n" + plans);
+  planner::Use use{large, kThreads};
+  use.topology = &t;
+  const PlanDecision d = planner::decide(*planner, use, comm.size());
+  const auto levels = std::count_if(d.ranked.begin(), d.ranked.end(),
+                                    [](const PlanCandidate& x) { return x.plan.hierarchical; });
+  check(levels > 0 && levels < static_cast<long>(d.ranked.size()),
+        "the decision did not price both levels");
+  check(plan_key(d.chosen.plan) == plan_key(engine.plan(large, o)),
+        "the engine runs another plan than the decision's");
+  // Restrictions: hierarchy flat and hosts are the planner's too, each decided apart.
+  o.hierarchy = Hierarchy::kFlat;
+  check(!engine.plan(large, o).hierarchical, "hierarchy flat planned in two levels");
+  o.hierarchy = Hierarchy::kHosts;
+  check(engine.plan(tiny, o).hierarchical, "hierarchy hosts planned flat");
+  std::string restricted;
+  for (const Hierarchy h : {Hierarchy::kFlat, Hierarchy::kHosts}) {
+    o.hierarchy = h;
+    std::vector<float> x(large);
+    for (std::size_t i = 0; i < large; ++i) x[i] = value(comm.rank(), 7, i);
+    engine.allreduce(fmt::format("r{}", to_string(h)), x, o).wait();
+    check_same_everywhere(comm, std::to_string(digest(x)),
+                          fmt::format("hierarchy {}", to_string(h)));
+    restricted += plan_key(engine.plan(large, o)) + "\n";
+  }
+  check_same_everywhere(comm, plans + restricted, "plans");
+  std::printf("OK rank %d hosts\n%s%s", comm.rank(), comm.rank() == 0 ? plans.c_str() : "",
+              comm.rank() == 0 ? restricted.c_str() : "");
+  engine.synchronize();
+  return 0;
+}
+
+int scenario_hosts_auto(Communicator& comm) {
+  // The engine's default planner (calibrated on first use under the job's topology, or from the
+  // cache of that topology), with short explorations that may time both levels.
+  PlannerOptions po;
+  po.allowed = {"fp16", "onebit:ef=1"};
+  po.heavy = {"none"};
+  po.explore_seconds = 0.05;
+  auto planner = std::make_shared<Planner>(planner_options_from_environment(po));
+  Engine engine = engine_with(comm, planner);
+  const transport::Topology t = topology_of(engine, comm);
+  const std::string plans =
+      run_sizes(comm, engine, {100, 100000, std::size_t{1} << 21}, *planner, 0, &t);
+  planner::Use use{std::size_t{1} << 21, kThreads};
+  use.topology = &t;
+  const PlanDecision d = planner::decide(*planner, use, comm.size());
+  const bool both = std::any_of(d.ranked.begin(), d.ranked.end(),
+                                [](const PlanCandidate& x) { return x.plan.hierarchical; });
+  check(both == t.two_level(), "two levels priced on " + t.describe());
+  std::printf("OK rank %d hosts_auto\n%s", comm.rank(), comm.rank() == 0 ? plans.c_str() : "");
+  engine.synchronize();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr,
                  "usage: planner_worker "
-                 "auto|loses|powersgd|matrix|tiers|trace|links|collectives|collective_mismatch\n");
+                 "auto|loses|powersgd|matrix|tiers|trace|links|collectives|collective_mismatch|"
+                 "hosts|hosts_auto\n");
     return 2;
   }
   const std::string scenario = argv[1];
@@ -699,6 +828,10 @@ int main(int argc, char** argv) {
       rc = scenario_collectives(*comm);
     } else if (scenario == "collective_mismatch") {
       rc = scenario_collective_mismatch(*comm);
+    } else if (scenario == "hosts") {
+      rc = scenario_hosts(*comm);
+    } else if (scenario == "hosts_auto") {
+      rc = scenario_hosts_auto(*comm);
     } else {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     }
