@@ -36,7 +36,8 @@ def emulated_hosts_unavailable() -> Optional[str]:
     return demo.emulated_hosts_unavailable(CLUSTER_SCRIPT)
 
 
-def command(worker: List[str], ranks: int, link: str, timeout: float) -> Tuple[List[str], str]:
+def command(worker: List[str], ranks: int, link: str, timeout: float,
+            ranks_per_host: int = 1) -> Tuple[List[str], str]:
     """The command line that starts ``worker`` as ``ranks`` ranks, and the prefix of rank 0's
     output lines.
 
@@ -44,21 +45,31 @@ def command(worker: List[str], ranks: int, link: str, timeout: float) -> Tuple[L
     each rank on its own emulated host with links of that rate, or "unshaped" veth links. On an
     emulated host torch's Gloo must bind the namespace's eth0 (terse gets TERSE_IFNAME=eth0
     from cluster.sh), and the environment passes through env(1).
+
+    ``ranks_per_host`` > 1: hosts of that many consecutive ranks instead of one; emulated hosts
+    share their namespace among their ranks (cluster.sh -l), and on loopback the ranks are told
+    the layout (TERSE_TOPOLOGY=HxR) since they share one machine and one network.
     """
+    if ranks_per_host < 1 or ranks % ranks_per_host != 0:
+        raise ValueError(f"{ranks} ranks do not make hosts of {ranks_per_host}")
+    hosts = ranks // ranks_per_host
     if link in LOOPBACK:
+        layout = ["env", f"TERSE_TOPOLOGY={hosts}x{ranks_per_host}"] if ranks_per_host > 1 else []
         return ([_paths.TERSE_CLI, "run", "-n", str(ranks), "--timeout", str(timeout), "--",
-                 *worker], "[rank 0] ")
-    return (["bash", CLUSTER_SCRIPT, "-n", str(ranks), "-r", link, "--", "env",
-             f"PYTHONPATH={python_path()}", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
-             "GLOO_SOCKET_IFNAME=eth0", f"TERSE_TIMEOUT={timeout}", *worker], "[host 0] ")
+                 *layout, *worker], "[rank 0] ")
+    return (["bash", CLUSTER_SCRIPT, "-n", str(hosts), "-l", str(ranks_per_host), "-r", link,
+             "--", "env", f"PYTHONPATH={python_path()}", "OMP_NUM_THREADS=1",
+             "PYTHONUNBUFFERED=1", "GLOO_SOCKET_IFNAME=eth0", f"TERSE_TIMEOUT={timeout}",
+             *worker], "[host 0] " if ranks_per_host == 1 else "[host 0 rank 0] ")
 
 
 def run(worker: List[str], ranks: int, link: str, timeout: float,
-        on_line: Optional[Callable[[str, str], None]] = None) -> Tuple[int, List[str], float]:
+        on_line: Optional[Callable[[str, str], None]] = None,
+        ranks_per_host: int = 1) -> Tuple[int, List[str], float]:
     """Runs ``worker`` (a command; ``python_module`` makes one) as ``ranks`` ranks on ``link``
     (see :func:`command`) and waits. Calls ``on_line(line, rank0_prefix)`` for every line the
     ranks print. Returns (exit status, the lines, wall seconds)."""
-    cmd, rank0 = command(worker, ranks, link, timeout)
+    cmd, rank0 = command(worker, ranks, link, timeout, ranks_per_host)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=python_path())
     # torch 2.x's c10d warns on every rank of an emulated host that the client socket's host name
     # cannot be looked up (the namespaces have no resolver); nothing depends on it.

@@ -36,6 +36,7 @@ parameters from that secondary shard inside the host, through the process group,
 forward all-gather crosses hosts.
 """
 
+import os
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -46,7 +47,8 @@ import terse
 from terse.policy import FSDP
 from terse.torch import communicator_for
 
-__all__ = ["TerseFSDPState", "compress", "fsdp1_hook", "ReduceScatter", "AllGather"]
+__all__ = ["TerseFSDPState", "compress", "fsdp1_hook", "ReduceScatter", "AllGather",
+           "ranks_per_host"]
 
 # What the engine reduces; FSDP's other buffers (uint8 all-gathers of mixed-dtype groups) travel
 # through the process group unchanged.
@@ -228,6 +230,34 @@ class AllGather:
             raise
         state.all_gathers += 1
         return None
+
+
+def ranks_per_host() -> Optional[int]:
+    """The ranks each host holds, as the engine will agree on them, for FSDP2's
+    ``fully_shard(module, reshard_after_forward=terse.fsdp.ranks_per_host())`` (hpZ: the
+    backward's all-gathers then stay inside each host). Read before any engine exists, from the
+    environment the engine reads: ``TERSE_TOPOLOGY`` (``"A,A,..."`` or ``"HxR"``), else under
+    topology auto torchrun's ``LOCAL_WORLD_SIZE``. None where hosts differ in size or hold one
+    rank each, or nothing says. FSDP groups consecutive ranks, so the hosts must be hosts of
+    consecutive ranks (as torchrun and ``TERSE_TOPOLOGY`` make them); :func:`compress` warns
+    where they are not (``state.hpz``)."""
+    spec = os.environ.get("TERSE_TOPOLOGY", "auto").strip()
+    try:
+        if spec == "flat":
+            return None
+        if spec == "auto":
+            counts = [int(os.environ["LOCAL_WORLD_SIZE"])] if "LOCAL_WORLD_SIZE" in os.environ \
+                else []
+        elif "x" in spec:
+            hosts, ranks = spec.split("x")
+            counts = [int(ranks)] * int(hosts)
+        else:
+            counts = [int(c) for c in spec.split(",")]
+    except ValueError:
+        return None  # the engine names a malformed TERSE_TOPOLOGY when it starts
+    if not counts or len(set(counts)) != 1 or counts[0] < 2:
+        return None
+    return counts[0]
 
 
 def _fsdp2_modules(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:

@@ -156,3 +156,14 @@ def test_two_levels_halve_the_bytes_on_the_host_links_and_hpz_cuts_the_backward_
         assert r["hpz"]["hpz"] and not r["hosts"]["hpz"]
         assert r["hpz"]["subgroup_gathers"] > 0 and r["hosts"]["subgroup_gathers"] == 0
 
+
+def test_ranks_per_host_reads_the_topology_the_engine_reads(monkeypatch):
+    import terse.fsdp
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for spec, want in (("2,2", 2), ("4x2", 2), ("3,2", None), ("flat", None), ("1,1", None),
+                       ("auto", None), ("2x", None)):
+        monkeypatch.setenv("TERSE_TOPOLOGY", spec)
+        assert terse.fsdp.ranks_per_host() == want, spec
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert terse.fsdp.ranks_per_host() == 4  # auto: torchrun's count
+
