@@ -164,6 +164,9 @@ def test_ranks_per_host_reads_the_topology_the_engine_reads(monkeypatch):
                        ("auto", None), ("2x", None)):
         monkeypatch.setenv("TERSE_TOPOLOGY", spec)
         assert terse.fsdp.ranks_per_host() == want, spec
+    monkeypatch.setenv("TERSE_TOPOLOGY", "auto")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert terse.fsdp.ranks_per_host() == 4  # auto: torchrun's count
+    monkeypatch.delenv("TERSE_TOPOLOGY")
+    assert terse.fsdp.ranks_per_host() == 4
 
