@@ -145,6 +145,12 @@ METHODS: List[Tuple[str, Dict]] = [
                            all_gather_codec="minmax8")),
     ("fsdp-terse-qw-g4", dict(method="fsdp-terse", codec="minmax8:bits=4,ef=1",
                               all_gather_codec="minmax8")),
+    # On hosts of several ranks (--ranks-per-host): the same one level, and in two levels with
+    # the backward's parameters gathered from a secondary shard inside each host (hpZ).
+    ("fsdp-terse-qw-flat", dict(method="fsdp-terse", codec="minmax8:ef=1",
+                                all_gather_codec="minmax8", hierarchy="flat")),
+    ("fsdp-terse-qw-hpz", dict(method="fsdp-terse", codec="minmax8:ef=1",
+                               all_gather_codec="minmax8", hpz=True)),
     # DDP without a hook on the process group backend "cpu:terse" (fp16 above 64 KiB).
     ("ddp-terse-backend", dict(method="ddp-terse-backend", codec="fp16")),
     # terse.optim's optimizers (AdamW's settings and schedule; they communicate themselves).
@@ -246,7 +252,9 @@ def run(args: argparse.Namespace) -> None:
                    _split(args.methods, dict(METHODS), "methods"), overrides)
     started = time.perf_counter()
     for k, (model, name, config) in enumerate(todo, 1):
-        directory = os.path.join(args.results, args.link, model)
+        link_dir = args.link if args.ranks_per_host == 1 else (
+            f"{args.link}-{args.ranks // args.ranks_per_host}x{args.ranks_per_host}")
+        directory = os.path.join(args.results, link_dir, model)
         out = os.path.join(directory, f"{name}.json")
         head = f"[{k}/{len(todo)}] {LINK_NAMES.get(args.link, args.link)} {model} {name}"
         if os.path.exists(out) and not args.force:
@@ -907,7 +915,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     r.add_argument("--results", help="default: results/train, or results/train-DTYPE")
     r.add_argument("--ranks", type=int, default=4)
     r.add_argument("--ranks-per-host", type=int, default=1,
-                   help="emulated hosts of this many ranks each (it divides --ranks)")
+                   help="hosts of this many consecutive ranks (emulated: cluster.sh -l; "
+                        "loopback: TERSE_TOPOLOGY); results under LINK-HxR/")
     r.add_argument("--force", action="store_true", help="run configurations that have a JSON")
     r.add_argument("--keep-going", action="store_true", help="go on after a failed run")
     r.add_argument("--verbose", action="store_true", help="show rank 0's output")

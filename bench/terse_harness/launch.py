@@ -42,17 +42,21 @@ def command(worker: List[str], ranks: int, link: str, timeout: float,
     output lines.
 
     ``link`` loopback ("", "loopback" or "local"): local processes (``terse run``). Otherwise
-    emulated hosts of ``ranks_per_host`` ranks each (it must divide ``ranks``) with links of that
-    rate, or "unshaped" veth links; the ranks of a host share its network namespace. On an
+    each rank on its own emulated host with links of that rate, or "unshaped" veth links. On an
     emulated host torch's Gloo must bind the namespace's eth0 (terse gets TERSE_IFNAME=eth0
     from cluster.sh), and the environment passes through env(1).
+
+    ``ranks_per_host`` > 1: hosts of that many consecutive ranks instead of one; emulated hosts
+    share their namespace among their ranks (cluster.sh -l), and on loopback the ranks are told
+    the layout (TERSE_TOPOLOGY=HxR) since they share one machine and one network.
     """
-    if link in LOOPBACK:
-        return ([_paths.TERSE_CLI, "run", "-n", str(ranks), "--timeout", str(timeout), "--",
-                 *worker], "[rank 0] ")
-    if ranks_per_host < 1 or ranks % ranks_per_host:
-        raise ValueError(f"{ranks_per_host} ranks per host do not divide {ranks} ranks")
+    if ranks_per_host < 1 or ranks % ranks_per_host != 0:
+        raise ValueError(f"{ranks} ranks do not make hosts of {ranks_per_host}")
     hosts = ranks // ranks_per_host
+    if link in LOOPBACK:
+        layout = ["env", f"TERSE_TOPOLOGY={hosts}x{ranks_per_host}"] if ranks_per_host > 1 else []
+        return ([_paths.TERSE_CLI, "run", "-n", str(ranks), "--timeout", str(timeout), "--",
+                 *layout, *worker], "[rank 0] ")
     return (["bash", CLUSTER_SCRIPT, "-n", str(hosts), "-l", str(ranks_per_host), "-r", link,
              "--", "env", f"PYTHONPATH={python_path()}", "OMP_NUM_THREADS=1",
              "PYTHONUNBUFFERED=1", "GLOO_SOCKET_IFNAME=eth0", f"TERSE_TIMEOUT={timeout}",

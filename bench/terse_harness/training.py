@@ -154,6 +154,11 @@ class RunConfig:
     heavy_codecs: Tuple[str, ...] = ()  # codec "auto:heavy": what it adds (): default
     all_gather_codec: str = ""  # fsdp-terse: the parameters' all-gather codec ("": raw)
     topology: str = ""  # TERSE_TOPOLOGY for terse's engines ("": the environment's, else auto)
+    # fsdp-terse on hosts of several ranks (docs/topology.md): "auto", "flat" or "hosts"; and
+    # hpZ, FSDP2's reshard_after_forward to the ranks of a host (terse.fsdp.ranks_per_host), so
+    # that the backward's all-gathers stay inside each host.
+    hierarchy: str = "auto"
+    hpz: bool = False
     threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
     # The optimizer's momentum; < 0: the model's (0.9). A codec that carries the momentum in
     # what it sends (DGC's momentum correction) needs 0 here, or the step applies it twice.
@@ -339,8 +344,15 @@ def _fsdp_model(config: RunConfig) -> Any:
     model = build_model(config.model, config.seed).to(getattr(torch, config.dtype))
     policy = (MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) if config.method == "fsdp-bf16"
               else MixedPrecisionPolicy())
+    reshard: Any = True
+    if config.hpz:
+        import terse.fsdp
+        reshard = terse.fsdp.ranks_per_host()
+        if reshard is None:
+            raise RuntimeError("hpz needs hosts of several ranks each, of one size "
+                               "(TERSE_TOPOLOGY, or --ranks-per-host)")
     for unit in _shard_units(model):
-        fully_shard(unit, mp_policy=policy)
+        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=policy)
     return model
 
@@ -354,7 +366,8 @@ def _fsdp_communication(model: Any, config: RunConfig) -> Optional[Any]:
 
     return terse.fsdp.compress(model, codec=config.codec,
                                all_gather_codec=config.all_gather_codec or None,
-                               min_bytes=config.min_bytes, timeout=config.timeout)
+                               min_bytes=config.min_bytes, timeout=config.timeout,
+                               hierarchy=config.hierarchy)
 
 
 def _unwrapped(model: Any) -> Any:
@@ -428,6 +441,8 @@ def _method_label(config: RunConfig) -> str:
     extra += [] if config.momentum < 0 else [f"SGD momentum {config.momentum:g}"]
     if config.method == "fsdp-terse":
         extra += [] if not config.all_gather_codec else [f"all-gather {config.all_gather_codec}"]
+        extra += [] if config.hierarchy == "auto" else [f"hierarchy {config.hierarchy}"]
+        extra += ["hpZ"] if config.hpz else []
         return f"FSDP terse {codec}" + (f" ({', '.join(extra)})" if extra else "")
     return f"terse {codec}" + (f" ({', '.join(extra)})" if extra else "")
 
@@ -544,11 +559,14 @@ class _Meter:
         self.wire = 0 if interface_tx_bytes(ifname) is not None else None
         # A state that counts no payload (torchft's DiLoCo) has bytes_sent None.
         self.payload = 0 if getattr(state, "bytes_sent", None) is not None else None
-        self._marks: Optional[Tuple[Optional[int], Optional[int]]] = None
+        # terse.fsdp's state also counts what went to ranks on other hosts.
+        self.across = 0 if getattr(state, "bytes_sent_across_hosts", None) is not None else None
+        self._marks: Optional[Tuple[Optional[int], ...]] = None
 
-    def _now(self) -> Tuple[Optional[int], Optional[int]]:
+    def _now(self) -> Tuple[Optional[int], ...]:
         return (interface_tx_bytes(self.ifname) if self.wire is not None else None,
-                self.state.bytes_sent if self.payload is not None else None)
+                self.state.bytes_sent if self.payload is not None else None,
+                self.state.bytes_sent_across_hosts if self.across is not None else None)
 
     def start(self) -> None:
         self._marks = self._now()
@@ -556,11 +574,13 @@ class _Meter:
     def stop(self) -> None:
         if self._marks is None:
             return
-        wire, payload = self._now()
+        wire, payload, across = self._now()
         if self.wire is not None:
             self.wire += wire - self._marks[0]
         if self.payload is not None:
             self.payload += payload - self._marks[1]
+        if self.across is not None:
+            self.across += across - self._marks[2]
         self._marks = None
 
 
@@ -859,6 +879,8 @@ def _gather(run: _Rank) -> Tuple[List[Optional[Dict[str, Any]]], List[Any], Opti
         "wire_bytes_per_step": meter.wire / timed if meter.wire is not None and timed else None,
         "payload_bytes_per_step": (meter.payload / timed if meter.payload is not None and timed
                                    else None),
+        "across_bytes_per_step": (meter.across / timed if meter.across is not None and timed
+                                  else None),
         "digest": parameter_digest(_evaluated(run)),
     }
     everyone: List[Optional[Dict[str, Any]]] = [None] * run.world
@@ -923,6 +945,9 @@ def _result(run: _Rank, everyone: List[Optional[Dict[str, Any]]], plan: List[Any
         "wire_bytes_per_step": mean_over_ranks("wire_bytes_per_step"),
         "wire_bytes_per_step_by_rank": [r["wire_bytes_per_step"] for r in everyone],
         "payload_bytes_per_step": mean_over_ranks("payload_bytes_per_step"),
+        # terse.fsdp: the engine's payload bytes to ranks on other hosts, by rank. Where hosts
+        # hold several ranks, each rank's wire_bytes_per_step is its host's link (all its ranks).
+        "across_bytes_per_step_by_rank": [r.get("across_bytes_per_step") for r in everyone],
         "interface": os.environ.get("TERSE_IFNAME"),
         "digests": digests, "replicas_identical": len(set(digests)) == 1, "plan": plan,
         "schedule": schedule,

@@ -171,6 +171,10 @@ class TERSE_API Engine {
   //             shard is bit for bit the allreduce's result for the same elements when the
   //             allreduce's chunks are the shards (one partition, n a multiple of 64, the same
   //             name); otherwise the same operations on differently cut pieces.
+  // In two levels over the job's hosts (CollectiveOptions::hierarchy, docs/topology.md), each
+  // host first sums its ranks' contributions exactly in fp32 (in local rank order), then the
+  // host sums cross with the strategy: raw is then the host-order sum of those host sums
+  // (exact within fp32 rounding, not the rank-order sum), alltoall quantizes each host sum once.
   Handle reduce_scatter(std::string name, TensorView input, TensorView output,
                         CollectiveOptions options = {});
   // all_gather: input holds n elements (this rank's shard); output (size() * n elements)
@@ -178,7 +182,8 @@ class TERSE_API Engine {
   // are (any DType). Compressed, each shard is encoded once by its owner and every rank, the
   // owner included, decodes the same bytes: every rank's output is bit-identical. A half tensor
   // is encoded from its own values and its decoded values rounded once. input may be the
-  // output's own shard.
+  // output's own shard. In two levels each payload crosses once to every other host and is
+  // handed on unchanged inside it: outputs stay bit-identical on every rank.
   Handle all_gather(std::string name, TensorView input, TensorView output,
                     CollectiveOptions options = {});
   // all_to_all: input is split into send_counts[p] elements for rank p (in rank order), and

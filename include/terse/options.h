@@ -55,7 +55,16 @@ struct AllreduceOptions : CommonOptions {
 };
 
 // Options of reduce_scatter, all_gather and all_to_all (see Engine::reduce_scatter).
-struct CollectiveOptions : CommonOptions {};
+struct CollectiveOptions : CommonOptions {
+  // reduce_scatter and all_gather: flat, or in two levels over the job's hosts
+  // (EngineOptions::topology, docs/topology.md). A reduce-scatter sums exactly inside each host,
+  // then crosses with this call's codec and strategy; an all-gather crosses with each shard
+  // encoded once by its owner, then hands the payloads on inside each host. Auto decides as for
+  // an allreduce (see Hierarchy). Strategies sharded, ring and summable of a reduce-scatter
+  // cross in groups of one rank per host and need hosts of equal size (auto: flat on uneven
+  // hosts; hosts: InvalidArgument). all_to_all runs flat (hosts: InvalidArgument).
+  Hierarchy hierarchy = Hierarchy::kAuto;
+};
 
 // ---- the planner (codec "auto") -------------------------------------------------------------
 

@@ -29,9 +29,12 @@ TERSE_API std::string_view to_string(Strategy s);
 // Throws SpecError listing the allowed names.
 TERSE_API Strategy parse_strategy(std::string_view name);
 
-// Whether an allreduce runs flat (one strategy among every rank) or in two levels over the
-// job's hosts (EngineOptions::topology): an exact fp32 reduce-scatter inside each host, the
-// strategy and codec across hosts on each host's shard, an all-gather inside each host.
+// Whether an allreduce, reduce_scatter or all_gather runs flat (one strategy among every rank)
+// or in two levels over the job's hosts (EngineOptions::topology). An allreduce: an exact fp32
+// reduce-scatter inside each host, the strategy and codec across hosts on each host's shard, an
+// all-gather inside each host; a reduce-scatter: the first two; an all-gather: each shard
+// across hosts, then inside each host (CollectiveOptions::hierarchy). For reduce_scatter and
+// all_gather, auto measures the piece of a shard per partition instead of the partition.
 enum class Hierarchy {
   kAuto,   // hosts where the job spans several hosts and some host holds several ranks, and
            // the partition is larger than what the engine gathers raw (EngineOptions::

@@ -96,9 +96,10 @@ class PyEngine {
   PyHandle collective(const char* op, std::string name, py::object input, py::object output,
                       std::vector<std::size_t> send_counts, std::vector<std::size_t> recv_counts,
                       std::string codec, const std::string& strategy, int partitions,
-                      bool average) {
+                      bool average, const std::string& hierarchy = "auto") {
     auto engine = get();
     CollectiveOptions options;
+    options.hierarchy = parse_hierarchy(hierarchy);
     options.codec = std::move(codec);
     options.strategy = parse_strategy(strategy);
     options.partitions = partitions;
@@ -170,13 +171,15 @@ void define_submissions(EngineClass& cls) {
       .def(
           "reduce_scatter",
           [](PyEngine& e, std::string name, py::object input, py::object output,
-             std::string codec, const std::string& strategy, int partitions, bool average) {
+             std::string codec, const std::string& strategy, int partitions, bool average,
+             const std::string& hierarchy) {
             return e.collective("reduce_scatter", std::move(name), std::move(input),
                                 std::move(output), {}, {}, std::move(codec), strategy,
-                                partitions, average);
+                                partitions, average, hierarchy);
           },
           py::arg("name"), py::arg("input"), py::arg("output"), py::arg("codec") = "none",
           py::arg("strategy") = "auto", py::arg("partitions") = 0, py::arg("average") = true,
+          py::arg("hierarchy") = "auto",
           "Starts a reduce-scatter; returns a Handle. input holds world size x n float32 "
           "elements (rank r's shard at [r*n, (r+1)*n)); output (n elements) receives the sum over "
           "ranks of this rank's shard, divided by the world size when average. Strategies: "
@@ -184,24 +187,29 @@ void define_submissions(EngineClass& cls) {
           "each contribution quantized once, as ZeRO++'s qgZ), 'sharded', 'ring', 'summable' "
           "(the allreduce's halves: its result for the shard). Error feedback is kept per "
           "shard. codec 'auto': the planner's choice of raw or an allowed codec (EngineOptions' "
-          "auto_codecs), strategy and partitions for this size. Raises at once for sizes or "
-          "options it cannot honour.")
+          "auto_codecs), strategy and partitions for this size. hierarchy: 'auto', 'flat' or "
+          "'hosts' (two levels over the job's hosts: an exact sum inside each host, then the "
+          "codec across hosts; docs/topology.md). Raises at once for sizes or options it "
+          "cannot honour.")
       .def(
           "all_gather",
           [](PyEngine& e, std::string name, py::object input, py::object output,
-             std::string codec, const std::string& strategy, int partitions) {
+             std::string codec, const std::string& strategy, int partitions,
+             const std::string& hierarchy) {
             return e.collective("all_gather", std::move(name), std::move(input),
                                 std::move(output), {}, {}, std::move(codec), strategy,
-                                partitions, false);
+                                partitions, false, hierarchy);
           },
           py::arg("name"), py::arg("input"), py::arg("output"), py::arg("codec") = "none",
-          py::arg("strategy") = "auto", py::arg("partitions") = 0,
+          py::arg("strategy") = "auto", py::arg("partitions") = 0, py::arg("hierarchy") = "auto",
           "Starts an all-gather; returns a Handle. input holds this rank's shard of n elements "
           "(float32, float16 or bfloat16; it may be a view of output's own shard); output "
           "(world size x n elements, same dtype) receives rank r's shard at [r*n, (r+1)*n). "
           "With a lossy codec each shard is encoded once by its owner and every rank decodes "
           "the same bytes: every rank's output is bit-identical. codec 'auto': the planner's "
-          "choice of raw or an allowed codec (EngineOptions' auto_codecs) for this size.")
+          "choice of raw or an allowed codec (EngineOptions' auto_codecs) for this size. "
+          "hierarchy: 'auto', 'flat' or 'hosts' (each shard crosses once to every other host, "
+          "then its payload is handed on inside each host; docs/topology.md).")
       .def(
           "all_to_all",
           [](PyEngine& e, std::string name, py::object input,

@@ -25,8 +25,19 @@ registers the sharded communication hook ``hook(state, grad, output)`` on every 
 Error-feedback residuals and codec state are kept per parameter (FSDP2) or per flat parameter
 (FSDP1), under names from the module tree, and are checkpointed with ``state.state_dict()`` /
 ``state.load_state_dict()`` (each rank saves its own).
+
+Hosts of several ranks (docs/topology.md): the engine's reduce-scatter and all-gather run in two
+levels where the job spans hosts of several ranks (``hierarchy="auto"``): gradients are summed
+exactly inside each host and cross the network once per host, compressed; each parameter shard
+crosses once to every other host and is handed on inside it. With FSDP2's
+``fully_shard(module, reshard_after_forward=R)``, R the ranks per host (ZeRO++'s hpZ: a
+secondary shard of the gathered parameters inside each host), the backward pass gathers the
+parameters from that secondary shard inside the host, through the process group, so only the
+forward all-gather crosses hosts.
 """
 
+import os
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -36,7 +47,8 @@ import terse
 from terse.policy import FSDP
 from terse.torch import communicator_for
 
-__all__ = ["TerseFSDPState", "compress", "fsdp1_hook", "ReduceScatter", "AllGather"]
+__all__ = ["TerseFSDPState", "compress", "fsdp1_hook", "ReduceScatter", "AllGather",
+           "ranks_per_host"]
 
 # What the engine reduces; FSDP's other buffers (uint8 all-gathers of mixed-dtype groups) travel
 # through the process group unchanged.
@@ -54,21 +66,30 @@ def _reduce_scatter(engine: terse.Engine,
     """Reduce-scatters each (name, input, output, options): ``input`` holds ``size`` shards of
     ``output``'s length, shard r belongs to rank r; ``output`` gets this rank's shard of the sum
     (the average with ``options.average``), through the engine's reduce-scatter with
-    ``options.codec`` (raw: the exact rank-order sum; a codec: its default strategy, every
-    contribution quantized once and summed in fp32). All are submitted, then waited for."""
+    ``options.codec`` (raw: the exact sum in rank order, or in two levels of host sums; a codec:
+    its default strategy, every contribution, or every host's exact sum, quantized once and
+    summed in fp32) and ``options.hierarchy``. All are submitted, then waited for."""
     handles = [engine.reduce_scatter(name, inp, out, codec=options.codec,
-                                     average=options.average)
+                                     average=options.average, hierarchy=options.hierarchy)
                for name, inp, out, options in items]
     for handle in handles:
         handle.wait()
 
 
 def _all_gather(engine: terse.Engine, name: str, inp: torch.Tensor, out: torch.Tensor,
-                codec: str) -> None:
+                codec: str, hierarchy: str) -> None:
     """Gathers every rank's ``inp`` into ``out`` (rank r's at ``out[r * n:(r + 1) * n]``), each
     shard encoded once with ``codec`` and decoded by every rank, so ``out`` is bit-identical on
-    all ranks. Blocks until done. ``inp`` may be a view of ``out``."""
-    engine.all_gather(name, inp, out, codec=codec).wait()
+    all ranks (in two levels too: the payloads are handed on as they are). Blocks until done.
+    ``inp`` may be a view of ``out``."""
+    engine.all_gather(name, inp, out, codec=codec, hierarchy=hierarchy).wait()
+
+
+def _check_group(state: "TerseFSDPState", group: dist.ProcessGroup, what: str) -> None:
+    if group.size() != state.engine.size:
+        raise terse.InvalidArgument(
+            f"terse.fsdp: FSDP asked for a {what} among {group.size()} ranks; terse's engine "
+            f"spans the job's {state.engine.size} (HSDP's sharding groups are not supported)")
 
 
 # ---- FSDP2 ---------------------------------------------------------------------------------
@@ -114,6 +135,7 @@ class ReduceScatter:
                  async_op: bool = False) -> Optional[dist.Work]:
         state = self._state
         try:
+            _check_group(state, group, "reduce-scatter")
             average = _is_average(op)
             if input_tensor.dtype not in _ENGINE_DTYPES:
                 raise TypeError(f"terse.fsdp: gradients of {self._module_name or 'the root'} "
@@ -152,7 +174,8 @@ class ReduceScatter:
                 fused = torch.empty(sum(s for _, s in small), dtype=input_tensor.dtype)
                 prefix = f"{self._module_name}." if self._module_name else ""
                 items.append((f"{prefix}<raw gradients>", inp, fused,
-                              terse.AllreduceOptions(codec="none", average=average)))
+                              terse.AllreduceOptions(codec="none", average=average,
+                                                     hierarchy=state.hierarchy)))
             _reduce_scatter(state.engine, items)
             if fused is not None:
                 out = output_tensor.view(-1)
@@ -171,7 +194,10 @@ class AllGather:
     """FSDP2's custom all-gather (``FSDPModule.set_custom_all_gather``) for one FSDP module: the
     module's parameter shards, concatenated, gathered with ``codec`` (raw below ``min_bytes``).
     Buffers below ``min_bytes`` and of other dtypes (FSDP gathers groups of mixed dtypes as
-    uint8) go through the process group unchanged."""
+    uint8) go through the process group unchanged, and so do gathers among a subgroup: with
+    ``reshard_after_forward=R`` FSDP gathers the backward's parameters among R ranks from the
+    secondary shard its forward kept, which holds the decoded values already (hpZ; exact, and
+    inside the host where the R ranks share one)."""
 
     def __init__(self, state: "TerseFSDPState", module_name: str, codec: str):
         self._state = state
@@ -185,6 +211,10 @@ class AllGather:
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> Optional[dist.Work]:
         state = self._state
+        if group.size() != state.engine.size:
+            state.subgroup_gathers += 1
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
+                                               async_op=async_op)
         if input_tensor.dtype not in _ENGINE_DTYPES:
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
                                                async_op=async_op)
@@ -193,12 +223,41 @@ class AllGather:
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
                                                async_op=async_op)
         try:
-            _all_gather(state.engine, self._name, input_tensor, output_tensor, self._codec)
+            _all_gather(state.engine, self._name, input_tensor, output_tensor, self._codec,
+                        state.hierarchy)
         except BaseException as e:
             state._record(e)
             raise
         state.all_gathers += 1
         return None
+
+
+def ranks_per_host() -> Optional[int]:
+    """The ranks each host holds, as the engine will agree on them, for FSDP2's
+    ``fully_shard(module, reshard_after_forward=terse.fsdp.ranks_per_host())`` (hpZ: the
+    backward's all-gathers then stay inside each host). Read before any engine exists, from the
+    environment the engine reads: ``TERSE_TOPOLOGY`` (``"A,A,..."`` or ``"HxR"``), else under
+    topology auto torchrun's ``LOCAL_WORLD_SIZE``. None where hosts differ in size or hold one
+    rank each, or nothing says. FSDP groups consecutive ranks, so the hosts must be hosts of
+    consecutive ranks (as torchrun and ``TERSE_TOPOLOGY`` make them); :func:`compress` warns
+    where they are not (``state.hpz``)."""
+    spec = os.environ.get("TERSE_TOPOLOGY", "auto").strip()
+    try:
+        if spec == "flat":
+            return None
+        if spec == "auto":
+            counts = [int(os.environ["LOCAL_WORLD_SIZE"])] if "LOCAL_WORLD_SIZE" in os.environ \
+                else []
+        elif "x" in spec:
+            hosts, ranks = spec.split("x")
+            counts = [int(ranks)] * int(hosts)
+        else:
+            counts = [int(c) for c in spec.split(",")]
+    except ValueError:
+        return None  # the engine names a malformed TERSE_TOPOLOGY when it starts
+    if not counts or len(set(counts)) != 1 or counts[0] < 2:
+        return None
+    return counts[0]
 
 
 def _fsdp2_modules(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
@@ -236,6 +295,11 @@ class TerseFSDPState:
         docs/planner.md lists it). ``"auto:heavy"`` is refused: the state takes no heavy tier.
     min_bytes
         Gradients (and all-gather buffers) smaller than this travel raw; 64 KiB by default.
+    hierarchy
+        ``"auto"`` (default): reduce-scatters and all-gathers run in two levels over the job's
+        hosts where it spans hosts of several ranks and the pieces are large (docs/topology.md;
+        the hosts come from ``TERSE_TOPOLOGY``, ``TERSE_HOST`` or torchrun's node);
+        ``"hosts"``: always; ``"flat"``: never.
     strategy, partitions, seed, threads, timeout, process_group
         As for :class:`terse.torch.TerseHookState`.
 
@@ -243,7 +307,10 @@ class TerseFSDPState:
     ``auto_codecs`` make the state's :class:`terse.Policy` (``state.policy``), as for the hook.
 
     Attributes: ``engine``, ``policy``, ``error`` (the first error a collective met), ``bytes_sent``,
-    ``reduce_scatters`` and ``all_gathers`` (calls so far).
+    ``bytes_sent_across_hosts`` (the part that went to other hosts), ``reduce_scatters`` and
+    ``all_gathers`` (calls so far), ``subgroup_gathers`` (backward gathers among the ranks of a
+    secondary shard, through the process group), ``hpz`` (FSDP2: True where some module
+    reshards after forward to groups that are exactly the engine's hosts).
     """
 
     def __init__(self, *, codec: str = "minmax8:ef=1", all_gather_codec: Optional[str] = None,
@@ -251,14 +318,20 @@ class TerseFSDPState:
                  seed: int = 0, threads: int = 0, timeout: Optional[float] = None,
                  process_group: Optional[Any] = None,
                  communicator: Optional[terse.Communicator] = None,
-                 auto_codecs: Optional[Sequence[str]] = None) -> None:
+                 auto_codecs: Optional[Sequence[str]] = None, hierarchy: str = "auto") -> None:
         # Validated before connecting: a typo fails on every rank alike, none waits for another.
         self.policy = terse.Policy(codec, min_bytes=min_bytes, strategy=strategy,
                                    partitions=partitions, auto_codecs=auto_codecs,
                                    all_gather_codec=all_gather_codec, door=FSDP)
+        if hierarchy not in ("auto", "flat", "hosts"):
+            raise terse.SpecError(f"terse.fsdp: unknown hierarchy {hierarchy!r} (allowed: auto, "
+                                  "flat, hosts)")
+        self.hierarchy = hierarchy
         self.error: Optional[BaseException] = None
         self.reduce_scatters = 0
         self.all_gathers = 0
+        self.subgroup_gathers = 0
+        self.hpz = False
         self._options: Dict[str, terse.AllreduceOptions] = {}
         comm = communicator if communicator is not None else communicator_for(
             process_group, timeout=timeout)
@@ -282,6 +355,7 @@ class TerseFSDPState:
         options = self._options.get(key)
         if options is None:
             options = self.policy.options_for(grad.numel() * grad.element_size(), average)
+            options.hierarchy = self.hierarchy
             self._options[key] = options
         return options
 
@@ -305,6 +379,10 @@ class TerseFSDPState:
     @property
     def bytes_sent(self) -> int:
         return self.engine.bytes_sent
+
+    @property
+    def bytes_sent_across_hosts(self) -> int:
+        return self.engine.bytes_sent_across_hosts
 
     def close(self) -> None:
         """Waits for outstanding collectives and releases the engine's threads and connections."""
@@ -330,7 +408,33 @@ def compress(model: torch.nn.Module, codec: str = "minmax8:ef=1",
         module.set_custom_reduce_scatter(ReduceScatter(state, name, module))
         if all_gather_codec not in (None, "none"):
             module.set_custom_all_gather(AllGather(state, name, all_gather_codec))
+    state.hpz = _secondary_shards_are_hosts(modules, state.engine)
     return state
+
+
+def _secondary_shards_are_hosts(modules: List[Tuple[str, torch.nn.Module]],
+                                engine: terse.Engine) -> bool:
+    """Whether some FSDP2 module reshards after forward to a secondary shard (FSDP's
+    ``reshard_after_forward=R``) whose groups are the engine's hosts, so that its backward
+    all-gather stays inside this rank's host. Warns where such groups are not hosts: the
+    results are the same, but those backward gathers cross hosts."""
+    host = next(h for h in engine.hosts if engine.rank in h)
+    matched = False
+    for name, module in modules:
+        for group in module._get_fsdp_state()._fsdp_param_groups:
+            post = group.post_forward_mesh_info
+            if post is None or post == group.mesh_info:
+                continue
+            ranks = sorted(dist.get_process_group_ranks(post.shard_process_group))
+            if ranks == sorted(host):
+                matched = True
+            else:
+                warnings.warn(
+                    f"terse.fsdp: {name or 'the root'} reshards after forward among ranks "
+                    f"{ranks}, but rank {engine.rank}'s host holds ranks {sorted(host)}: its "
+                    "backward all-gathers cross hosts (set reshard_after_forward to the ranks "
+                    "per host, on hosts of consecutive ranks)", stacklevel=3)
+    return matched
 
 
 # ---- FSDP1 ---------------------------------------------------------------------------------
@@ -357,7 +461,8 @@ def _fsdp1_reduce_scatter(unit: _UnitState, grad: torch.Tensor,
         inp = grad.contiguous().view(-1)
         if output is None:
             state.engine.allreduce(unit.name, inp,
-                                   **_kwargs(state._options_for(unit.name, inp, True))).wait()
+                                   **_kwargs(state._options_for(unit.name, inp, True)),
+                                   hierarchy=state.hierarchy).wait()
             if inp.data_ptr() != grad.data_ptr():
                 grad.copy_(inp.view_as(grad))
         else:

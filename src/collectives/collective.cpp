@@ -277,7 +277,7 @@ std::span<const std::byte> encode_or_fail(PartitionContext& ctx, std::span<const
       Failure f;
       f.kind = sum ? Failure::kSumNotFinite : Failure::kInputNotFinite;
       f.origin = ctx.comm->rank();
-      f.index = ctx.offset + offset + bad;
+      f.index = ctx.element(offset + bad);
       ctx.failure.merge(f);
     }
   }
@@ -289,13 +289,13 @@ bool add_input(PartitionContext& ctx, std::size_t offset, std::span<float> acc, 
     auto h = ctx.half_input.subspan(offset, acc.size());
     if (kit::widen(ctx.dtype, h.data(), acc, accumulate)) return true;
     ctx.failure.merge({Failure::kInputNotFinite, ctx.comm->rank(),
-                       ctx.offset + offset + kit::find_non_finite(h, ctx.dtype), {}});
+                       ctx.element(offset + kit::find_non_finite(h, ctx.dtype)), {}});
     return false;
   }
   std::span<const float> own = ctx.input.subspan(offset, acc.size());
   if (kit::store_or_add(own.data(), acc, accumulate)) return true;
   ctx.failure.merge(
-      {Failure::kInputNotFinite, ctx.comm->rank(), ctx.offset + offset + kit::find_non_finite(own), {}});
+      {Failure::kInputNotFinite, ctx.comm->rank(), ctx.element(offset + kit::find_non_finite(own)), {}});
   return false;
 }
 

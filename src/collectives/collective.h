@@ -152,6 +152,12 @@ struct PartitionContext {
   int partition = 0;
   int partitions = 1;
   std::size_t offset = 0;  // of this partition within the tensor
+  // Where a gathered input came from, for a hierarchical reduce-scatter, whose phases reduce
+  // the shards reordered by host: with gathered_piece > 0, input element q is the tensor's
+  // element gathered_origins[q / gathered_piece] + q % gathered_piece. Failures name tensor
+  // elements through element(), so that every phase reports the same index for one element.
+  std::size_t gathered_piece = 0;
+  std::span<const std::size_t> gathered_origins;
   std::uint64_t tag_base = 0;  // message tags are tag_base | index, index < 2^16
 
   std::span<const float> input;
@@ -186,6 +192,11 @@ struct PartitionContext {
   // Group rank j as a rank of comm (for messages, failures and the transport).
   int comm_rank(int j) const { return group.empty() || j < 0 ? j : group[j]; }
   std::uint64_t tag(std::uint32_t index) const { return tag_base | index; }
+  // The tensor element at position `at` of this partition's input (for failures).
+  std::uint64_t element(std::size_t at) const {
+    if (gathered_piece == 0) return offset + at;
+    return gathered_origins[at / gathered_piece] + at % gathered_piece;
+  }
   // "fc1.weight (partition 2/4)", for error messages and transport labels.
   std::string label() const;
 };
@@ -388,6 +399,40 @@ void all_gather(PartitionContext& ctx, const Chunks& chunks, std::span<float> ou
 // bytes land in out(j).
 void all_gather_bytes(PartitionContext& ctx, std::span<const std::byte> mine,
                       const std::function<std::span<std::byte>(int)>& out);
+
+// ---- two levels over the hosts (reduce_scatter.cpp, all_gather.cpp) ---------------------------
+//
+// Shard j's contribution from host h (reduce-scatter) or its copy for host h (all-gather)
+// crosses the network once, between j and its carrier on h: j itself on its own host, else
+// the rank of h whose local rank is j's modulo h's rank count. On hosts of equal size the
+// carriers of a local rank's shards are the ranks of that local rank on every host (one group
+// per local rank); on uneven ones a host of fewer ranks gives some ranks several shards.
+inline int carrier(const transport::Topology& t, int h, int j) {
+  if (t.host_of[j] == h) return j;
+  const std::vector<int>& host = t.hosts[h];
+  return host[static_cast<std::size_t>(t.local_of[j]) % host.size()];
+}
+// The reduce-scatter of ctx's partition (ctx spans every rank; chunks and shard as for
+// reduce_scatter, every chunk of one size) in two levels: an exact fp32 reduce-scatter inside
+// each host leaves each rank its host's sums of the shards it carries; then each carrier's sum
+// goes to the shard's owner with `strategy`: raw (fp32, summed by the owner in host order) and
+// alltoall (encoded once per host sum with state slot = owner, the owner's own host sum exact)
+// on any layout; sharded, ring and summable among the group of one local rank (hosts of equal
+// size only: InvalidArgument otherwise). Then `finish` and one status round among every rank.
+void hierarchical_reduce_scatter(PartitionContext& ctx, const transport::Topology& topology,
+                                 Strategy strategy, const Chunks& chunks, std::span<float> shard,
+                                 const std::function<void()>& finish = {});
+// all_gather in two levels: each owner encodes its piece once (state slot 0) and sends it to its
+// carrier on every other host; each rank hands its own payload and the ones it carries to the
+// other ranks of its host, unchanged. Every rank decodes every owner's same bytes: outputs are
+// bit-identical, and a failure payload reaches every rank.
+void hierarchical_all_gather(PartitionContext& ctx, const transport::Topology& topology,
+                             const Chunks& chunks, std::span<float> output);
+// The same for raw bytes: `mine` crosses to each carrier and is handed on inside each host; rank
+// j's bytes land in out(j).
+void hierarchical_all_gather_bytes(PartitionContext& ctx, const transport::Topology& topology,
+                                   std::span<const std::byte> mine,
+                                   const std::function<std::span<std::byte>(int)>& out);
 
 // All-to-all of one partition. Block q of this rank's input (ctx.input, or `input` raw) goes to
 // rank q and lands at recv_begin[q] of the receiver's output: raw bytes, or encoded once by

@@ -214,11 +214,19 @@ void PartitionTasks::run_reduce_scatter(const Task& task, PartitionContext& ctx)
   const DType dtype = it.ref.tensor.dtype;
   const std::size_t shard = it.output.elements;
   const collectives::Split split(shard, static_cast<std::size_t>(task.partitions));
+  auto reduce = [&](const Chunks& chunks, std::span<float> out,
+                    const std::function<void()>& finish) {
+    if (it.plan.hierarchical) {
+      collectives::hierarchical_reduce_scatter(ctx, topology_, it.plan.strategy, chunks, out,
+                                               finish);
+    } else {
+      collectives::reduce_scatter(ctx, it.plan.strategy, chunks, out, finish);
+    }
+  };
   if (dtype == DType::kFloat32) {
     ctx.input = std::span<const float>(it.floats);  // failures name input elements
-    collectives::reduce_scatter(ctx, it.plan.strategy,
-                                Chunks::strided(shard, split.begin(p), split.size(p), n),
-                                split.piece(it.output.floats(), p));
+    reduce(Chunks::strided(shard, split.begin(p), split.size(p), n),
+           split.piece(it.output.floats(), p), {});
     return;
   }
   // A half tensor: the partition's N pieces widened into the staging's input, the shard reduced
@@ -237,8 +245,7 @@ void PartitionTasks::run_reduce_scatter(const Task& task, PartitionContext& ctx)
     const std::size_t bad = kit::find_non_finite(std::span<const std::uint16_t>(to, m), dtype);
     ctx.failure.merge({Failure::kSumNotFinite, r, r * m + bad, {}});
   };
-  collectives::reduce_scatter(ctx, it.plan.strategy, Chunks::strided(m, 0, m, n), wide.output(),
-                              round);
+  reduce(Chunks::strided(m, 0, m, n), wide.output(), round);
   if (m > 0 && (ctx.failure.kind == Failure::kInputNotFinite ||
                 ctx.failure.kind == Failure::kSumNotFinite)) {
     // Failure indices are the staging's (piece j at j * m): every rank maps them back to the
@@ -261,7 +268,11 @@ void PartitionTasks::run_all_gather(const Task& task, PartitionContext& ctx) {
     const auto in = bytes_of(it.ref.tensor).subspan(split.begin(p) * eb, split.size(p) * eb);
     const auto out = bytes_of(it.output);
     auto piece = [&](int j) { return out.subspan(chunks.begin(j) * eb, chunks.size(j) * eb); };
-    collectives::all_gather_bytes(ctx, in, piece);
+    if (it.plan.hierarchical) {
+      collectives::hierarchical_all_gather_bytes(ctx, topology_, in, piece);
+    } else {
+      collectives::all_gather_bytes(ctx, in, piece);
+    }
     // Every rank scans the same bytes: all fail or none.
     for (int j = 0; j < n; ++j) {
       const std::size_t bad = non_finite(piece(j), dtype);
@@ -271,9 +282,16 @@ void PartitionTasks::run_all_gather(const Task& task, PartitionContext& ctx) {
     }
     return;
   }
+  auto gather = [&](const Chunks& pieces, std::span<float> out) {
+    if (it.plan.hierarchical) {
+      collectives::hierarchical_all_gather(ctx, topology_, pieces, out);
+    } else {
+      collectives::all_gather(ctx, pieces, out);
+    }
+  };
   if (dtype == DType::kFloat32) {
     ctx.input = split.piece(std::span<const float>(it.floats), p);
-    collectives::all_gather(ctx, chunks, it.output.floats());
+    gather(chunks, it.output.floats());
     return;
   }
   // A half shard is encoded from its own values; every rank decodes into the staging's output
@@ -284,7 +302,7 @@ void PartitionTasks::run_all_gather(const Task& task, PartitionContext& ctx) {
   ctx.half_input = split.piece(std::span<const std::uint16_t>(it.ref.tensor.half()), p);
   ctx.dtype = dtype;
   const Chunks local = Chunks::strided(size, 0, size, n);
-  collectives::all_gather(ctx, local, wide.output());
+  gather(local, wide.output());
   if (ctx.failure.any()) return;
   for (int j = 0; j < n; ++j) {
     if (!wide.narrow(local.piece(wide.output(), j), it.output.half().data() + chunks.begin(j))) {

@@ -258,8 +258,35 @@ TensorPlan Plans::plan_collective(Operation op, const std::string& name, std::si
     k = std::clamp<std::size_t>(k, 1, std::max<std::size_t>(1, (shard + 63) / 64));
   }
   p.partitions = static_cast<int>(std::clamp<std::size_t>(k, 1, kMaxPartitions));
+  p.hierarchical = hierarchical_collective(op, p, shard, o.hierarchy, refuse);
   if (codec_out != nullptr) *codec_out = &c;
   return p;
+}
+
+bool Plans::hierarchical_collective(
+    Operation op, const TensorPlan& p, std::size_t shard, Hierarchy h,
+    const std::function<InvalidArgument(const std::string&)>& refuse) const {
+  if (h == Hierarchy::kFlat) return false;
+  if (op == Operation::kAllToAll) {
+    if (h == Hierarchy::kHosts) throw refuse("hierarchy hosts does not apply; all_to_all is flat");
+    return false;
+  }
+  // sharded, ring and summable cross in groups of one rank per host, which hosts of unequal
+  // size cannot form; raw, alltoall and the all-gather cross rank to rank on any layout.
+  const bool grouped = op == Operation::kReduceScatter && p.strategy != Strategy::kRaw &&
+                       p.strategy != Strategy::kAllToAll;
+  if (grouped && !topology_.even()) {
+    if (h == Hierarchy::kAuto) return false;
+    throw refuse(fmt::format("strategy {} across hosts needs hosts of equal size ({}); use "
+                             "alltoall or raw, or hierarchy flat",
+                             to_string(p.strategy), topology_.describe()));
+  }
+  if (h == Hierarchy::kHosts) return true;
+  // As for an allreduce: two levels pay where a host's link would carry several ranks' traffic,
+  // for pieces whose bytes outweigh the extra message step (those the engine would gather raw
+  // in one step do not).
+  const std::size_t piece = (shard + p.partitions - 1) / p.partitions;
+  return topology_.two_level() && !collectives::gathers(piece, comm_.size(), options_.gather_bytes);
 }
 
 // ---- codec "auto": the planner's choice (src/planner/) ---------------------------------------

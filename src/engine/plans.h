@@ -124,6 +124,12 @@ class Plans {
   TensorPlan decide_auto(const planner::Use& u) const;
   // What the planner is asked about an item (its size, restriction and operation).
   planner::Use use_of(const Item& it) const;
+  // Whether a reduce_scatter or all_gather planned as p runs in two levels over the hosts
+  // (hierarchy h; auto: as an allreduce decides); `refuse` makes the error for what h asks
+  // that cannot be (an all_to_all across hosts, grouped strategies on uneven hosts).
+  bool hierarchical_collective(
+      Operation op, const TensorPlan& p, std::size_t shard, Hierarchy h,
+      const std::function<InvalidArgument(const std::string&)>& refuse) const;
 
   Communicator& comm_;
   const EngineOptions& options_;

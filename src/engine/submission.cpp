@@ -47,8 +47,9 @@ std::string config_of(const Item& it) {
       break;
     default: values = fmt::format("{} of {} blocks", to_string(it.op), to_string(d));
   }
-  return fmt::format("{}, codec {}, strategy {}, {} partition{}{}", values, it.plan.codec,
-                     to_string(it.plan.strategy), it.plan.partitions,
+  return fmt::format("{}, codec {}, strategy {}{}, {} partition{}{}", values, it.plan.codec,
+                     to_string(it.plan.strategy), it.plan.hierarchical ? " across hosts" : "",
+                     it.plan.partitions,
                      it.plan.partitions == 1 ? "" : "s",
                      it.op != Operation::kReduceScatter ? ""
                      : it.ref.options.average           ? ", average"

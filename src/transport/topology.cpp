@@ -72,6 +72,13 @@ bool Topology::two_level() const {
   return hosts.size() > 1 && most_ranks_on_a_host() > 1;
 }
 
+bool Topology::even() const {
+  for (const auto& h : hosts) {
+    if (h.size() != hosts.front().size()) return false;
+  }
+  return true;
+}
+
 std::string Topology::describe() const {
   std::string out = fmt::format("{} host{}:", hosts.size(), hosts.size() == 1 ? "" : "s");
   for (std::size_t h = 0; h < hosts.size(); ++h) {

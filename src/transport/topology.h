@@ -23,6 +23,8 @@ struct Topology {
   // Two levels that differ: several hosts and a host of several ranks. Hierarchical collectives
   // only pay then (one host or one rank a host is the flat collective with extra steps).
   bool two_level() const;
+  // Every host holds the same number of ranks.
+  bool even() const;
   // "2 hosts: 0-1 | 2-3" for logs and errors.
   std::string describe() const;
 };

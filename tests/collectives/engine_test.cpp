@@ -445,6 +445,27 @@ TEST(Hierarchy, EveryLayoutGivesIdenticalResultsCloseToTheSum) {
   }
 }
 
+// Reduce-scatter and all-gather in two levels on hosts of equal and unequal size, hosts of
+// one rank, a single host and hosts of interleaved ranks: raw is the host-order sum of exact
+// host sums bit for bit, all-gathers bit-identical on every rank, lossy codecs within bounds,
+// the bytes on each host link the two-level amount; failures named on every rank.
+TEST(Hierarchy, ReduceScatterAndAllGatherInTwoLevelsOnEveryLayout) {
+  const std::pair<const char*, int> layouts[] = {{"2,2", 4}, {"3,2", 5}, {"2,1,1", 4}, {"4", 4}};
+  const char* shown[] = {"0-1|2-3", "0-2|3-4", "0-1|2|3", "0-3"};
+  for (std::size_t i = 0; i < std::size(layouts); ++i) {
+    const auto& [layout, n] = layouts[i];
+    auto r = shell(std::string("TERSE_TOPOLOGY=") + layout + " " +
+                   run(n, "hierarchy_collectives", 300));
+    expect_all_ok(r, n, "hierarchy_collectives");
+    EXPECT_NE(r.output.find(std::string("on hosts ") + shown[i]), std::string::npos) << r.output;
+  }
+  // Hosts by name, ranks interleaved: {0, 2} and {1, 3}.
+  auto r = shell(kCli + " run -n 4 --timeout 300 -- sh -c 'export TERSE_HOST=h$((RANK%2)) "
+                 "LOCAL_WORLD_SIZE=2; exec " + kWorker + " hierarchy_collectives'");
+  expect_all_ok(r, 4, "hierarchy_collectives");
+  EXPECT_NE(r.output.find("on hosts 0-2|1-3"), std::string::npos) << r.output;
+}
+
 // Under topology auto, ranks with equal host names share a host; the launcher's count of the
 // ranks on a host (LOCAL_WORLD_SIZE) must agree with it, or every rank fails naming both.
 TEST(Hierarchy, HostsComeFromHostNamesAndTheLaunchersCountIsChecked) {
@@ -518,6 +539,20 @@ TEST(Cluster, HostsOfTwoRanksAreFoundFromTheirNetworkNamespaces) {
   ASSERT_EQ(r.code, 0) << r.output;
   for (int i = 0; i < 4; ++i) {
     EXPECT_NE(r.output.find(fmt::format("rank {}] OK rank {} hierarchy", i, i)), std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("on hosts 0-1|2-3"), std::string::npos) << r.output;
+}
+
+TEST(Cluster, CollectivesInTwoLevelsOverHostsOfTwoRanks) {
+  if (!testing::can_emulate_cluster()) GTEST_SKIP() << "needs root and ip netns";
+  auto r = shell(std::string("bash ") + TERSE_SOURCE_DIR +
+                 "/scripts/cluster.sh -n 2 -l 2 -r 1gbit -- " + kWorker +
+                 " hierarchy_collectives");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NE(r.output.find(fmt::format("rank {}] OK rank {} hierarchy_collectives", i, i)),
+              std::string::npos)
         << r.output;
   }
   EXPECT_NE(r.output.find("on hosts 0-1|2-3"), std::string::npos) << r.output;

@@ -38,14 +38,14 @@ def batch(step: int):
     return x, torch.tanh(x @ w)
 
 
-def sharded(all_gather_codec=None, codec=None, **knobs):
+def sharded(all_gather_codec=None, codec=None, reshard_after_forward=True, **knobs):
     """An FSDP2 MLP (each Linear its own FSDP module), compressed by terse unless codec is
     None; returns (model, terse state or None)."""
     from torch.distributed.fsdp import fully_shard
     model = mlp()
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer)
+            fully_shard(layer, reshard_after_forward=reshard_after_forward)
     fully_shard(model)
     state = None
     if codec is not None:
@@ -104,6 +104,31 @@ def scenario_train(args):
             result[codec]["bytes_sent"] = state.bytes_sent
             result[codec]["reduce_scatters"] = state.reduce_scatters
             result[codec]["all_gathers"] = state.all_gathers
+            state.close()
+        del model
+        gc.collect()
+    return result
+
+
+def scenario_hosts(args):
+    """Two hosts of two ranks (TERSE_TOPOLOGY=2,2): FSDP's default, then terse's 8-bit
+    reduce-scatter and all-gather flat, in two levels, and in two levels with the backward's
+    gathers from a secondary shard inside each host (reshard_after_forward=2, hpZ)."""
+    os.environ["TERSE_TOPOLOGY"] = "2,2"
+    runs = {"default": {}, "flat": {"hierarchy": "flat"}, "hosts": {"hierarchy": "hosts"},
+            "hpz": {"hierarchy": "hosts", "reshard_after_forward": 2}}
+    result = {}
+    for label, knobs in runs.items():
+        codec = None if label == "default" else "minmax8:ef=1"
+        model, state = sharded(codec=codec, all_gather_codec="minmax8" if codec else None,
+                               **knobs)
+        losses = train(model, args.steps)
+        values, digest = full_params(model)
+        result[label] = {"losses": losses, "params": values, "digest": digest}
+        if state is not None:
+            result[label].update(across=state.bytes_sent_across_hosts,
+                                 subgroup_gathers=state.subgroup_gathers, hpz=state.hpz,
+                                 hosts=state.engine.hosts)
             state.close()
         del model
         gc.collect()
@@ -175,7 +200,7 @@ def scenario_fsdp1(args):
     return result
 
 
-SCENARIOS = {"train": scenario_train, "checkpoint": scenario_checkpoint,
+SCENARIOS = {"train": scenario_train, "checkpoint": scenario_checkpoint, "hosts": scenario_hosts,
              "bad_codec": scenario_bad_codec, "fsdp1": scenario_fsdp1}
 
 

@@ -128,3 +128,45 @@ def test_fsdp1_hook_trains_and_matches_default_with_the_raw_codec(tmp_path):
     assert r["minmax8:ef=1"]["reduce_scatters"] > 0
     losses = r["minmax8:ef=1"]["losses"]
     assert losses[-1] < 0.95 * losses[0]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    return launch(4, ["hosts"], tmp_path_factory.mktemp("hosts"), worker=WORKER)
+
+
+def test_two_levels_reach_fsdp_and_keep_the_ranks_identical(hosts):
+    for label in ("default", "flat", "hosts", "hpz"):
+        assert len({r[label]["digest"] for r in hosts}) == 1, label
+        losses = hosts[0][label]["losses"]
+        assert losses[-1] < 0.95 * losses[0], (label, losses)
+    assert hosts[0]["hosts"]["hosts"] == [[0, 1], [2, 3]]
+    # 8-bit both ways, in two levels or not, stays close to FSDP's exact training.
+    for label in ("flat", "hosts", "hpz"):
+        assert max_difference(hosts[0][label]["params"], hosts[0]["default"]["params"]) < 0.05
+
+
+def test_two_levels_halve_the_bytes_on_the_host_links_and_hpz_cuts_the_backward_gathers(hosts):
+    def across(label):  # what host 0's ranks sent to host 1
+        return hosts[0][label]["across"] + hosts[1][label]["across"]
+
+    assert across("hosts") < 0.6 * across("flat")
+    assert across("hpz") < 0.8 * across("hosts")
+    for r in hosts:
+        assert r["hpz"]["hpz"] and not r["hosts"]["hpz"]
+        assert r["hpz"]["subgroup_gathers"] > 0 and r["hosts"]["subgroup_gathers"] == 0
+
+
+def test_ranks_per_host_reads_the_topology_the_engine_reads(monkeypatch):
+    import terse.fsdp
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for spec, want in (("2,2", 2), ("4x2", 2), ("3,2", None), ("flat", None), ("1,1", None),
+                       ("auto", None), ("2x", None)):
+        monkeypatch.setenv("TERSE_TOPOLOGY", spec)
+        assert terse.fsdp.ranks_per_host() == want, spec
+    monkeypatch.setenv("TERSE_TOPOLOGY", "auto")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert terse.fsdp.ranks_per_host() == 4  # auto: torchrun's count
+    monkeypatch.delenv("TERSE_TOPOLOGY")
+    assert terse.fsdp.ranks_per_host() == 4
+

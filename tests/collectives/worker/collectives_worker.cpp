@@ -38,6 +38,14 @@
 //                       (TERSE_TOPOLOGY, TERSE_HOST, namespaces): every codec family x strategy,
 //                       bit-identical on every rank and within bounds of the exact average;
 //                       hierarchy auto's rule; NaN on one rank fails every rank naming it
+//   hierarchy_collectives  reduce_scatter and all_gather in two levels over the hosts the
+//                       environment gives: every strategy with codecs of each kind, fp32 and
+//                       half; raw is the host-order sum of exact host sums bit for bit, lossy
+//                       ones within the flat bound; all-gathers bit-identical on every rank;
+//                       the bytes each rank puts on its host's link are exactly the two-level
+//                       amount (raw) and below the flat one; hierarchy auto's rule; grouped
+//                       strategies refused on uneven hosts; NaN, a sum that overflows and a
+//                       hierarchy that differs between ranks fail every rank naming them
 //   topology_error      the engine's construction fails (the test gives the ranks topologies
 //                       that disagree or do not fit): prints EXPECTED-FAILURE and the error
 //   slowpeer            rank 1 submits a tensor's first use late: while rank 0's submission
@@ -58,6 +66,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "../simulate.h"
@@ -1503,6 +1512,419 @@ int hierarchy(Communicator& comm, Engine& engine) {
   return 0;
 }
 
+// ---- hierarchy_collectives ------------------------------------------------------------------
+
+// What the hierarchical raw reduce-scatter computes for shard j: each host's contributions
+// summed in local rank order, the host sums added in host order, divided once.
+std::vector<float> host_order_shard(const Inputs& x, const std::vector<std::vector<int>>& hosts,
+                                    std::size_t shard, int j, bool average) {
+  std::vector<float> acc(shard);
+  for (std::size_t g = 0; g < hosts.size(); ++g) {
+    std::vector<float> sum(shard);
+    for (std::size_t l = 0; l < hosts[g].size(); ++l) {
+      const float* from = x[hosts[g][l]].data() + j * shard;
+      for (std::size_t e = 0; e < shard; ++e) sum[e] = l == 0 ? from[e] : sum[e] + from[e];
+    }
+    for (std::size_t e = 0; e < shard; ++e) acc[e] = g == 0 ? sum[e] : acc[e] + sum[e];
+  }
+  if (average && x.size() > 1) {
+    for (float& v : acc) v /= static_cast<float>(x.size());
+  }
+  return acc;
+}
+
+// The layout's facts the byte counts follow from, for rank r.
+struct HostFacts {
+  int hosts = 0, ranks = 0;  // hosts, ranks on r's host
+  int carried_across = 0;    // shards of other hosts whose host sum r carries (its host's)
+  bool even = true;
+};
+
+HostFacts host_facts(const Engine& engine, int r) {
+  const auto& hosts = engine.hosts();
+  HostFacts f;
+  f.hosts = static_cast<int>(hosts.size());
+  int h = 0, local = 0;
+  for (std::size_t g = 0; g < hosts.size(); ++g) {
+    for (std::size_t l = 0; l < hosts[g].size(); ++l) {
+      if (hosts[g][l] == r) h = static_cast<int>(g), local = static_cast<int>(l);
+    }
+    f.even = f.even && hosts[g].size() == hosts[0].size();
+  }
+  f.ranks = static_cast<int>(hosts[h].size());
+  for (std::size_t g = 0; g < hosts.size(); ++g) {
+    if (static_cast<int>(g) == h) continue;
+    for (std::size_t l = 0; l < hosts[g].size(); ++l) {
+      if (static_cast<int>(l) % f.ranks == local) ++f.carried_across;
+    }
+  }
+  return f;
+}
+
+// Partitions the engine gives a collective of `shard` elements a shard asked for k (at most
+// one per 64 elements of the shard).
+int effective_partitions(std::size_t shard, int k) {
+  return static_cast<int>(std::min<std::size_t>(k, std::max<std::size_t>(1, (shard + 63) / 64)));
+}
+
+// The bytes a raw fp32 reduce-scatter puts on r's host link: the fp32 pieces (its carried host
+// sums in two levels, its contributions to every rank of another host flat) and the status
+// round's 24 bytes to every rank of another host, per partition.
+std::uint64_t raw_rs_across(const HostFacts& f, int n_ranks, std::size_t shard, int k,
+                            bool two_levels) {
+  const std::uint64_t far = static_cast<std::uint64_t>(n_ranks - f.ranks);
+  const std::uint64_t pieces = two_levels ? static_cast<std::uint64_t>(f.carried_across) : far;
+  return pieces * shard * 4 + far * 24 * static_cast<std::uint64_t>(effective_partitions(shard, k));
+}
+
+int hierarchy_reduce_scatters(Communicator& comm, Engine& engine, const HostFacts& f) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  const bool across = f.hosts > 1;
+  int cases = 0;
+  const std::vector<std::string> specs = {"none", "fp16", "minmax8:ef=1", "onebit:ef=1",
+                                          "topk:ratio=0.05,ef=1", "randomk:ratio=0.1"};
+  const Strategy strategies[] = {Strategy::kAuto, Strategy::kAllToAll, Strategy::kSharded,
+                                 Strategy::kRing, Strategy::kSummable};
+  for (const auto& spec : specs) {
+    auto codec = make_codec(spec);
+    for (Strategy strategy : strategies) {
+      for (std::size_t shard : {std::size_t{0}, std::size_t{1}, std::size_t{1000},
+                                std::size_t{40000}}) {
+        for (int k : {1, 3}) {
+          CollectiveOptions o;
+          o.codec = spec;
+          o.strategy = strategy;
+          o.partitions = k;
+          o.average = (shard + k) % 2 == 0;
+          o.hierarchy = Hierarchy::kHosts;
+          const std::string name =
+              fmt::format("hrs/{}/{}/{}/{}", spec, to_string(strategy), shard, k);
+          const bool grouped = strategy == Strategy::kSharded || strategy == Strategy::kRing ||
+                               strategy == Strategy::kSummable;
+          for (std::uint64_t step = 0; step < 2; ++step) {
+            const std::string what = fmt::format("{} step {}", name, step);
+            Inputs x = all_inputs(n_ranks, name, step, shard * n_ranks);
+            std::vector<float> y(shard, -7.0f);
+            const std::uint64_t before = engine.bytes_sent_across_hosts();
+            try {
+              engine.reduce_scatter(name, TensorView(x[r]), TensorView(std::span(y)), o).wait();
+            } catch (const InvalidArgument& e) {
+              // Invalid combinations are refused at once; grouped strategies on uneven hosts by
+              // the hierarchy's rule.
+              check(step == 0 && contains(e.what(), "reduce_scatter of tensor '" + name + "'"),
+                    what + ": unexpected error: " + e.what());
+              if (grouped && !f.even &&
+                  (codec->traits().summable || strategy != Strategy::kSummable)) {
+                check(contains(e.what(), "needs hosts of equal size"),
+                      what + ": uneven hosts refused for another reason: " + e.what());
+              }
+              break;
+            }
+            check(!(grouped && !f.even), what + ": a grouped strategy ran on uneven hosts");
+            const auto exact_all = averaged(exact_sum(x), n_ranks, o.average);
+            const std::vector<float> exact(exact_all.begin() + r * shard,
+                                           exact_all.begin() + (r + 1) * shard);
+            if (spec == "none" && strategy == Strategy::kAuto) {  // raw
+              check_equal(y, host_order_shard(x, engine.hosts(), shard, r, o.average),
+                          what + " (host-order sum of host sums)");
+              check(engine.bytes_sent_across_hosts() - before ==
+                        raw_rs_across(f, n_ranks, shard, k, true),
+                    fmt::format("{}: {} bytes across hosts, two levels send {}", what,
+                                engine.bytes_sent_across_hosts() - before,
+                                raw_rs_across(f, n_ranks, shard, k, true)));
+            } else if (codec->traits().lossless) {
+              check(relative_error(y, exact) < 1e-6, what + ": lossless result is not the sum");
+            } else if (shard >= 1000 && step == 0) {
+              // Fewer quantizations than flat (host sums are exact): within the flat bound.
+              const double one = round_trip_error(*codec, x[0]);
+              check(relative_error(y, exact) <= 2.0 * n_ranks * one + 1e-6,
+                    fmt::format("{}: error {} exceeds 2N x the round-trip error {}", what,
+                                relative_error(y, exact), one));
+            }
+            if (shard >= 1000 && across && spec != "none") {
+              check(engine.bytes_sent_across_hosts() - before <=
+                        raw_rs_across(f, n_ranks, shard, k, false),
+                    what + ": more bytes across hosts than a flat raw reduce-scatter");
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  // Half tensors: widened, reduced in two levels in fp32, rounded once. Codec none sends each
+  // value exactly in its own format (alltoall with fp16/bf16 across hosts).
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const std::string spec : {"none", "minmax8"}) {
+      const std::size_t shard = 3000;
+      CollectiveOptions o;
+      o.codec = spec;
+      o.partitions = 2;
+      o.hierarchy = Hierarchy::kHosts;
+      const std::string name = fmt::format("hrs/{}/{}", to_string(dtype), spec);
+      Inputs wide = all_inputs(n_ranks, name, 0, shard * n_ranks);
+      std::vector<std::vector<std::uint16_t>> bits(n_ranks,
+                                                   std::vector<std::uint16_t>(shard * n_ranks));
+      for (int i = 0; i < n_ranks; ++i) {
+        kit::narrow(dtype, wide[i], bits[i].data());
+        kit::widen(dtype, bits[i].data(), wide[i], false);
+      }
+      std::vector<std::uint16_t> y(shard);
+      engine.reduce_scatter(name, TensorView(bits[r].data(), bits[r].size(), dtype),
+                            TensorView(y.data(), shard, dtype), o)
+          .wait();
+      std::vector<float> got(shard);
+      kit::widen(dtype, y.data(), got, false);
+      const std::vector<float> sum = rank_order_shard(wide, shard, r, o.average);
+      const double bound = spec == "none" ? 0.005 : 0.05;  // rounding once; 8 bits
+      check(relative_error(got, sum) < bound,
+            fmt::format("{}: error {} against the sum", name, relative_error(got, sum)));
+      ++cases;
+    }
+  }
+  return cases;
+}
+
+int hierarchy_all_gathers(Communicator& comm, Engine& engine, const HostFacts& f) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  int cases = 0;
+  for (const std::string spec : {"none", "minmax8", "fp16", "onebit:ef=1", "qsgd"}) {
+    auto codec = make_codec(spec);
+    for (std::size_t shard : {std::size_t{0}, std::size_t{1}, std::size_t{1000},
+                              std::size_t{40000}}) {
+      for (int k : {1, 3}) {
+        for (bool in_place : {false, true}) {
+          CollectiveOptions o;
+          o.codec = spec;
+          o.partitions = k;
+          o.hierarchy = Hierarchy::kHosts;
+          const std::string name =
+              fmt::format("hag/{}/{}/{}/{}", spec, shard, k, in_place ? "inplace" : "");
+          for (std::uint64_t step = 0; step < 2; ++step) {
+            const std::string what = fmt::format("{} step {}", name, step);
+            Inputs x = all_inputs(n_ranks, name, step, shard);
+            std::vector<float> y(shard * n_ranks, -7.0f);
+            std::vector<float> in = x[r];
+            std::span<float> input(in);
+            if (in_place) {
+              std::copy(in.begin(), in.end(), y.begin() + r * shard);
+              input = std::span(y).subspan(r * shard, shard);
+            }
+            const std::uint64_t before = engine.bytes_sent_across_hosts();
+            engine.all_gather(name, TensorView(input), TensorView(std::span(y)), o).wait();
+            const std::uint64_t sent = engine.bytes_sent_across_hosts() - before;
+            check_identical(comm, y, what);
+            for (int j = 0; j < n_ranks; ++j) {
+              std::span<const float> got = std::span<const float>(y).subspan(j * shard, shard);
+              if (codec->traits().lossless) {
+                check_equal(got, x[j], fmt::format("{}: rank {}'s shard", what, j));
+              } else if (shard >= 1000 && step == 0) {
+                const double one = round_trip_error(*codec, x[j]);
+                check(relative_error(got, x[j]) <= 2.0 * one + 1e-6,
+                      fmt::format("{}: rank {}'s shard: error {} exceeds 2x one round trip {}",
+                                  what, j, relative_error(got, x[j]), one));
+              }
+            }
+            // Raw: this rank's shard crosses once to every other host, nothing else crosses.
+            if (spec == "none") {
+              check(sent == static_cast<std::uint64_t>(f.hosts - 1) * shard * 4,
+                    fmt::format("{}: {} bytes across hosts, two levels send {}", what, sent,
+                                (f.hosts - 1) * shard * 4));
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  // Half tensors: raw travels as it is; a codec reads the half values and rounds once.
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const char* spec : {"none", "minmax8"}) {
+      const std::size_t shard = 3000;
+      const std::string name = fmt::format("hag/{}/{}", to_string(dtype), spec);
+      std::vector<std::vector<std::uint16_t>> bits(n_ranks, std::vector<std::uint16_t>(shard));
+      for (int i = 0; i < n_ranks; ++i) {
+        kit::narrow(dtype, make_input(i, name, 0, shard), bits[i].data());
+      }
+      std::vector<std::uint16_t> y(shard * n_ranks);
+      CollectiveOptions o;
+      o.codec = spec;
+      o.partitions = 2;
+      o.hierarchy = Hierarchy::kHosts;
+      engine.all_gather(name, TensorView(bits[r].data(), shard, dtype),
+                        TensorView(y.data(), y.size(), dtype), o)
+          .wait();
+      check_identical(comm, y, name);
+      for (int j = 0; j < n_ranks; ++j) {
+        std::vector<float> got(shard), want(shard);
+        kit::widen(dtype, y.data() + j * shard, got, false);
+        kit::widen(dtype, bits[j].data(), want, false);
+        if (std::string(spec) == "none") {
+          check(std::memcmp(y.data() + j * shard, bits[j].data(), shard * 2) == 0,
+                name + ": raw half shard changed");
+        } else {
+          check(relative_error(got, want) < 0.05, name + ": half shard far from its input");
+        }
+      }
+      ++cases;
+    }
+  }
+  return cases;
+}
+
+// Hierarchy auto's rule, seen in the bytes on this rank's host link: two levels for large
+// pieces where the hosts differ and one holds several ranks, flat for pieces the engine would
+// gather raw and under hierarchy flat.
+int hierarchy_auto_rule(Communicator& comm, Engine& engine, const HostFacts& f) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  const bool two_level = f.hosts > 1 && [&] {
+    for (const auto& h : engine.hosts()) {
+      if (h.size() > 1) return true;
+    }
+    return false;
+  }();
+  int cases = 0;
+  for (const auto& [shard, h, expect_two] :
+       {std::tuple{std::size_t{65536}, Hierarchy::kAuto, two_level},
+        std::tuple{std::size_t{16}, Hierarchy::kAuto, false},
+        std::tuple{std::size_t{65536}, Hierarchy::kFlat, false}}) {
+    CollectiveOptions o;
+    o.partitions = 1;
+    o.hierarchy = h;
+    const std::string name = fmt::format("hauto/{}/{}", shard, to_string(h));
+    std::vector<float> x = make_input(r, name, 0, shard * n_ranks), y(shard);
+    std::uint64_t before = engine.bytes_sent_across_hosts();
+    engine.reduce_scatter(name, TensorView(x), TensorView(std::span(y)), o).wait();
+    const std::uint64_t rs = engine.bytes_sent_across_hosts() - before;
+    check(rs == raw_rs_across(f, n_ranks, shard, 1, expect_two),
+          fmt::format("{}: reduce_scatter sent {} bytes across hosts, {} sends {}", name, rs,
+                      expect_two ? "two levels" : "flat",
+                      raw_rs_across(f, n_ranks, shard, 1, expect_two)));
+    std::vector<float> g(shard * n_ranks);
+    before = engine.bytes_sent_across_hosts();
+    engine.all_gather(name, TensorView(std::span(y)), TensorView(std::span(g)), o).wait();
+    const std::uint64_t ag = engine.bytes_sent_across_hosts() - before;
+    const std::uint64_t want =
+        static_cast<std::uint64_t>(expect_two ? f.hosts - 1 : n_ranks - f.ranks) * shard * 4;
+    check(ag == want, fmt::format("{}: all_gather sent {} bytes across hosts, {} sends {}", name,
+                                  ag, expect_two ? "two levels" : "flat", want));
+    cases += 2;
+  }
+  return cases;
+}
+
+// Failures reach every rank naming rank, tensor and operation; the engine keeps working.
+int hierarchy_errors(Communicator& comm, Engine& engine, const HostFacts& f) {
+  const int n_ranks = comm.size(), r = comm.rank(), bad = n_ranks - 1;
+  int cases = 0;
+  auto expect = [&](const std::string& what, const std::function<void()>& fn,
+                    const std::vector<std::string>& needles) {
+    expect_error(r, what, fn, needles);
+    ++cases;
+  };
+  const std::size_t shard = 5000;
+  std::vector<std::string> entries = {"none@raw", "minmax8@alltoall", "onebit:ef=1@alltoall"};
+  if (f.even) {
+    for (const char* e : {"onebit@sharded", "minmax8@ring", "fp16@summable"}) entries.push_back(e);
+  }
+  // NaN in the bad rank's input, in the shard of rank 0 and in the last rank's own.
+  for (const std::size_t at : {std::size_t{4321}, (n_ranks - 1) * shard + 17}) {
+    for (const std::string& entry : entries) {
+      CollectiveOptions o;
+      o.codec = entry.substr(0, entry.find('@'));
+      o.strategy = parse_strategy(entry.substr(entry.find('@') + 1));
+      o.partitions = 2;
+      o.hierarchy = Hierarchy::kHosts;
+      const std::string name = fmt::format("hrs-nan/{}/{}", entry, at);
+      std::vector<float> x = make_input(r, name, 0, shard * n_ranks);
+      if (r == bad) x[at] = NAN;
+      std::vector<float> y(shard);
+      expect(name, [&] { engine.reduce_scatter(name, TensorView(x), TensorView(std::span(y)), o).wait(); },
+             {"reduce_scatter", name,
+              fmt::format("rank {}'s input holds NaN or Inf at element {}", bad, at)});
+      x = make_input(r, name, 1, shard * n_ranks);
+      engine.reduce_scatter(name, TensorView(x), TensorView(std::span(y)), o).wait();
+    }
+  }
+  // A half tensor's NaN is named by its own index.
+  for (const std::string spec : {"none", "minmax8"}) {
+    const std::string name = "hrs-nan/bf16/" + spec;
+    CollectiveOptions o;
+    o.codec = spec;
+    o.partitions = 3;
+    o.hierarchy = Hierarchy::kHosts;
+    std::vector<std::uint16_t> x(shard * n_ranks, 0x3f80), y(shard);  // ones
+    if (r == bad) x[shard + 4321] = 0x7fc0;  // in the shard of rank 1
+    const DType bf16 = DType::kBFloat16;
+    expect(name, [&] {
+      engine.reduce_scatter(name, TensorView(x.data(), x.size(), bf16),
+                            TensorView(y.data(), y.size(), bf16), o).wait();
+    }, {"reduce_scatter", name, fmt::format("rank {}'s input holds NaN or Inf at element {}",
+                                            bad, shard + 4321)});
+  }
+  // Finite inputs whose sum overflows: named as an overflow on every rank.
+  {
+    const std::string name = "hrs-overflow";
+    CollectiveOptions o;
+    o.hierarchy = Hierarchy::kHosts;
+    o.average = false;
+    std::vector<float> x(shard * n_ranks, 3e38f), y(shard);
+    expect(name, [&] { engine.reduce_scatter(name, TensorView(x), TensorView(std::span(y)), o).wait(); },
+           {"reduce_scatter", name, "overflowed to Inf"});
+  }
+  for (const std::string spec : {"none", "minmax8"}) {
+    const std::string name = "hag-nan/" + spec;
+    CollectiveOptions o;
+    o.codec = spec;
+    o.hierarchy = Hierarchy::kHosts;
+    std::vector<float> x = make_input(r, name, 0, shard), y(shard * n_ranks);
+    if (r == bad) x[4321] = INFINITY;
+    expect(name, [&] { engine.all_gather(name, TensorView(x), TensorView(std::span(y)), o).wait(); },
+           {"all_gather", name, fmt::format("rank {}'s input holds NaN or Inf at element {}",
+                                            bad, 4321)});
+    x = make_input(r, name, 1, shard);
+    engine.all_gather(name, TensorView(x), TensorView(std::span(y)), o).wait();
+    check_identical(comm, y, name + " after");
+  }
+  // Ranks that disagree on the hierarchy fail the first use instead of waiting on each other.
+  {
+    const std::string name = "hierarchy-mismatch";
+    CollectiveOptions o;
+    o.hierarchy = r == 1 ? Hierarchy::kFlat : Hierarchy::kHosts;
+    std::vector<float> x(1000 * n_ranks, 1.0f), y(1000);
+    expect(name, [&] { engine.reduce_scatter(name, TensorView(x), TensorView(std::span(y)), o).wait(); },
+           {"different tensors", "rank 1 submitted", "reduce_scatter of"});
+  }
+  // all_to_all has no two levels.
+  {
+    CollectiveOptions o;
+    o.hierarchy = Hierarchy::kHosts;
+    std::vector<float> x(n_ranks, 1.0f), y(n_ranks);
+    std::vector<std::size_t> counts(n_ranks, 1);
+    expect("a2a-hosts", [&] {
+      engine.all_to_all("a2a-hosts", TensorView(x), counts, TensorView(std::span(y)), counts, o)
+          .wait();
+    }, {"all_to_all of tensor 'a2a-hosts'", "hierarchy hosts does not apply"});
+  }
+  std::vector<float> ones(10 * n_ranks, 1.0f), y(10);
+  CollectiveOptions o;
+  o.hierarchy = Hierarchy::kHosts;
+  engine.reduce_scatter("h-after", TensorView(ones), TensorView(std::span(y)), o).wait();
+  check(y[0] == 1.0f, "average of ones is not one");
+  return cases;
+}
+
+int hierarchy_collectives(Communicator& comm, Engine& engine) {
+  const HostFacts f = host_facts(engine, comm.rank());
+  int cases = hierarchy_reduce_scatters(comm, engine, f);
+  cases += hierarchy_all_gathers(comm, engine, f);
+  cases += hierarchy_auto_rule(comm, engine, f);
+  cases += hierarchy_errors(comm, engine, f);
+  std::printf("OK rank %d hierarchy_collectives %d cases on hosts %s\n", comm.rank(), cases,
+              hosts_text(engine).c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: collectives_worker SCENARIO [ARGS...]\n");
@@ -1518,7 +1940,7 @@ int main(int argc, char** argv) {
     options.seed = kSeed;
     if (scenario == "stress") options.threads = 2;
     if (scenario == "matrix" || scenario == "half" || scenario == "reduce_scatter" ||
-        scenario == "hierarchy" ||
+        scenario == "hierarchy" || scenario == "hierarchy_collectives" ||
         scenario == "all_gather") {
       options.partition_bytes = 64 << 10;
     }
@@ -1573,6 +1995,8 @@ int main(int argc, char** argv) {
         rc = blas(*comm, blas_before);
       } else if (scenario == "hierarchy") {
         rc = hierarchy(*comm, engine);
+      } else if (scenario == "hierarchy_collectives") {
+        rc = hierarchy_collectives(*comm, engine);
       } else if (scenario == "slowpeer") {
         rc = slow_peer(*comm, engine);
       } else {
