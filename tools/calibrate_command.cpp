@@ -136,7 +136,8 @@ void run_rank(const Options& opt) {
   // The job's hosts, as its engines will agree them: the cache holds the topology its links
   // were measured under (an engine of another topology measures again).
   const transport::Topology topology =
-      transport::agree_topology(*comm, eo.topology, eo.host, eo.local_ranks);
+      transport::agree_topology(*comm, eo.topology, eo.host,
+                                eo.launched_ranks == comm->size() ? eo.local_ranks : 0);
   CalibrationOptions co;
   co.codecs = defaults.allowed();
   for (const auto& spec : defaults.heavy()) co.codecs.push_back(spec);

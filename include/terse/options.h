@@ -139,10 +139,12 @@ struct EngineOptions {
   // This rank's host name under topology "auto"; empty: its machine and network namespace
   // alone. engine_options_from_environment: TERSE_HOST, else torchrun's GROUP_RANK (its node).
   std::string host;
-  // The ranks this rank's launcher put on its host (torchrun's LOCAL_WORLD_SIZE), checked
-  // against the topology (MismatchError naming the host); 0: not checked.
-  // engine_options_from_environment sets it.
+  // The ranks this rank's launcher put on its host (torchrun's LOCAL_WORLD_SIZE) and in the
+  // job (WORLD_SIZE): where the engine's communicator spans the whole job, its topology must
+  // give this rank's host local_ranks ranks (MismatchError naming the host); a communicator of
+  // a subgroup is not checked. 0: not checked. engine_options_from_environment sets both.
   int local_ranks = 0;
+  int launched_ranks = 0;
 
   // Most clients should leave these alone.
   // Raw tensors of a group up to this many bytes are fused into one message.

@@ -146,8 +146,9 @@ struct TERSE_HIDDEN Engine::Impl {
         options(checked(std::move(o))),
         env_trace(*comm, options),
         blas(*comm),
-        topology(transport::agree_topology(*comm, options.topology, options.host,
-                                           options.local_ranks)),
+        topology(transport::agree_topology(
+            *comm, options.topology, options.host,
+            options.launched_ranks == comm->size() ? options.local_ranks : 0)),
         threads(options.threads > 0 ? options.threads : kDefaultEngineThreads),
         plans(*comm, options, topology, threads, [this] { completion.wait_idle(); }),
         completion(*comm, options,

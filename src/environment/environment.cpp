@@ -208,6 +208,10 @@ EngineOptions engine_options_from_environment(EngineOptions options) {
     options.local_ranks = static_cast<int>(
         whole_number("LOCAL_WORLD_SIZE", *v, 1, 1 << 20, "a whole number of ranks, 1 or more"));
   }
+  if (const auto v = variable("WORLD_SIZE"); v && options.launched_ranks == 0) {
+    options.launched_ranks = static_cast<int>(
+        whole_number("WORLD_SIZE", *v, 1, 1 << 20, "a whole number of ranks, 1 or more"));
+  }
   options.planner_options = planner_options_from_environment(std::move(options.planner_options));
   return options;
 }
