@@ -64,6 +64,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -954,6 +955,47 @@ int reduce_scatter_matrix(Communicator& comm, Engine& engine) {
   return 0;
 }
 
+// All-gathers of fp16 and bf16 shards with each codec of `specs` under `hierarchy` (tensors
+// named PREFIX/DTYPE/SPEC): raw travels as it is, a codec reads the half values and rounds once;
+// bit-identical on every rank. Returns the cases run.
+int half_all_gathers(Communicator& comm, Engine& engine, std::initializer_list<const char*> specs,
+                     const char* prefix, Hierarchy hierarchy) {
+  const int n_ranks = comm.size(), r = comm.rank();
+  int cases = 0;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const char* spec : specs) {
+      const std::size_t shard = 3000;
+      const std::string name = fmt::format("{}/{}/{}", prefix, to_string(dtype), spec);
+      std::vector<std::vector<std::uint16_t>> bits(n_ranks, std::vector<std::uint16_t>(shard));
+      for (int i = 0; i < n_ranks; ++i) {
+        kit::narrow(dtype, make_input(i, name, 0, shard), bits[i].data());
+      }
+      std::vector<std::uint16_t> y(shard * n_ranks);
+      CollectiveOptions o;
+      o.codec = spec;
+      o.partitions = 2;
+      o.hierarchy = hierarchy;
+      engine.all_gather(name, TensorView(bits[r].data(), shard, dtype),
+                        TensorView(y.data(), y.size(), dtype), o)
+          .wait();
+      check_identical(comm, y, name);
+      for (int j = 0; j < n_ranks; ++j) {
+        std::vector<float> got(shard), want(shard);
+        kit::widen(dtype, y.data() + j * shard, got, false);
+        kit::widen(dtype, bits[j].data(), want, false);
+        if (std::string(spec) == "none") {
+          check(std::memcmp(y.data() + j * shard, bits[j].data(), shard * 2) == 0,
+                name + ": raw half shard changed");
+        } else {
+          check(relative_error(got, want) < 0.05, name + ": half shard far from its input");
+        }
+      }
+      ++cases;
+    }
+  }
+  return cases;
+}
+
 int all_gather_matrix(Communicator& comm, Engine& engine) {
   const int n_ranks = comm.size(), r = comm.rank();
   int cases = 0;
@@ -998,36 +1040,7 @@ int all_gather_matrix(Communicator& comm, Engine& engine) {
     }
   }
   // Half tensors: raw travels as it is; a codec reads the half values and rounds once.
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (const char* spec : {"none", "minmax8", "fp16"}) {
-      const std::size_t shard = 3000;
-      const std::string name = fmt::format("ag/{}/{}", to_string(dtype), spec);
-      std::vector<std::vector<std::uint16_t>> bits(n_ranks, std::vector<std::uint16_t>(shard));
-      for (int i = 0; i < n_ranks; ++i) {
-        kit::narrow(dtype, make_input(i, name, 0, shard), bits[i].data());
-      }
-      std::vector<std::uint16_t> y(shard * n_ranks);
-      CollectiveOptions o;
-      o.codec = spec;
-      o.partitions = 2;
-      engine.all_gather(name, TensorView(bits[r].data(), shard, dtype),
-                        TensorView(y.data(), y.size(), dtype), o)
-          .wait();
-      check_identical(comm, y, name);
-      for (int j = 0; j < n_ranks; ++j) {
-        std::vector<float> got(shard), want(shard);
-        kit::widen(dtype, y.data() + j * shard, got, false);
-        kit::widen(dtype, bits[j].data(), want, false);
-        if (std::string(spec) == "none") {
-          check(std::memcmp(y.data() + j * shard, bits[j].data(), shard * 2) == 0,
-                name + ": raw half shard changed");
-        } else {
-          check(relative_error(got, want) < 0.05, name + ": half shard far from its input");
-        }
-      }
-      ++cases;
-    }
-  }
+  cases += half_all_gathers(comm, engine, {"none", "minmax8", "fp16"}, "ag", Hierarchy::kAuto);
   std::printf("OK rank %d all_gather %d cases\n", r, cases);
   return 0;
 }
@@ -1738,37 +1751,7 @@ int hierarchy_all_gathers(Communicator& comm, Engine& engine, const HostFacts& f
     }
   }
   // Half tensors: raw travels as it is; a codec reads the half values and rounds once.
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (const char* spec : {"none", "minmax8"}) {
-      const std::size_t shard = 3000;
-      const std::string name = fmt::format("hag/{}/{}", to_string(dtype), spec);
-      std::vector<std::vector<std::uint16_t>> bits(n_ranks, std::vector<std::uint16_t>(shard));
-      for (int i = 0; i < n_ranks; ++i) {
-        kit::narrow(dtype, make_input(i, name, 0, shard), bits[i].data());
-      }
-      std::vector<std::uint16_t> y(shard * n_ranks);
-      CollectiveOptions o;
-      o.codec = spec;
-      o.partitions = 2;
-      o.hierarchy = Hierarchy::kHosts;
-      engine.all_gather(name, TensorView(bits[r].data(), shard, dtype),
-                        TensorView(y.data(), y.size(), dtype), o)
-          .wait();
-      check_identical(comm, y, name);
-      for (int j = 0; j < n_ranks; ++j) {
-        std::vector<float> got(shard), want(shard);
-        kit::widen(dtype, y.data() + j * shard, got, false);
-        kit::widen(dtype, bits[j].data(), want, false);
-        if (std::string(spec) == "none") {
-          check(std::memcmp(y.data() + j * shard, bits[j].data(), shard * 2) == 0,
-                name + ": raw half shard changed");
-        } else {
-          check(relative_error(got, want) < 0.05, name + ": half shard far from its input");
-        }
-      }
-      ++cases;
-    }
-  }
+  cases += half_all_gathers(comm, engine, {"none", "minmax8"}, "hag", Hierarchy::kHosts);
   return cases;
 }
 
