@@ -195,6 +195,10 @@ class TERSE_API Communicator {
   // Once failed: the rank whose failure this one follows (a peer that died, stalled or aborted,
   // or this rank itself after abort() or an error of its own); -1 before, or where unknown.
   int failed_because_of() const noexcept;
+  // Where each rank runs, appended wherever an error names a peer that died, stalled or
+  // aborted (the engine sets "host H of N, with ranks ..." once the ranks agreed on the
+  // topology). One entry per rank; an empty entry or vector adds nothing.
+  void set_peer_places(std::vector<std::string> places);
 
   struct Impl;
 

@@ -28,6 +28,7 @@
 #include "terse/engine.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <atomic>
 #include <cstdio>
@@ -156,7 +157,18 @@ struct TERSE_HIDDEN Engine::Impl {
         tasks(*comm, options, topology, buffers, bytes_sent,
               [this](const std::shared_ptr<engine::Job>& job) { completion.finish(job); }),
         workers(threads),
-        submissions(*comm, options, buffers, plans, tasks, workers, completion) {}
+        submissions(*comm, options, buffers, plans, tasks, workers, completion) {
+    // Errors that name a dead or stalled peer say which host it was on.
+    if (topology.hosts.size() > 1) {
+      std::vector<std::string> places(topology.size());
+      for (int r = 0; r < topology.size(); ++r) {
+        places[r] = fmt::format("host {} of {}, with ranks {}", topology.host_of[r],
+                                topology.hosts.size(),
+                                fmt::join(topology.hosts[topology.host_of[r]], ","));
+      }
+      comm->set_peer_places(std::move(places));
+    }
+  }
 
   std::shared_ptr<Communicator> comm;
   EngineOptions options;

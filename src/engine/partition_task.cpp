@@ -114,12 +114,10 @@ void PartitionTasks::run(Task& task, std::uint32_t thread, Workspace& workspace)
   } catch (const TimeoutError& e) {
     record_error(job, std::make_exception_ptr(TimeoutError(fmt::format(
                           "{} (if the peer is alive, ranks may have submitted different "
-                          "tensors at this point){}",
-                          e.what(), where_is(comm_.failed_because_of())))));
-  } catch (const TransportError& e) {
-    const std::string where = where_is(comm_.failed_because_of());
-    record_error(job, where.empty() ? std::current_exception()
-                                    : std::make_exception_ptr(TransportError(e.what() + where)));
+                          "tensors at this point)",
+                          e.what()))));
+  } catch (const TransportError&) {
+    record_error(job, std::current_exception());
   } catch (const std::exception& e) {
     // This rank cannot finish its part: fail the communicator so that peers waiting on this
     // task learn it now rather than at their timeout.
@@ -446,13 +444,6 @@ void PartitionTasks::note_span(Job& job, int item, std::int64_t begin) {
   auto& span = job.spans[item];
   span.first = std::min(span.first, begin);
   span.second = std::max(span.second, end);
-}
-
-std::string PartitionTasks::where_is(int rank) const {
-  if (topology_.hosts.size() < 2 || rank < 0 || rank >= topology_.size()) return {};
-  const auto& host = topology_.hosts[topology_.host_of[rank]];
-  return fmt::format(" (rank {} is on host {} of {}, with ranks {})", rank,
-                     topology_.host_of[rank], topology_.hosts.size(), fmt::join(host, ","));
 }
 
 void PartitionTasks::record_error(Job& job, std::exception_ptr e) {

@@ -34,9 +34,6 @@ class PartitionTasks {
 
   // Bytes sent to ranks of other hosts (Engine::bytes_sent_across_hosts).
   std::uint64_t bytes_across() const { return bytes_across_.load(); }
-  // " (rank R is on host H of N, with ranks ...)" where the job spans several hosts: what an
-  // error caused by rank R adds, so that a dead host is named; empty otherwise.
-  std::string where_is(int rank) const;
 
  private:
   void run_fused(Task& task, collectives::PartitionContext& ctx);

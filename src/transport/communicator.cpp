@@ -154,8 +154,9 @@ void Request::wait(milliseconds timeout) {
   std::string msg;
   if (contains(gloo_message, "Timed out")) {
     msg = fmt::format(
-        "{} timed out after {} ms: peer {} stalled, died, or did not post the matching {}",
-        s.describe(), timeout.count(), s.peer, s.is_send ? "recv" : "send");
+        "{} timed out after {} ms: peer {}{} stalled, died, or did not post the matching {}",
+        s.describe(), timeout.count(), s.peer, s.comm->place_of(s.peer),
+        s.is_send ? "recv" : "send");
     s.comm->fail(msg, s.peer, msg);
     throw TimeoutError(msg);
   }
@@ -330,6 +331,14 @@ void Communicator::abort(std::string_view reason) noexcept {
 bool Communicator::failed() const noexcept { return impl_->failed.load(); }
 int Communicator::failed_because_of() const noexcept {
   return impl_->failed.load() ? impl_->failure_cause() : -1;
+}
+void Communicator::set_peer_places(std::vector<std::string> places) {
+  if (!places.empty() && static_cast<int>(places.size()) != impl_->size) {
+    throw InvalidArgument(fmt::format("set_peer_places: {} places for {} ranks", places.size(),
+                                      impl_->size));
+  }
+  std::lock_guard lock(impl_->places_mutex);
+  impl_->places = std::move(places);
 }
 int Communicator::rank() const noexcept { return impl_->rank; }
 int Communicator::size() const noexcept { return impl_->size; }

@@ -158,6 +158,10 @@ struct Communicator::Impl {
   // rank's own failure then follows (origin empty: this message is the first about it). Only for
   // a peer whose pair has failed (its notice buffer is written no more).
   std::string closed_by(int peer, int& cause, std::string& origin) const;
+  // " (rank R is on host ...)" from set_peer_places, or empty.
+  std::string place_of(int rank) const;
+  mutable std::mutex places_mutex;
+  std::vector<std::string> places;
 
   // Ends the wait of every live request (Request::wait then throws TransportError).
   void abort_waits();

@@ -75,12 +75,19 @@ std::string Communicator::Impl::closed_by(int peer, int& cause, std::string& ori
     std::memcpy(&n, notice_in[peer].data() + 4, 4);
   }
   if (n == 0 || n > kNoticeBytes - 8 || c < 0 || c >= size) {
-    return fmt::format("peer {} closed the connection (it exited, crashed or failed)", peer);
+    return fmt::format("peer {} closed the connection (it exited, crashed or failed){}", peer,
+                       place_of(peer));
   }
   cause = c;
   origin.assign(notice_in[peer].data() + 8, n);
-  if (c == peer) return fmt::format("peer {} aborted: {}", peer, origin);
-  return fmt::format("peer {} aborted because of rank {}: {}", peer, c, origin);
+  if (c == peer) return fmt::format("peer {} aborted{}: {}", peer, place_of(peer), origin);
+  return fmt::format("peer {} aborted because of rank {}{}: {}", peer, c, place_of(c), origin);
+}
+
+std::string Communicator::Impl::place_of(int r) const {
+  std::lock_guard lock(places_mutex);
+  if (r < 0 || r >= static_cast<int>(places.size()) || places[r].empty()) return {};
+  return fmt::format(" (rank {} is on {})", r, places[r]);
 }
 
 void Communicator::Impl::abort_waits() {
