@@ -47,6 +47,12 @@ class TERSE_API Store {
 
   // Returns once every key is set. Throws TimeoutError naming a missing key after timeout.
   virtual void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) = 0;
+
+  // Adds delta to the counter at key (a missing key counts as 0) and returns the new value,
+  // atomically across every client: the one operation that may change a key again. Used by
+  // membership (terse.elastic), where survivors and joiners must agree without a leader.
+  // Counters live apart from set()'s keys. Stores without it throw InvalidArgument.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta);
 };
 
 // A store in a directory of a file system every rank sees (single host, or a shared file

@@ -55,6 +55,15 @@ class PythonStore final : public Store {
     }
   }
 
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return store_.get().attr("add")(key, delta).cast<std::int64_t>();
+    } catch (py::error_already_set& e) {
+      throw TransportError(fmt::format("store {}: add '{}' failed: {}", describe(), key, e.what()));
+    }
+  }
+
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
     py::gil_scoped_acquire gil;
     py::list names;

@@ -49,6 +49,15 @@ void bind_stores(py::module_& m) {
             s.wait(keys, resolved_timeout(timeout));
           },
           py::arg("keys"), py::arg("timeout") = py::none())
+      .def(
+          "add",
+          [](Store& s, const std::string& key, std::int64_t delta) {
+            py::gil_scoped_release release;
+            return s.add(key, delta);
+          },
+          py::arg("key"), py::arg("delta"),
+          "Adds delta to the counter at key (missing: 0) and returns the new value, atomically "
+          "across every process using the store.")
       .def_property_readonly(
           "port", [](const Store& s) { return tcp_store_port(s); },
           "The TCP store's port; -1 for other stores.");

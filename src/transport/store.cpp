@@ -3,14 +3,28 @@
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/file_store.h>
 
-#include <filesystem>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <mutex>
 
 #include "terse/communicator.h"
 #include "terse/error.h"
 
 namespace terse {
+
+std::int64_t Store::add(const std::string& key, std::int64_t) {
+  throw InvalidArgument(fmt::format("this store has no atomic add (key '{}'): use terse's TCP "
+                                    "store, a file store or a torch.distributed store",
+                                    key));
+}
+
 namespace {
 
 class FileStore final : public Store {
@@ -45,6 +59,38 @@ class FileStore final : public Store {
     std::vector<std::byte> out(bytes.size());
     if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
     return out;
+  }
+
+  // A counter file per key under counters/, read and rewritten under flock (processes) and the
+  // mutex (threads of this process).
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    std::string name;
+    for (char c : key) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+    const std::string path = fmt::format("{}/counters/{}-{:016x}", directory_, name,
+                                         std::hash<std::string>{}(key));
+    std::lock_guard lock(mutex_);
+    std::error_code ec;
+    std::filesystem::create_directories(directory_ + "/counters", ec);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      throw TransportError(fmt::format("file store {}: add '{}': cannot open {}: {}", directory_,
+                                       key, path, std::strerror(errno)));
+    }
+    std::int64_t value = 0;
+    bool ok = ::flock(fd, LOCK_EX) == 0;
+    if (ok) {
+      const ssize_t n = ::pread(fd, &value, sizeof(value), 0);
+      if (n != static_cast<ssize_t>(sizeof(value))) value = 0;
+      value += delta;
+      ok = ::pwrite(fd, &value, sizeof(value), 0) == static_cast<ssize_t>(sizeof(value));
+    }
+    const int err = errno;
+    ::close(fd);  // releases the lock
+    if (!ok) {
+      throw TransportError(fmt::format("file store {}: add '{}' failed: {}", directory_, key,
+                                       std::strerror(err)));
+    }
+    return value;
   }
 
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
@@ -87,6 +133,9 @@ class PrefixStore final : public Store {
   }
   std::vector<std::byte> get(const std::string& key, std::chrono::milliseconds timeout) override {
     return store_->get(prefix_ + key, timeout);
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    return store_->add(prefix_ + key, delta);
   }
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
     std::vector<std::string> full;

@@ -36,7 +36,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-enum : std::uint8_t { kSet = 1, kGet = 2, kWait = 3 };
+enum : std::uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
 enum : std::uint8_t { kOk = 0, kTimedOut = 1 };
 constexpr std::uint32_t kMaxKey = 4096;
 constexpr std::uint64_t kMaxValue = std::uint64_t{1} << 30;
@@ -215,6 +215,16 @@ class TcpStoreServer {
           const auto* p = reinterpret_cast<const char*>(v.data());
           reply.insert(reply.end(), p, p + v.size());
         }
+      } else if (op == kAdd) {
+        std::int64_t delta;
+        if (!read_all(fd, &delta, 8)) return;
+        std::int64_t value;
+        {
+          std::lock_guard lock(mutex_);
+          value = counters_[key] += delta;
+        }
+        append<std::uint8_t>(reply, kOk);
+        append<std::int64_t>(reply, value);
       } else {
         return;  // A foreign client: drop it.
       }
@@ -228,6 +238,7 @@ class TcpStoreServer {
   std::condition_variable changed_;
   bool stop_ = false;
   std::map<std::string, std::vector<std::byte>> data_;
+  std::map<std::string, std::int64_t> counters_;
   std::list<Connection> connections_;
   std::thread acceptor_;
 };
@@ -269,6 +280,17 @@ class TcpStore final : public Store {
     if (!read_all(socket_.fd(), &n, 8) || n > kMaxValue) lost(key);
     std::vector<std::byte> value(n);
     if (!read_all(socket_.fd(), value.data(), n)) lost(key);
+    return value;
+  }
+
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    std::vector<char> req;
+    header(req, kAdd, key);
+    append<std::int64_t>(req, delta);
+    std::lock_guard lock(mutex_);
+    if (exchange(req, key, milliseconds(0)) != kOk) lost(key);
+    std::int64_t value;
+    if (!read_all(socket_.fd(), &value, 8)) lost(key);
     return value;
   }
 

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <sstream>
 #include <string>
+#include <set>
 #include <thread>
 
 #include "kit/host.h"
@@ -118,6 +119,44 @@ TEST(TcpStore, ServerGoneIsAnErrorNotAHang) {
   EXPECT_THROW(client->get("never", 20s), TransportError);
   EXPECT_LT(Clock::now() - start, 5s);
   killer.join();
+}
+
+// Counters are atomic across clients (threads of clients here, each with its own connection or
+// file handle): every add sees a distinct value, and the last one the total.
+void adds_are_atomic(const std::vector<std::shared_ptr<Store>>& clients) {
+  constexpr int kAdds = 200;
+  std::vector<std::vector<std::int64_t>> seen(clients.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < kAdds; ++k) seen[i].push_back(clients[i]->add("count", 1));
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::set<std::int64_t> all;
+  for (const auto& s : seen) all.insert(s.begin(), s.end());
+  EXPECT_EQ(all.size(), clients.size() * kAdds);
+  EXPECT_EQ(*all.begin(), 1);
+  EXPECT_EQ(*all.rbegin(), static_cast<std::int64_t>(clients.size() * kAdds));
+  EXPECT_EQ(clients[0]->add("count", -5), static_cast<std::int64_t>(clients.size() * kAdds) - 5);
+  EXPECT_EQ(clients[0]->add("other", 0), 0);
+  // Counters are apart from set()'s keys.
+  EXPECT_THROW(clients[0]->get("count", 100ms), TimeoutError);
+}
+
+TEST(TcpStore, AddIsAtomicAcrossClients) {
+  auto server = make_tcp_store("127.0.0.1", 0, true, 5s);
+  const int port = tcp_store_port(*server);
+  auto client = make_tcp_store("127.0.0.1", port, false, 5s);
+  adds_are_atomic({server, client, make_tcp_store("127.0.0.1", port, false, 5s)});
+  EXPECT_EQ(make_prefix_store("p", client)->add("count", 3), 3);
+  EXPECT_EQ(server->add("p/count", 0), 3);
+}
+
+TEST(FileStore, AddIsAtomicAcrossClients) {
+  const std::string dir = temp_dir();
+  adds_are_atomic({make_file_store(dir), make_file_store(dir), make_file_store(dir)});
+  std::filesystem::remove_all(dir);
 }
 
 TEST(FileStore, SetGetWaitAndPrefix) {
