@@ -2,6 +2,9 @@
 // environment, prefixes their output by rank, forwards SIGINT/SIGTERM/SIGHUP, and fails as a
 // whole when one rank fails (the others get SIGTERM, then SIGKILL after a grace period).
 // Binds each rank to its own cores where the ranks divide the cores (kit::binding).
+// With --elastic it serves the job's store itself, so that the store outlives every rank, and
+// restarts a rank that died (up to --max-restarts times per rank) while the others go on: the
+// mode terse.elastic's live recovery runs under.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
@@ -22,6 +25,7 @@
 
 #include "commands.h"
 #include "kit/host.h"  // kit::binding: the cores of each rank it starts
+#include "terse/communicator.h"
 
 namespace terse::tools {
 namespace {
@@ -115,6 +119,7 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
+  int restarts = 0;  // with --elastic: how often this rank was started again
 };
 
 std::string describe_status(int status) {
@@ -139,6 +144,8 @@ struct Launch {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   std::string bind = "auto";  // "auto" (kit::binding) or "none"
+  bool elastic = false;
+  int max_restarts = 0;  // per rank, with elastic
 };
 
 void install_signal_handlers() {
@@ -150,8 +157,9 @@ void install_signal_handlers() {
 }
 
 // The child's side of fork(): its environment, its cores, then the program. Never returns.
-[[noreturn]] void exec_rank(const Launch& opt, int i, int port, const std::vector<int>& cores,
-                            pid_t launcher, const int out[2], const int err[2]) {
+[[noreturn]] void exec_rank(const Launch& opt, int i, int restart, int port,
+                            const std::vector<int>& cores, pid_t launcher, const int out[2],
+                            const int err[2]) {
   // Each rank leads its own process group, so signals reach its children too and a
   // terminal's Ctrl-C reaches the ranks only through us (once, not twice).
   ::setpgid(0, 0);
@@ -178,6 +186,11 @@ void install_signal_handlers() {
   ::setenv("ROLE_WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
   if (opt.n > 1) ::setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun does
   if (opt.timeout > 0) ::setenv("TERSE_TIMEOUT", fmt::format("{}", opt.timeout).c_str(), 1);
+  if (opt.elastic) {
+    ::setenv("TERSE_STORE_SERVED", "1", 1);
+    ::setenv("TERSE_ELASTIC", "1", 1);
+    ::setenv("TERSE_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+  }
   if (!cores.empty()) {
     try {
       kit::bind_to(cores);
@@ -204,6 +217,12 @@ struct Job {
   std::optional<Clock::time_point> kill_at;
   std::optional<Clock::time_point> reaped_at;
   bool killed = false;
+  // With --elastic: the store the launcher serves, and what restarting a rank needs.
+  std::shared_ptr<Store> store;
+  const Launch* opt = nullptr;
+  int port = 0;
+  const std::vector<std::vector<int>>* binding = nullptr;
+  int gave_up = -1;  // a rank that failed past its restarts
 
   void signal_all(int signo) {
     for (auto& r : ranks) {
@@ -211,6 +230,33 @@ struct Job {
     }
   }
 };
+
+// Forks rank i (again, after a restart); 0, or the launcher's exit code where a pipe or a fork
+// failed.
+int start_rank(const Launch& opt, int i, int port, const std::vector<int>& cores, Job& job) {
+  const pid_t launcher = ::getpid();  // each rank's parent, checked after PR_SET_PDEATHSIG
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    fmt::print(stderr, "terse run: pipe: {}\n", strerror(errno));
+    return 1;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    fmt::print(stderr, "terse run: fork: {}\n", strerror(errno));
+    return 1;
+  }
+  if (pid == 0) exec_rank(opt, i, job.ranks[i].restarts, port, cores, launcher, out, err);
+  ::setpgid(pid, pid);
+  ::close(out[1]);
+  ::close(err[1]);
+  job.ranks[i].pid = pid;
+  job.ranks[i].running = true;
+  job.streams.push_back(Stream{out[0], 1, fmt::format("[rank {}] ", i), {}});
+  job.streams.push_back(Stream{err[0], 2, fmt::format("[rank {}] ", i), {}});
+  return 0;
+}
 
 // Forks the N ranks; 0, or the launcher's exit code where a pipe or a fork failed.
 int start_ranks(const Launch& opt, int port, const std::vector<std::vector<int>>& binding,
@@ -220,26 +266,8 @@ int start_ranks(const Launch& opt, int port, const std::vector<std::vector<int>>
   std::fflush(stdout);
   std::fflush(stderr);
 
-  const pid_t launcher = ::getpid();  // each rank's parent, checked after PR_SET_PDEATHSIG
   for (int i = 0; i < opt.n; ++i) {
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-      fmt::print(stderr, "terse run: pipe: {}\n", strerror(errno));
-      return 1;
-    }
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      fmt::print(stderr, "terse run: fork: {}\n", strerror(errno));
-      return 1;
-    }
-    if (pid == 0) exec_rank(opt, i, port, binding[i], launcher, out, err);
-    ::setpgid(pid, pid);
-    ::close(out[1]);
-    ::close(err[1]);
-    job.ranks[i].pid = pid;
-    job.ranks[i].running = true;
-    job.streams.push_back(Stream{out[0], 1, fmt::format("[rank {}] ", i), {}});
-    job.streams.push_back(Stream{err[0], 2, fmt::format("[rank {}] ", i), {}});
+    if (const int code = start_rank(opt, i, port, binding[i], job); code != 0) return code;
   }
   return 0;
 }
@@ -276,6 +304,31 @@ void pump_streams(const std::vector<pollfd>& fds, const std::vector<Stream*>& po
   }
 }
 
+// --elastic: a rank failed. Its death is recorded in the store (terse.elastic's members stop
+// waiting for it at once), then it starts again with TERSE_RESTART_COUNT one higher, or, past
+// --max-restarts, the others go on without it and the job's exit code reports it at the end.
+void restart_or_give_up(Job& job, int i) {
+  Rank& rank = job.ranks[i];
+  try {
+    job.store->add(fmt::format("terse-elastic/dead/{}/{}", i, rank.restarts), 1);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "terse run: cannot record rank {}'s death in the store: {}\n", i,
+               e.what());
+  }
+  if (rank.restarts >= job.opt->max_restarts) {
+    fmt::print(stderr, "terse run: rank {} failed ({}) after {} restarts; the others go on\n", i,
+               describe_status(rank.status), rank.restarts);
+    if (job.gave_up < 0) job.gave_up = i;
+    return;
+  }
+  ++rank.restarts;
+  fmt::print(stderr, "terse run: rank {} failed ({}); starting it again (restart {} of {})\n",
+             i, describe_status(rank.status), rank.restarts, job.opt->max_restarts);
+  if (start_rank(*job.opt, i, job.port, (*job.binding)[i], job) != 0 && job.gave_up < 0) {
+    job.gave_up = i;
+  }
+}
+
 // Reaps the ranks that ended; the first one that failed stops the others.
 void reap_ranks(Job& job) {
   while (true) {
@@ -288,6 +341,10 @@ void reap_ranks(Job& job) {
       rank.running = false;
       rank.status = status;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && job.store && job.interrupted_by == 0) {
+        restart_or_give_up(job, static_cast<int>(i));
+        continue;
+      }
       if (!ok && job.first_failed < 0 && job.interrupted_by == 0) {
         job.first_failed = static_cast<int>(i);
         fmt::print(stderr, "terse run: rank {} failed ({}); stopping the other ranks\n", i,
@@ -372,8 +429,30 @@ int run(const Launch& opt) {
   }
   Job job;
   job.grace = std::chrono::milliseconds(static_cast<long>(opt.grace * 1000));
+  job.opt = &opt;
+  job.port = port;
+  job.binding = &binding;
+  if (opt.elastic) {
+    try {
+      job.store = make_tcp_store(opt.master_addr, port, true,
+                                 std::chrono::milliseconds(static_cast<long>(
+                                     (opt.timeout > 0 ? opt.timeout : 60) * 1000)));
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "terse run: cannot serve the job's store on port {}: {}\n", port,
+                 e.what());
+      return 1;
+    }
+  } else if (opt.max_restarts > 0) {
+    fmt::print(stderr, "terse run: --max-restarts needs --elastic\n");
+    return 2;
+  }
   if (const int code = start_ranks(opt, port, binding, job); code != 0) return code;
   supervise(job);
+  if (job.gave_up >= 0 && job.interrupted_by == 0) {
+    fmt::print(stderr, "terse run: failed: rank {} {} (after {} restarts)\n", job.gave_up,
+               describe_status(job.ranks[job.gave_up].status), job.ranks[job.gave_up].restarts);
+    return exit_code_of(job.ranks[job.gave_up].status);
+  }
   if (job.first_failed >= 0) {
     fmt::print(stderr, "terse run: failed: rank {} {}\n", job.first_failed,
                describe_status(job.ranks[job.first_failed].status));
@@ -405,6 +484,12 @@ void add_run_command(CLI::App& app) {
                   "auto: each rank on its own block of cores where the ranks divide the cores "
                   "(else unbound); none: leave placement to the kernel (default: TERSE_BIND, "
                   "else auto)")
+      ->capture_default_str();
+  cmd->add_flag("--elastic", opt->elastic,
+                 "Serve the job's store from the launcher (it outlives every rank) and restart "
+                 "a rank that fails while the others go on (terse.elastic's live recovery)");
+  cmd->add_option("--max-restarts", opt->max_restarts,
+                  "With --elastic: how often each rank may be started again")
       ->capture_default_str();
   cmd->add_option("program", opt->command, "PROGRAM ARGS... (after --)")->expected(-1);
   cmd->prefix_command();

@@ -216,7 +216,7 @@ class TERSE_API Communicator {
 
 // What torchrun's environment says: RANK, WORLD_SIZE, and a store from either TERSE_FILE_STORE
 // (a directory, for single-host runs) or MASTER_ADDR and MASTER_PORT, where rank 0 serves a TCP
-// store. The store is made once per process and environment and lives until the process exits
+// store (unless TERSE_STORE_SERVED=1: the launcher serves it, and rank 0 is a client). The store is made once per process and environment and lives until the process exits
 // (rank 0 keeps serving MASTER_PORT): every later call returns the same one, so several
 // communicators share it (with distinct prefixes). Throws InvalidArgument naming a missing or
 // malformed variable.

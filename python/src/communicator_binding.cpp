@@ -2,7 +2,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <fmt/format.h>
+
+#include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 #include <optional>
 #include <string>
 
@@ -11,6 +16,7 @@
 #include "gil.h"
 #include "terse/communicator.h"
 #include "terse/environment.h"
+#include "terse/error.h"
 
 namespace terse::python {
 
@@ -75,6 +81,61 @@ void bind_communicator(py::module_& m) {
             c.barrier(label);
           },
           py::arg("label") = "")
+      .def(
+          "allgather_bytes",
+          [](Communicator& c, py::bytes data, const std::string& label) {
+            std::string mine = data;
+            std::vector<std::string> out;
+            {
+              py::gil_scoped_release release;
+              const int n = c.size();
+              // The sizes first (8 bytes from each rank), then the payloads.
+              std::vector<std::uint64_t> sizes(n);
+              sizes[c.rank()] = mine.size();
+              const std::vector<std::size_t> eight(n, 8);
+              c.allgatherv(std::as_bytes(std::span(&sizes[c.rank()], 1)),
+                           std::as_writable_bytes(std::span(sizes)), eight, label);
+              std::vector<std::size_t> lengths(sizes.begin(), sizes.end());
+              std::size_t total = 0;
+              for (auto l : lengths) total += l;
+              std::string all(total, '\0');
+              c.allgatherv(std::as_bytes(std::span(mine.data(), mine.size())),
+                           std::as_writable_bytes(std::span(all.data(), all.size())), lengths,
+                           label);
+              std::size_t at = 0;
+              for (auto l : lengths) {
+                out.push_back(all.substr(at, l));
+                at += l;
+              }
+            }
+            py::list result;
+            for (const auto& o : out) result.append(py::bytes(o));
+            return result;
+          },
+          py::arg("data"), py::arg("label") = "",
+          "Every rank's bytes, in rank order (a collective; sizes may differ by rank).")
+      .def(
+          "broadcast_bytes",
+          [](Communicator& c, int root, std::optional<py::bytes> data, const std::string& label) {
+            if (root < 0 || root >= c.size()) {
+              throw InvalidArgument(fmt::format("broadcast_bytes: root {} is not a rank of {}",
+                                                root, c.size()));
+            }
+            if ((c.rank() == root) != data.has_value()) {
+              throw InvalidArgument("broadcast_bytes: the root passes data, the others None");
+            }
+            std::string buf = data ? std::string(*data) : std::string();
+            {
+              py::gil_scoped_release release;
+              std::uint64_t size = buf.size();
+              c.broadcast(root, std::as_writable_bytes(std::span(&size, 1)), label);
+              buf.resize(size);
+              c.broadcast(root, std::as_writable_bytes(std::span(buf.data(), buf.size())), label);
+            }
+            return py::bytes(buf);
+          },
+          py::arg("root"), py::arg("data") = py::none(), py::arg("label") = "",
+          "root's bytes on every rank (a collective; the others pass None).")
       .def(
           "abort",
           [](Communicator& c, const std::string& reason) {

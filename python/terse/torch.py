@@ -358,6 +358,9 @@ class TerseHookState:
         self._process_group = process_group
         self._timeout = timeout
         self.engine: Optional[terse.Engine] = None
+        # terse.elastic: a peer's failure leaves the gradients as they are (the step is dropped
+        # on every member alike at its commit) instead of failing the backward.
+        self._absorb_peer_failures = False
         if not lazy:
             self.connect()
 
@@ -400,6 +403,27 @@ class TerseHookState:
         engine = terse.Engine(comm, self.policy.engine_options(**self._engine_knobs))
         self.policy.calibrate(engine)
         self.engine = engine
+
+    def _reconnect(self, communicator: terse.Communicator) -> None:
+        """terse.elastic, after the members changed: closes the engine (its codec and
+        error-feedback state go with it, on every member alike) and makes a new one over
+        ``communicator``. Not a collective by itself; every member calls it after re-forming."""
+        if self.engine is not None:
+            try:
+                self.engine.close()
+            except terse.Error:
+                pass  # a failed engine's pending work ends with errors, already recorded
+            self.engine = None
+        self._communicator = communicator
+        self.error = None
+        self._in_step = False
+        self._accumulated.clear()
+        self.connect()
+
+    def _peer_failure(self, error: BaseException) -> bool:
+        """Whether ``error`` is absorbed: a dead or stalled peer under terse.elastic."""
+        return self._absorb_peer_failures and isinstance(error, (terse.TransportError,
+                                                                 terse.TimeoutError))
 
     def _engine_or_raise(self, what: str) -> terse.Engine:
         if self.engine is None:
@@ -609,16 +633,20 @@ class TerseHookState:
         except BaseException as e:
             self._record(e)
             raise
-        buffer = bucket.buffer()
         # Submit in name order: the layout of the fused raw message, and with it the order in
         # which each element is summed across 3 or more ranks, then depends on which tensors
         # share the bucket and not on their order in it, which changes when DDP rebuilds its
         # buckets after the first iteration (a resumed run would otherwise differ in the last bit).
         items.sort(key=lambda item: item[0])
+        buffer = bucket.buffer()
         try:
             handle = self.engine.allreduce_group(items)
         except BaseException as e:
             self._record(e)
+            if self._peer_failure(e):
+                absorbed: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+                absorbed.set_result(buffer)
+                return absorbed
             raise
         self.buckets += 1
         if bucket.is_last():  # DDP runs bucket hooks in index order
@@ -634,6 +662,8 @@ class TerseHookState:
         def complete(error: Optional[BaseException]) -> None:
             if error is not None:
                 self._record(error)
+                if self._peer_failure(error):
+                    error = None
             done.set_result(buffer if error is None else error)
 
         handle.on_complete(complete)

@@ -473,14 +473,17 @@ Bootstrap bootstrap_from_env(milliseconds timeout) {
     }
     port = integer("MASTER_PORT", true, 0);
   }
+  // TERSE_STORE_SERVED=1: the launcher serves the store (terse run --elastic), so that it
+  // outlives every rank; rank 0 is a client like the others.
+  const bool serve = b.rank == 0 && env("TERSE_STORE_SERVED") != "1";
   const std::string where =
       !dir.empty() ? "file " + dir
-                   : fmt::format("tcp {}:{} {}", addr, port, b.rank == 0 ? "server" : "client");
+                   : fmt::format("tcp {}:{} {}", addr, port, serve ? "server" : "client");
   EnvStores& cache = env_stores();
   std::lock_guard lock(cache.mutex);
   std::shared_ptr<Store>& store = cache.stores[where];
   if (!store) {
-    store = !dir.empty() ? make_file_store(dir) : make_tcp_store(addr, port, b.rank == 0, timeout);
+    store = !dir.empty() ? make_file_store(dir) : make_tcp_store(addr, port, serve, timeout);
   }
   b.store = store;
   return b;

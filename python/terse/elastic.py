@@ -1,0 +1,409 @@
+"""Live recovery: training that goes on when a worker dies or stalls, without restarting the
+survivors, and takes a restarted or new worker back in at a step boundary.
+
+Run the job under ``terse run --elastic --max-restarts K -n N -- python train.py``: the
+launcher serves the job's store (it outlives every worker) and starts a worker that died again;
+the survivors never restart. In the script::
+
+    job = terse.elastic.ElasticDDP(model, optimizer, codec="minmax8:ef=1")
+    while job.step < total_steps:
+        x, y = job.split(*global_batch(job.step))   # this member's share of the step's batch
+        loss = loss_fn(job.model(x), y)
+        loss.backward()
+        job.commit()                                  # the step, on every member alike
+
+How it works:
+
+* **Members and generations.** The workers alive at a moment are the members of a
+  *generation*; each generation has its own terse communicator (its keys under its own prefix
+  in the store, so nothing of an older generation reaches a newer one). Ranks are the members'
+  launcher slots in order (slot = the launcher's ``RANK``), so a member's rank may change when
+  another leaves or joins.
+* **A failure.** A peer that dies or stalls fails every member's collectives within the
+  timeout (at once for a death). The hook leaves the gradients as they are, and ``commit()``
+  drops the step on every member: nothing is applied, the step is retried by the next
+  generation with the same global batch. Then the survivors re-form: each arrives at the next
+  generation; the first to arrive closes it once every member of the last generation has
+  arrived or is known dead (the launcher records deaths in the store), or ``settle`` seconds
+  after it arrived (a stalled member is then left out). A member that arrives after the close
+  joins the generation after.
+* **A join.** A restarted worker (or one left out) arrives at the next generation and waits;
+  the members see it at their next ``commit()`` (one store read per step), finish that step,
+  and re-form with it.
+* **State.** After re-forming, the member that has applied the most steps (the lowest rank
+  among equals) sends the model's and optimizer's state and the step count to every member
+  behind it (a joiner, or a survivor that missed the last commit); every member then checks that
+  its parameters hash alike. What the engine held (error-feedback residuals, PowerSGD's Q,
+  the planner's state) is reset on every member at each re-forming: a dead worker's residuals
+  are lost with it, and the others start their codec state afresh, alike.
+* **The step's commit.** ``commit()`` exchanges one vote per member (its hook succeeded, it
+  saw a joiner); the optimizer steps on a member only when the vote completed and every member
+  succeeded. A member whose vote failed while another's completed ends one step behind; the
+  state transfer above brings it level, so no step is applied twice or lost.
+* **Data.** Every step has one global batch (the same whatever the world size: make it a
+  function of the step); ``split`` gives this member its rank's share (``torch.tensor_split``
+  along dimension 0). The gradient is averaged over the members, so with a global batch that
+  the world sizes divide evenly (e.g. 12 samples for 3 or 4 workers) a step computes the same
+  mean gradient at any world size.
+
+Limits: DDP runs over a one-process group and the terse hook carries every gradient (as
+torchft does), so DDP's buffer broadcast reaches no one: buffers (BatchNorm's statistics) stay
+per worker between re-formings, which send them with the model. The launcher's store is a single point of failure. Only the
+DDP hook is elastic today.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+import terse
+import terse.torch as terse_torch
+
+__all__ = ["Membership", "Generation", "ElasticDDP"]
+
+_PREFIX = "terse-elastic"
+
+
+class Generation:
+    """One generation: its number, the members (launcher slots) in rank order, this worker's
+    rank, each member's applied step (-1: a joiner that holds no state) and the communicator."""
+
+    def __init__(self, number: int, members: List[Dict[str, int]], rank: int,
+                 communicator: terse.Communicator) -> None:
+        self.number = number
+        self.members = members
+        self.rank = rank
+        self.size = len(members)
+        self.communicator = communicator
+
+    def __repr__(self) -> str:
+        slots = ",".join(str(m["slot"]) for m in self.members)
+        return f"generation {self.number} (slots {slots}; this is rank {self.rank})"
+
+
+class Membership:
+    """Agreement on who is a member, through the job's store (``Store.add`` counters and
+    set-once keys; no leader). ``slot``: this worker's launcher slot (``RANK``), ``slots`` the
+    job's (``WORLD_SIZE``), ``incarnation`` how often the launcher restarted this slot
+    (``TERSE_RESTART_COUNT``)."""
+
+    def __init__(self, store: terse.Store, slot: int, slots: int, incarnation: int = 0, *,
+                 timeout: float = 60.0, settle: float = 1.5) -> None:
+        if settle <= 0 or timeout <= 0:
+            raise terse.InvalidArgument("Membership: settle and timeout must be > 0")
+        self.store = store
+        self.slot = slot
+        self.slots = slots
+        self.incarnation = incarnation
+        self.timeout = timeout
+        self.settle = settle
+        self.generation: Optional[Generation] = None
+
+    @classmethod
+    def from_env(cls, *, timeout: Optional[float] = None, settle: float = 1.5) -> "Membership":
+        """From the launcher's environment (``terse run --elastic``): RANK, WORLD_SIZE,
+        TERSE_RESTART_COUNT and the store it serves."""
+        if os.environ.get("TERSE_STORE_SERVED") != "1":
+            raise terse.InvalidArgument(
+                "terse.elastic needs a store that outlives every worker: run the job under "
+                "`terse run --elastic` (TERSE_STORE_SERVED=1), or make a Membership over such a "
+                "store yourself")
+        if timeout is None:
+            timeout = float(os.environ.get("TERSE_TIMEOUT") or 60)
+        slot, slots, store = terse.bootstrap_from_env(timeout=timeout)
+        return cls(store, slot, slots, int(os.environ.get("TERSE_RESTART_COUNT") or 0),
+                   timeout=timeout, settle=settle)
+
+    # ---- the store's keys --------------------------------------------------------------------
+
+    def _count(self, key: str, delta: int = 0) -> int:
+        return int(self.store.add(f"{_PREFIX}/{key}", delta))
+
+    def _get(self, key: str, timeout: float) -> Any:
+        return json.loads(self.store.get(f"{_PREFIX}/{key}", timeout=timeout))
+
+    def _set(self, key: str, value: Any) -> None:
+        self.store.set(f"{_PREFIX}/{key}", json.dumps(value).encode())
+
+    def latest(self) -> int:
+        """The newest closed generation (0 before the first)."""
+        return self._count("latest")
+
+    def waiting(self) -> bool:
+        """Whether a worker waits to join the generation after this one (one store read)."""
+        g = self.generation.number if self.generation else self.latest()
+        return self._count(f"g{g + 1}/arrivals") > 0
+
+    def _dead(self, member: Dict[str, int]) -> bool:
+        return self._count(f"dead/{member['slot']}/{member['incarnation']}") > 0
+
+    # ---- re-forming --------------------------------------------------------------------------
+
+    def join(self, step: int) -> Generation:
+        """Arrives at the next generation with ``step`` (the steps this worker has applied; -1
+        for none) and returns it once closed with this worker in it, with its communicator
+        connected. A worker that arrives after the close tries the one after. Bounded by the
+        timeout; raises TimeoutError naming the generation otherwise."""
+        deadline = time.monotonic() + self.timeout
+        number = (self.generation.number if self.generation else self.latest()) + 1
+        while True:
+            generation = self._arrive(number, step, deadline)
+            if generation is not None:
+                self.generation = generation
+                return generation
+            number = max(number, self.latest()) + 1
+            if time.monotonic() > deadline:
+                raise terse.TimeoutError(
+                    f"slot {self.slot}: no generation took this worker in within "
+                    f"{self.timeout:.0f} s (last tried: generation {number - 1})")
+
+    def _arrive(self, number: int, step: int, deadline: float) -> Optional[Generation]:
+        me = {"slot": self.slot, "incarnation": self.incarnation, "step": step}
+        index = self._count(f"g{number}/arrivals", 1)
+        self._set(f"g{number}/arrival/{index}", me)
+        if self._count(f"g{number}/closer", 1) == 1:
+            self._close(number, deadline)
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            chosen = self._get(f"g{number}/members", timeout=left)
+        except terse.TimeoutError as e:
+            raise terse.TimeoutError(
+                f"slot {self.slot}: generation {number} was not closed within the timeout (its "
+                f"closer died?): {e}") from e
+        members = [self._get(f"g{number}/arrival/{i}", timeout=left) for i in chosen]
+        if index not in chosen:
+            if any(m["slot"] == self.slot and m["incarnation"] > self.incarnation
+                   for m in members):
+                raise terse.InvalidArgument(
+                    f"slot {self.slot}: a newer incarnation of this worker is a member of "
+                    f"generation {number}; this one ({self.incarnation}) stops")
+            return None
+        members.sort(key=lambda m: m["slot"])
+        rank = [m["slot"] for m in members].index(self.slot)
+        comm = terse.Communicator(rank, len(members), self.store, timeout=self.timeout,
+                                  prefix=f"{_PREFIX}/g{number}/comm")
+        return Generation(number, members, rank, comm)
+
+    def _close(self, number: int, deadline: float) -> None:
+        """Run by the generation's first arrival: decides its members."""
+        previous: Optional[List[Dict[str, int]]] = None
+        if number > 1:
+            previous = self._get(f"g{number - 1}/members-info", timeout=self.timeout)
+        # The settle window opens when the first member of the last generation arrives: joiners
+        # alone wait for the members' next commit (up to the timeout).
+        settle_at: Optional[float] = None
+        arrivals: Dict[int, Dict[str, int]] = {}
+        while True:
+            count = self._count(f"g{number}/arrivals")
+            for i in range(len(arrivals) + 1, count + 1):
+                arrivals[i] = self._get(f"g{number}/arrival/{i}", timeout=self.timeout)
+            here = {(a["slot"], a["incarnation"]) for a in arrivals.values()}
+            if previous is None:
+                if len({a["slot"] for a in arrivals.values()}) >= self.slots:
+                    break
+            else:
+                old = [(m["slot"], m["incarnation"]) for m in previous]
+                if settle_at is None and any(m in here for m in old):
+                    settle_at = time.monotonic() + self.settle
+                if all(m in here or self._dead(dict(slot=m[0], incarnation=m[1]))
+                       for m in old):
+                    if any(m in here for m in old):
+                        break
+                    # Every member of the last generation is dead: the joiners hold no state.
+                    raise terse.TransportError(
+                        f"slot {self.slot}: every member of generation {number - 1} died; no "
+                        "worker holds the model's state to continue from (restart the job)")
+                if settle_at is not None and time.monotonic() > settle_at:
+                    break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        # One member per slot: its newest incarnation.
+        best: Dict[int, int] = {}
+        for i, a in sorted(arrivals.items()):
+            j = best.get(a["slot"])
+            if j is None or a["incarnation"] > arrivals[j]["incarnation"]:
+                best[a["slot"]] = i
+        chosen = sorted(best.values(), key=lambda i: arrivals[i]["slot"])
+        self._set(f"g{number}/members-info",
+                  [{"slot": arrivals[i]["slot"], "incarnation": arrivals[i]["incarnation"]}
+                   for i in chosen])
+        self._set(f"g{number}/members", chosen)
+        self._count("latest", number - self.latest())
+
+
+def _digest(tensors: List[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+class ElasticDDP:
+    """Data-parallel training with live recovery: DDP over this process alone with the terse
+    hook carrying the gradients between the members of the current generation (see the
+    module's docstring).
+
+    ``module`` and ``optimizer`` are the user's; ``extra`` (optional) is an object with
+    ``state_dict``/``load_state_dict`` sent to joiners with the model (e.g. an LR scheduler).
+    The hook's knobs (``codec``, ``min_bytes``, ``strategy``, ... of
+    :class:`terse.torch.TerseHookState`) are passed through; ``timeout`` bounds every wait and
+    is how long a stalled worker holds the others up. ``membership``: by default
+    :meth:`Membership.from_env`. Attributes: ``model`` (the DDP model to call), ``step`` (steps
+    applied), ``generation``, ``events`` (one dict per re-forming: why, when, the members,
+    seconds taken, bytes of state sent).
+    """
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                 extra: Any = None, membership: Optional[Membership] = None,
+                 timeout: Optional[float] = None, settle: float = 1.5,
+                 log: Optional[Callable[[str], None]] = None, **knobs: Any) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        elif dist.get_world_size() != 1:
+            raise terse.InvalidArgument(
+                "terse.elastic.ElasticDDP runs DDP over this process alone (the terse hook "
+                "carries the gradients); torch.distributed is initialized over "
+                f"{dist.get_world_size()} processes, whose group would break with a worker")
+        self.membership = membership or Membership.from_env(timeout=timeout, settle=settle)
+        self.module = module
+        self.optimizer = optimizer
+        self.extra = extra
+        self.step = 0
+        self.events: List[Dict[str, Any]] = []
+        self._log = log or (lambda text: None)
+        self.state = terse_torch.TerseHookState(module, lazy=True,
+                                                timeout=self.membership.timeout, **knobs)
+        self.state._absorb_peer_failures = True
+        self.model = DistributedDataParallel(module)
+        self.model.register_comm_hook(self.state, terse_torch.hook)
+        joining = self.membership.incarnation > 0
+        self._reform("join" if joining else "start", -1 if joining else 0)
+
+    # ---- what the training loop calls --------------------------------------------------------
+
+    @property
+    def generation(self) -> Generation:
+        return self.membership.generation
+
+    @property
+    def rank(self) -> int:
+        return self.generation.rank
+
+    @property
+    def size(self) -> int:
+        return self.generation.size
+
+    def split(self, *tensors: torch.Tensor) -> Any:
+        """This member's share (its rank's of ``size`` nearly equal parts, along dimension 0)
+        of each of the step's global tensors."""
+        parts = [torch.tensor_split(t, self.size)[self.rank] for t in tensors]
+        return parts[0] if len(parts) == 1 else tuple(parts)
+
+    def commit(self) -> bool:
+        """Ends the step after ``backward()``: applies it (``optimizer.step()``) on every member
+        alike, or drops it on every member when a peer failed, then re-forms the members if one
+        failed or a worker waits to join. Returns whether the step was applied. Errors other
+        than a peer's failure (a NaN, a mismatch) are raised as they are."""
+        error = self.state.error
+        if error is not None and not self.state._peer_failure(error):
+            raise error
+        ok = error is None
+        joiner = self.membership.waiting()
+        comm = self.generation.communicator
+        try:
+            votes = [json.loads(v) for v in comm.allgather_bytes(
+                json.dumps([ok, joiner]).encode(), label=f"terse.elastic vote of step {self.step}")]
+        except (terse.TransportError, terse.TimeoutError) as e:
+            votes = None
+            self._log(f"step {self.step}: the vote failed: {e}")
+        applied = votes is not None and all(v[0] for v in votes)
+        if applied:
+            self.optimizer.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        if votes is None or not applied:
+            self._reform("failure", self.step)
+        elif any(v[1] for v in votes):
+            self._reform("join", self.step)
+        return applied
+
+    def close(self) -> None:
+        """Ends this worker's part: a barrier over the members, then releases the engine."""
+        try:
+            self.generation.communicator.barrier("terse.elastic close")
+        finally:
+            self.state.close()
+
+    # ---- re-forming --------------------------------------------------------------------------
+
+    def _reform(self, why: str, step: int) -> None:
+        began = time.monotonic()
+        while True:
+            generation = self.membership.join(step)
+            try:
+                sent = self._synchronize(generation)
+                break
+            except (terse.TransportError, terse.TimeoutError) as e:
+                # A member failed while the generation formed: on to the next one.
+                self._log(f"{generation}: failed while forming: {e}")
+                step = self.step
+        seconds = time.monotonic() - began
+        event = {"why": why, "generation": generation.number, "step": self.step,
+                 "slots": [m["slot"] for m in generation.members], "seconds": seconds,
+                 "state_bytes": sent, "at": time.time()}
+        self.events.append(event)
+        self._log(f"{generation} formed after a {why} in {seconds:.2f} s at step {self.step}"
+                  + (f"; {sent} bytes of state sent" if sent else ""))
+
+    def _state_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        torch.save({"step": self.step, "model": self.module.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "extra": None if self.extra is None else self.extra.state_dict()}, buffer)
+        return buffer.getvalue()
+
+    def _synchronize(self, generation: Generation) -> int:
+        """Brings every member to the state of the one that applied the most steps, then checks
+        that the parameters hash alike. Returns the bytes this worker sent or received."""
+        comm = generation.communicator
+        steps = [m["step"] for m in generation.members]
+        me = generation.members[generation.rank]
+        if me["step"] != self.step and me["step"] != -1:
+            raise terse.InvalidArgument(f"slot {me['slot']}: arrived with step {me['step']}, "
+                                        f"holds {self.step}")
+        source = steps.index(max(steps))
+        moved = 0
+        if max(steps) < 0:
+            raise terse.InvalidArgument(f"{generation}: no member holds the model's state")
+        if any(s != max(steps) for s in steps):
+            data = comm.broadcast_bytes(
+                source, self._state_bytes() if generation.rank == source else None,
+                label=f"terse.elastic state of generation {generation.number}")
+            moved = len(data)
+            if generation.rank != source:
+                state = torch.load(io.BytesIO(data), weights_only=False)
+                self.module.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+                if self.extra is not None and state["extra"] is not None:
+                    self.extra.load_state_dict(state["extra"])
+                self.step = int(state["step"])
+        self.state._reconnect(comm)
+        digest = _digest([p for p in self.module.parameters()]) + f":{self.step}"
+        everyone = [d.decode() for d in comm.allgather_bytes(
+            digest.encode(), label=f"terse.elastic check of generation {generation.number}")]
+        if len(set(everyone)) != 1:
+            raise terse.MismatchError(
+                f"{generation}: the members' parameters or steps differ after re-forming: "
+                f"{everyone}")
+        return moved
