@@ -7,23 +7,26 @@
 Options: --kill-slot/--kill-step: that slot SIGKILLs itself before the step's commit (in its
 first incarnation only); --stop-slot/--stop-step/--stop-seconds: that slot stops itself
 (SIGSTOP) and a helper process wakes it (SIGCONT) after the given seconds; --codec.
-Lines: "APPLIED step S gen G size N digest D" after each applied step, "EVENT {...}" per
+Lines: "STARTED slot K pid P at T" first, "APPLIED step S pid P gen G size N at T digest D"
+after each applied step, "EVENT {...}" per
 re-forming, "FINAL step S digest D loss L" at the end.
 """
 
-import argparse
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
-import torch
+STARTED = time.time()  # before the imports below, which take seconds
 
-import terse
-import terse.elastic
-from fashion_mlp import data, digest, make_model
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+
+import terse.elastic  # noqa: E402
+from fashion_mlp import data, digest, make_model  # noqa: E402
 
 GLOBAL_BATCH = 48  # divides evenly among 3 and 4 workers
 
@@ -50,6 +53,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     slot = int(os.environ["RANK"])
+    print(f"STARTED slot {slot} pid {os.getpid()} at {STARTED:.3f}", flush=True)
     first = int(os.environ.get("TERSE_RESTART_COUNT", "0")) == 0
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -71,10 +75,10 @@ def main() -> int:
                               f"import os,signal,time; time.sleep({args.stop_seconds}); "
                               f"os.kill({os.getpid()}, signal.SIGCONT)"])
             os.kill(os.getpid(), signal.SIGSTOP)
-        step = job.step
+        step, gen, size = job.step, job.generation.number, job.size  # commit() may re-form
         if job.commit():
-            print(f"APPLIED step {step} pid {os.getpid()} gen {job.generation.number} size {job.size} digest "
-                  f"{digest(model.parameters())}", flush=True)
+            print(f"APPLIED step {step} pid {os.getpid()} gen {gen} size {size} at "
+                  f"{time.time():.3f} digest {digest(model.parameters())}", flush=True)
     for event in job.events:
         print("EVENT " + json.dumps(event), flush=True)
     x, y = global_batch(10_000)
