@@ -96,9 +96,12 @@ class Membership:
     (``TERSE_RESTART_COUNT``)."""
 
     def __init__(self, store: terse.Store, slot: int, slots: int, incarnation: int = 0, *,
-                 timeout: float = 60.0, settle: float = 1.5) -> None:
-        if settle <= 0 or timeout <= 0:
-            raise terse.InvalidArgument("Membership: settle and timeout must be > 0")
+                 timeout: float = 60.0, settle: float = 1.5,
+                 join_timeout: Optional[float] = None) -> None:
+        if settle <= 0 or timeout <= 0 or (join_timeout is not None and join_timeout <= 0):
+            raise terse.InvalidArgument("Membership: settle and the timeouts must be > 0")
+        # How long a worker waits to be taken in: the others' start-up, or their next commit.
+        self.join_timeout = join_timeout if join_timeout is not None else max(120.0, timeout)
         self.store = store
         self.slot = slot
         self.slots = slots
@@ -108,7 +111,8 @@ class Membership:
         self.generation: Optional[Generation] = None
 
     @classmethod
-    def from_env(cls, *, timeout: Optional[float] = None, settle: float = 1.5) -> "Membership":
+    def from_env(cls, *, timeout: Optional[float] = None, settle: float = 1.5,
+                 join_timeout: Optional[float] = None) -> "Membership":
         """From the launcher's environment (``terse run --elastic``): RANK, WORLD_SIZE,
         TERSE_RESTART_COUNT and the store it serves."""
         if os.environ.get("TERSE_STORE_SERVED") != "1":
@@ -120,7 +124,7 @@ class Membership:
             timeout = float(os.environ.get("TERSE_TIMEOUT") or 60)
         slot, slots, store = terse.bootstrap_from_env(timeout=timeout)
         return cls(store, slot, slots, int(os.environ.get("TERSE_RESTART_COUNT") or 0),
-                   timeout=timeout, settle=settle)
+                   timeout=timeout, settle=settle, join_timeout=join_timeout)
 
     # ---- the store's keys --------------------------------------------------------------------
 
@@ -151,10 +155,12 @@ class Membership:
         """Arrives at the next generation with ``step`` (the steps this worker has applied; -1
         for none) and returns it once closed with this worker in it, with its communicator
         connected. A worker that arrives after the close tries the one after. Bounded by the
-        timeout; raises TimeoutError naming the generation otherwise."""
-        deadline = time.monotonic() + self.timeout
+        join timeout; raises TimeoutError naming the generation otherwise."""
+        deadline = time.monotonic() + self.join_timeout
         number = (self.generation.number if self.generation else self.latest()) + 1
         while True:
+            if self._count("failed") > 0:
+                raise terse.TransportError(f"slot {self.slot}: {self._get('failed', 1)}")
             generation = self._arrive(number, step, deadline)
             if generation is not None:
                 self.generation = generation
@@ -163,7 +169,7 @@ class Membership:
             if time.monotonic() > deadline:
                 raise terse.TimeoutError(
                     f"slot {self.slot}: no generation took this worker in within "
-                    f"{self.timeout:.0f} s (last tried: generation {number - 1})")
+                    f"{self.join_timeout:.0f} s (last tried: generation {number - 1})")
 
     def _arrive(self, number: int, step: int, deadline: float) -> Optional[Generation]:
         me = {"slot": self.slot, "incarnation": self.incarnation, "step": step}
@@ -174,10 +180,9 @@ class Membership:
         left = max(0.1, deadline - time.monotonic())
         try:
             chosen = self._get(f"g{number}/members", timeout=left)
-        except terse.TimeoutError as e:
-            raise terse.TimeoutError(
-                f"slot {self.slot}: generation {number} was not closed within the timeout (its "
-                f"closer died?): {e}") from e
+        except terse.TimeoutError:
+            # Its closer died before deciding: on to the next generation.
+            return None
         members = [self._get(f"g{number}/arrival/{i}", timeout=left) for i in chosen]
         if index not in chosen:
             if any(m["slot"] == self.slot and m["incarnation"] > self.incarnation
@@ -188,15 +193,21 @@ class Membership:
             return None
         members.sort(key=lambda m: m["slot"])
         rank = [m["slot"] for m in members].index(self.slot)
-        comm = terse.Communicator(rank, len(members), self.store, timeout=self.timeout,
-                                  prefix=f"{_PREFIX}/g{number}/comm")
+        try:
+            comm = terse.Communicator(rank, len(members), self.store, timeout=self.timeout,
+                                      prefix=f"{_PREFIX}/g{number}/comm")
+        except (terse.TransportError, terse.TimeoutError):
+            # A member died before connecting: every member fails alike, and tries the next.
+            return None
         return Generation(number, members, rank, comm)
 
     def _close(self, number: int, deadline: float) -> None:
         """Run by the generation's first arrival: decides its members."""
+        # The members of the newest closed generation (one whose closer died stays unclosed).
         previous: Optional[List[Dict[str, int]]] = None
-        if number > 1:
-            previous = self._get(f"g{number - 1}/members-info", timeout=self.timeout)
+        latest = self.latest()
+        if latest > 0:
+            previous = self._get(f"g{latest}/members-info", timeout=self.timeout)
         # The settle window opens when the first member of the last generation arrives: joiners
         # alone wait for the members' next commit (up to the timeout).
         settle_at: Optional[float] = None
@@ -217,10 +228,12 @@ class Membership:
                        for m in old):
                     if any(m in here for m in old):
                         break
-                    # Every member of the last generation is dead: the joiners hold no state.
-                    raise terse.TransportError(
-                        f"slot {self.slot}: every member of generation {number - 1} died; no "
-                        "worker holds the model's state to continue from (restart the job)")
+                    # Every member of the last generation is dead: the joiners hold no state,
+                    # and the job is over (every worker learns it at its next join).
+                    self._set("failed", f"every member of generation {latest} died; no worker "
+                              "holds the model's state to continue from (restart the job)")
+                    self._count("failed", 1)
+                    raise terse.TransportError(f"slot {self.slot}: {self._get('failed', 1)}")
                 if settle_at is not None and time.monotonic() > settle_at:
                     break
             if time.monotonic() > deadline:
@@ -256,7 +269,9 @@ class ElasticDDP:
     ``state_dict``/``load_state_dict`` sent to joiners with the model (e.g. an LR scheduler).
     The hook's knobs (``codec``, ``min_bytes``, ``strategy``, ... of
     :class:`terse.torch.TerseHookState`) are passed through; ``timeout`` bounds every wait and
-    is how long a stalled worker holds the others up. ``membership``: by default
+    is how long a stalled worker holds the others up; ``settle`` how long the survivors wait for
+    a member that neither arrived nor died; ``join_timeout`` how long a worker waits to be taken
+    in (default: the larger of 120 s and ``timeout``). ``membership``: by default
     :meth:`Membership.from_env`. Attributes: ``model`` (the DDP model to call), ``step`` (steps
     applied), ``generation``, ``events`` (one dict per re-forming: why, when, the members,
     seconds taken, bytes of state sent).
@@ -265,6 +280,7 @@ class ElasticDDP:
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  extra: Any = None, membership: Optional[Membership] = None,
                  timeout: Optional[float] = None, settle: float = 1.5,
+                 join_timeout: Optional[float] = None,
                  log: Optional[Callable[[str], None]] = None, **knobs: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -275,7 +291,8 @@ class ElasticDDP:
                 "terse.elastic.ElasticDDP runs DDP over this process alone (the terse hook "
                 "carries the gradients); torch.distributed is initialized over "
                 f"{dist.get_world_size()} processes, whose group would break with a worker")
-        self.membership = membership or Membership.from_env(timeout=timeout, settle=settle)
+        self.membership = membership or Membership.from_env(timeout=timeout, settle=settle,
+                                                            join_timeout=join_timeout)
         self.module = module
         self.optimizer = optimizer
         self.extra = extra

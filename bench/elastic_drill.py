@@ -1,0 +1,256 @@
+"""The churn drill for terse.elastic: the same training run fault-free and under faults, in one
+invocation, several times; reports goodput, loss and accuracy against the fault-free run, lost
+or repeated steps, and recovery times.
+
+    /opt/terse/venv/bin/python bench/elastic_drill.py --repeats 3 --seconds 150 \\
+        --kill-every 30 --out results/elastic
+
+Each run: 4 workers under `terse run --elastic --max-restarts 100`, a Fashion-MNIST MLP with
+SGD, the terse hook (codec --codec), a fixed global batch per step split among the members.
+The faulty run kills (SIGKILL) one worker every --kill-every seconds, in turn, and stops one
+(SIGSTOP) for --timeout + 3 s once, midway; the launcher restarts each killed worker. Measured:
+goodput (the fault-free run's seconds for the same steps over the faulty run's), the final
+test loss and accuracy of both, steps applied twice or never (from every worker's per-step
+log), each kill's cost (last commit before it to the next commit after it), and each
+replacement's time from its start to its first step in lock step (with its state's bytes).
+Prints a table of medians and writes drill.json under --out.
+"""
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def worker(args) -> int:
+    import torch
+
+    import terse.elastic
+    from terse.demo import load_fashion_mnist
+
+    started = time.time()
+    torch.set_num_threads(1)
+    slot = int(os.environ["RANK"])
+    print(f"STARTED slot {slot} pid {os.getpid()} at {started:.3f}", flush=True)
+    x_all, y_all = (torch.from_numpy(a) for a in load_fashion_mnist("train"))
+    x_test, y_test = (torch.from_numpy(a) for a in load_fashion_mnist("test"))
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    job = terse.elastic.ElasticDDP(model, opt, codec=args.codec,
+                                   log=lambda t: print(f"LOG {t}", flush=True))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    n = x_all.shape[0] - x_all.shape[0] % args.batch
+    while job.step < args.steps:
+        start = (job.step * args.batch) % n
+        x, y = job.split(x_all[start:start + args.batch], y_all[start:start + args.batch])
+        loss_fn(job.model(x), y).backward()
+        step = job.step
+        if job.commit():
+            print(f"APPLIED {step} {os.getpid()} {time.time():.3f}", flush=True)
+    with torch.no_grad():
+        logits = model(x_test)
+        loss = float(loss_fn(logits, y_test))
+        accuracy = float((logits.argmax(1) == y_test).float().mean())
+    for event in job.events:
+        print("EVENT " + json.dumps(event), flush=True)
+    print(f"FINAL {job.step} {loss:.6f} {accuracy:.6f}", flush=True)
+    job.close()
+    return 0
+
+
+def run_once(args, faults: bool) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO / "build" / "python"), str(HERE),
+                                           os.environ.get("PYTHONPATH", "")]))
+    cmd = [args.terse, "run", "--elastic", "--max-restarts", "100", "--timeout",
+           str(args.timeout), "-n", str(args.workers), "--", sys.executable, __file__,
+           "--worker", "--steps", str(args.steps), "--batch", str(args.batch), "--codec",
+           args.codec]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    lines = []
+    pids = {}  # slot -> current pid
+    lock = threading.Lock()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / f"log-{'faults' if faults else 'clean'}.txt", "w")
+
+    def read():
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            with lock:
+                lines.append(line)
+                m = re.match(r"\[rank (\d+)\] STARTED slot \d+ pid (\d+)", line)
+                if m:
+                    pids[int(m.group(1))] = int(m.group(2))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    began = time.time()
+    kills, stops = [], []
+    if faults:
+        # The faults start with training: the clock starts at the first commit.
+        while proc.poll() is None and not any("] APPLIED" in line for line in lines[-50:]):
+            time.sleep(0.1)
+        trained = time.time()
+        victim, stopped = 0, False
+        next_kill = trained + args.kill_every
+        while proc.poll() is None and not any("] FINAL" in line for line in lines[-20:]):
+            time.sleep(0.2)
+            now = time.time()
+            if not stopped and now - trained > args.kill_every * 1.5:
+                with lock:
+                    pid = pids.get(args.workers - 1)
+                if pid:
+                    os.kill(pid, signal.SIGSTOP)
+                    stops.append(now)
+                    stopped = True
+                    threading.Timer(args.timeout + 3, lambda p=pid: _signal(p, signal.SIGCONT)
+                                    ).start()
+            if now >= next_kill:
+                with lock:
+                    pid = pids.get(victim)
+                if pid and _signal(pid, signal.SIGKILL):
+                    kills.append((now, victim))
+                victim = (victim + 1) % (args.workers - 1)  # the stopped one is spared
+                next_kill += args.kill_every
+    proc.wait(timeout=args.seconds * 10)
+    reader.join(timeout=10)
+    seconds = time.time() - began
+    text = "".join(lines)
+    log.close()
+    return analyse(text, seconds, kills, stops, args)
+
+
+def _signal(pid: int, signo: int) -> bool:
+    try:
+        os.kill(pid, signo)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def analyse(text: str, seconds: float, kills, stops, args) -> dict:
+    applied = collections.defaultdict(list)  # step -> [(pid, time)]
+    for m in re.finditer(r"\] APPLIED (\d+) (\d+) ([\d.]+)", text):
+        applied[int(m.group(1))].append((int(m.group(2)), float(m.group(3))))
+    twice = sum(1 for rows in applied.values()
+                if len([p for p, _ in rows]) != len({p for p, _ in rows}))
+    never = sum(1 for s in range(args.steps) if s not in applied)
+    finals = [(int(a), float(b), float(c))
+              for a, b, c in re.findall(r"\] FINAL (\d+) ([\d.]+) ([\d.]+)", text)]
+    commits = sorted(t for rows in applied.values() for _, t in rows)
+    costs = []
+    for at, _ in kills:
+        before = [t for t in commits if t <= at]
+        after = [t for t in commits if t > at]
+        if before and after:
+            costs.append(after[0] - before[-1])
+    stall_costs = []
+    for at in stops:
+        before = [t for t in commits if t <= at]
+        after = [t for t in commits if t > at]
+        if before and after:
+            stall_costs.append(after[0] - before[-1])
+    starts = {int(p): float(t) for p, t in re.findall(r"STARTED slot \d+ pid (\d+) at ([\d.]+)",
+                                                      text)}
+    first_commit = {}
+    for rows in applied.values():
+        for pid, t in rows:
+            first_commit[pid] = min(first_commit.get(pid, t), t)
+    joins = []
+    initial = sorted(starts.values())[:args.workers]
+    state_bytes = [json.loads(e).get("state_bytes", 0)
+                   for e in re.findall(r"\] EVENT (\{.*\})", text)]
+    for pid, t in starts.items():
+        if t in initial or pid not in first_commit:
+            continue
+        joins.append(first_commit[pid] - t)
+    return {"seconds": seconds, "train_seconds": commits[-1] - commits[0] if commits else 0,
+            "finals": finals, "steps_twice": twice, "steps_never": never,
+            "kills": len(kills), "stops": len(stops), "kill_costs": costs,
+            "stall_costs": stall_costs, "join_seconds": joins,
+            "state_bytes": max(state_bytes or [0]),
+            "restarts": text.count("starting it again"), "exit_ok": finals != []}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=0, help="steps per run (0: from --seconds)")
+    ap.add_argument("--seconds", type=float, default=150,
+                    help="about how long the fault-free run should take (sets --steps)")
+    ap.add_argument("--batch", type=int, default=768, help="the global batch (3 and 4 divide it)")
+    ap.add_argument("--codec", default="none")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=10)
+    ap.add_argument("--kill-every", type=float, default=60)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--terse", default=str(REPO / "build" / "terse"))
+    ap.add_argument("--out", default="results/elastic")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.steps == 0:
+        probe = argparse.Namespace(**{**vars(args), "steps": 200})
+        r = run_once(probe, faults=False)
+        per_step = r["train_seconds"] / 199
+        args.steps = max(200, int(args.seconds / per_step))
+        print(f"probe: {per_step * 1e3:.1f} ms per step; {args.steps} steps",
+              flush=True)
+    rows = []
+    for k in range(args.repeats):
+        clean = run_once(args, faults=False)
+        churn = run_once(args, faults=True)
+        row = {"clean": clean, "churn": churn,
+               "goodput": clean["seconds"] / churn["seconds"]}
+        rows.append(row)
+        c, f = clean["finals"][0], churn["finals"][0]
+        print(f"drill {k + 1}: fault-free {clean['seconds']:.1f} s, with faults "
+              f"{churn['seconds']:.1f} s ({churn['kills']} kills, {churn['stops']} stop, "
+              f"{churn['restarts']} restarts): goodput {row['goodput']:.1%}; loss {c[1]:.4f} -> "
+              f"{f[1]:.4f}, accuracy {c[2]:.2%} -> {f[2]:.2%}; steps twice "
+              f"{churn['steps_twice']}, never {churn['steps_never']}; kill costs "
+              f"{[round(x, 2) for x in churn['kill_costs']]} s; stall costs "
+              f"{[round(x, 2) for x in churn['stall_costs']]} s; replacements in lock step "
+              f"after {[round(x, 2) for x in churn['join_seconds']]} s "
+              f"(state {churn['state_bytes'] / 1e6:.2f} MB)", flush=True)
+    med = statistics.median
+    summary = {
+        "steps": args.steps, "batch": args.batch, "codec": args.codec,
+        "kill_every": args.kill_every, "timeout": args.timeout,
+        "goodput": med(r["goodput"] for r in rows),
+        "loss_clean": med(r["clean"]["finals"][0][1] for r in rows),
+        "loss_churn": med(r["churn"]["finals"][0][1] for r in rows),
+        "accuracy_clean": med(r["clean"]["finals"][0][2] for r in rows),
+        "accuracy_churn": med(r["churn"]["finals"][0][2] for r in rows),
+        "kill_cost_max": max(x for r in rows for x in r["churn"]["kill_costs"] or [0]),
+        "stall_cost_max": max(x for r in rows for x in r["churn"]["stall_costs"] or [0]),
+        "join_seconds_median": med([x for r in rows for x in r["churn"]["join_seconds"]] or [0]),
+        "steps_twice": sum(r["churn"]["steps_twice"] for r in rows),
+        "steps_never": sum(r["churn"]["steps_never"] for r in rows),
+    }
+    print("median of {} drills: ".format(len(rows)) + json.dumps(summary), flush=True)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "drill.json").write_text(json.dumps({"summary": summary, "runs": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
