@@ -66,8 +66,18 @@ TERSE_API std::shared_ptr<Store> make_file_store(const std::string& directory);
 // client of itself. Clients retry connecting until timeout, so ranks may start in any order.
 // Every request is bounded by timeout; failures throw TimeoutError or TransportError naming
 // host:port.
+//
+// secret: the job secret (empty: none). With one, every connection starts with a mutual
+// challenge-response: the server admits only clients that prove the same secret, and a client
+// uses only a server that proves it (docs/security.md). A server with a secret refuses a client
+// without one and the other way round. A refused client throws AuthenticationError naming
+// host:port; the server logs the refusal on stderr (naming the client's address and why) and
+// goes on serving the others. A connection that has not finished its handshake within
+// min(timeout, 10 s) is closed. The secret does not encrypt: requests travel in the clear.
+// terse/environment.h reads it from TERSE_JOB_SECRET (communicator_options_from_environment).
 TERSE_API std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout,
+                                                std::string secret = {});
 
 // The port a TCP store created by make_tcp_store listens on or talks to; -1 for other stores.
 TERSE_API int tcp_store_port(const Store& store);
