@@ -18,7 +18,8 @@
 # by host: host I's local rank J is rank R = (the ranks of hosts 0..I-1) + J. COMMAND runs once
 # per rank, in its host's namespace, with RANK=R, WORLD_SIZE=(all ranks), LOCAL_RANK=J,
 # LOCAL_WORLD_SIZE=(host I's ranks), GROUP_RANK=I (torchrun's name for the node index),
-# MASTER_ADDR=10.77.0.1 (host 0), MASTER_PORT=PORT (default 29500) and TERSE_IFNAME=eth0. The
+# MASTER_ADDR=10.77.0.1 (host 0), MASTER_PORT=PORT (default 29500), TERSE_IFNAME=eth0 and
+# TERSE_JOB_SECRET (the caller's, else a fresh one for the job, as `terse run` gives). The
 # ranks of one host share its namespace: between them traffic stays on that namespace's stack,
 # unshaped; only the host's link (its veth) is. Output is prefixed by "[host I] " where every
 # host has one rank, else by "[host I rank R] ". The script fails if any rank's command fails
@@ -208,6 +209,12 @@ done
 # second took about 5% of a 2-core machine away from the training being measured.
 statusdir=$(mktemp -d)
 mkfifo "$statusdir/wake"
+# One secret for every rank of the job, so that only they get into its store and connections
+# (docs/security.md).
+if [ -z "${TERSE_JOB_SECRET:-}" ]; then
+  TERSE_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+fi
+export TERSE_JOB_SECRET
 exec {wake}<>"$statusdir/wake"
 for ((r = 0; r < world; r++)); do
   i=${rank_host[$r]}

@@ -8,7 +8,7 @@ packages=(
   # build
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   # libraries
-  libhwy-dev libgloo-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  libhwy-dev libgloo-dev libcli11-dev nlohmann-json3-dev libfmt-dev libssl-dev
   libopenblas-dev libopenblas0-pthread
   libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
   # python side: Debian's torch, tests, plots

@@ -194,8 +194,9 @@ Measured measure_gloo(Communicator& comm, Communicator& gloo_comm, const Config&
 
 void run_rank(const Options& opt) {
   const CommunicatorOptions comm_options = communicator_options_from_environment();
-  Bootstrap boot = bootstrap_from_env(comm_options.timeout.count() > 0 ? comm_options.timeout
-                                                                       : default_timeout());
+  Bootstrap boot = bootstrap_from_env(
+      comm_options.timeout.count() > 0 ? comm_options.timeout : default_timeout(),
+      comm_options.secret);
   std::shared_ptr<Communicator> comm =
       Communicator::create(boot.rank, boot.size, boot.store, comm_options);
   // Gloo's algorithms run on connections of their own, so that neither side inherits the

@@ -273,8 +273,9 @@ void run_case(Bench& b, Case& c) {
 
 void run_rank(const Options& opt) {
   const CommunicatorOptions comm_options = communicator_options_from_environment();
-  Bootstrap boot = bootstrap_from_env(comm_options.timeout.count() > 0 ? comm_options.timeout
-                                                                       : default_timeout());
+  Bootstrap boot = bootstrap_from_env(
+      comm_options.timeout.count() > 0 ? comm_options.timeout : default_timeout(),
+      comm_options.secret);
   std::shared_ptr<Communicator> comm =
       Communicator::create(boot.rank, boot.size, boot.store, comm_options);
   CommunicatorOptions gloo_options = comm_options;

@@ -1,7 +1,9 @@
 // terse run: the local launcher. Starts N ranks of a program on this host with torchrun's
 // environment, prefixes their output by rank, forwards SIGINT/SIGTERM/SIGHUP, and fails as a
 // whole when one rank fails (the others get SIGTERM, then SIGKILL after a grace period).
-// Binds each rank to its own cores where the ranks divide the cores (kit::binding).
+// Binds each rank to its own cores where the ranks divide the cores (kit::binding). Gives the
+// job a fresh secret (TERSE_JOB_SECRET) unless the user set one, so that only its ranks get into
+// its store and its connections (docs/security.md).
 // With --elastic it serves the job's store itself, so that the store outlives every rank, and
 // restarts a rank that died (up to --max-restarts times per rank) while the others go on: the
 // mode terse.elastic's live recovery runs under.
@@ -26,6 +28,7 @@
 #include "commands.h"
 #include "kit/host.h"  // kit::binding: the cores of each rank it starts
 #include "terse/communicator.h"
+#include "transport/auth.h"  // transport::new_job_secret: the secret of each job it starts
 
 namespace terse::tools {
 namespace {
@@ -146,6 +149,8 @@ struct Launch {
   std::string bind = "auto";  // "auto" (kit::binding) or "none"
   bool elastic = false;
   int max_restarts = 0;  // per rank, with elastic
+  // The job secret, exported as TERSE_JOB_SECRET: the user's, else one the launcher made.
+  std::string secret;
 };
 
 void install_signal_handlers() {
@@ -186,6 +191,7 @@ void install_signal_handlers() {
   ::setenv("ROLE_WORLD_SIZE", std::to_string(opt.n).c_str(), 1);
   if (opt.n > 1) ::setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun does
   if (opt.timeout > 0) ::setenv("TERSE_TIMEOUT", fmt::format("{}", opt.timeout).c_str(), 1);
+  ::setenv("TERSE_JOB_SECRET", opt.secret.c_str(), 1);
   if (opt.elastic) {
     ::setenv("TERSE_STORE_SERVED", "1", 1);
     ::setenv("TERSE_ELASTIC", "1", 1);
@@ -398,7 +404,7 @@ void supervise(Job& job) {
   }
 }
 
-int run(const Launch& opt) {
+int run(Launch opt) {
   if (opt.n < 1) {
     fmt::print(stderr, "terse run: -n must be at least 1\n");
     return 2;
@@ -427,6 +433,18 @@ int run(const Launch& opt) {
     fmt::print(stderr, "terse run: no free TCP port for rank 0's store: {}\n", strerror(errno));
     return 1;
   }
+  // One secret per job, never printed: the ranks learn it from their environment only, and
+  // the store the launcher serves (--elastic) takes it too.
+  if (const char* given = std::getenv("TERSE_JOB_SECRET"); given != nullptr && *given != '\0') {
+    opt.secret = given;
+  } else {
+    try {
+      opt.secret = transport::new_job_secret();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "terse run: cannot make the job's secret: {}\n", e.what());
+      return 1;
+    }
+  }
   Job job;
   job.grace = std::chrono::milliseconds(static_cast<long>(opt.grace * 1000));
   job.opt = &opt;
@@ -434,9 +452,10 @@ int run(const Launch& opt) {
   job.binding = &binding;
   if (opt.elastic) {
     try {
-      job.store = make_tcp_store(opt.master_addr, port, true,
-                                 std::chrono::milliseconds(static_cast<long>(
-                                     (opt.timeout > 0 ? opt.timeout : 60) * 1000)));
+      job.store = make_tcp_store(
+          opt.master_addr, port, true,
+          std::chrono::milliseconds(static_cast<long>((opt.timeout > 0 ? opt.timeout : 60) * 1000)),
+          opt.secret);
     } catch (const std::exception& e) {
       fmt::print(stderr, "terse run: cannot serve the job's store on port {}: {}\n", port,
                  e.what());
@@ -469,7 +488,8 @@ void add_run_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "run",
       "Start N local ranks of a program with torchrun's environment (MASTER_ADDR, MASTER_PORT, "
-      "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): terse run -n N -- PROGRAM ARGS...");
+      "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) and a fresh TERSE_JOB_SECRET (unless one "
+      "is set): terse run -n N -- PROGRAM ARGS...");
   cmd->add_option("-n,--nproc", opt->n, "Number of ranks")->required();
   cmd->add_option("--timeout", opt->timeout,
                   "Communication timeout in seconds, passed to the ranks as TERSE_TIMEOUT");

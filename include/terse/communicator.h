@@ -66,8 +66,18 @@ TERSE_API std::shared_ptr<Store> make_file_store(const std::string& directory);
 // client of itself. Clients retry connecting until timeout, so ranks may start in any order.
 // Every request is bounded by timeout; failures throw TimeoutError or TransportError naming
 // host:port.
+//
+// secret: the job secret (empty: none). With one, every connection starts with a mutual
+// challenge-response: the server admits only clients that prove the same secret, and a client
+// uses only a server that proves it (docs/security.md). A server with a secret refuses a client
+// without one and the other way round. A refused client throws AuthenticationError naming
+// host:port; the server logs the refusal on stderr (naming the client's address and why) and
+// goes on serving the others. A connection that has not finished its handshake within
+// min(timeout, 10 s) is closed. The secret does not encrypt: requests travel in the clear.
+// terse/environment.h reads it from TERSE_JOB_SECRET (communicator_options_from_environment).
 TERSE_API std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout,
+                                                std::string secret = {});
 
 // The port a TCP store created by make_tcp_store listens on or talks to; -1 for other stores.
 TERSE_API int tcp_store_port(const Store& store);
@@ -91,6 +101,12 @@ struct CommunicatorOptions {
   // Prefix of this communicator's keys in the store: communicators sharing a store need
   // distinct prefixes, and every rank of one communicator must use the same one.
   std::string prefix = "terse";
+  // The job secret (empty: none), the same on every rank. With one, each rank proves it to every
+  // peer over their connection before create returns (Gloo's listener admits any process that
+  // names a pair, so this is what keeps others out), and from_env's TCP store requires it too
+  // (make_tcp_store). communicator_options_from_environment sets it from TERSE_JOB_SECRET;
+  // `terse run` gives each job a fresh one there.
+  std::string secret;
 };
 
 // The result of an asynchronous send or recv. Move-only. It refers to its Communicator, which
@@ -134,8 +150,12 @@ class TERSE_API Request {
 class TERSE_API Communicator {
  public:
   // Connects to every other rank through store (a collective: every rank calls it with the
-  // same size and options.prefix). Returns when every rank is connected. Throws TimeoutError
-  // if a rank does not show up within the timeout, InvalidArgument for a bad rank or size.
+  // same size and options.prefix). Returns when every rank is connected and, with
+  // options.secret, every connection has proved it. Throws TimeoutError if a rank does not show
+  // up within the timeout, InvalidArgument for a bad rank or size, and AuthenticationError
+  // naming each peer whose connection did not prove the secret, or whose side has no secret
+  // where this one has one (or the other way round): the creation fails on both sides, and a
+  // connection taken over by another process fails it rather than joining.
   static std::unique_ptr<Communicator> create(int rank, int size, std::shared_ptr<Store> store,
                                               CommunicatorOptions options = {});
 
@@ -143,8 +163,8 @@ class TERSE_API Communicator {
   // number of times, with communicators alive or not: each call is a collective, and the n-th
   // call with a prefix on every rank meets the others' n-th under a key prefix of its own.
   // Only the bootstrap comes from the environment: the options are as given (pass
-  // communicator_options_from_environment() for TERSE_TIMEOUT and TERSE_IFNAME,
-  // terse/environment.h).
+  // communicator_options_from_environment() for TERSE_TIMEOUT, TERSE_IFNAME and
+  // TERSE_JOB_SECRET, terse/environment.h); options.secret also guards the TCP store.
   static std::unique_ptr<Communicator> from_env(CommunicatorOptions options = {});
 
   // Closes every connection. Requests must be finished (or destroyed) first. Peers still
@@ -218,14 +238,17 @@ class TERSE_API Communicator {
 // (a directory, for single-host runs) or MASTER_ADDR and MASTER_PORT, where rank 0 serves a TCP
 // store (unless TERSE_STORE_SERVED=1: the launcher serves it, and rank 0 is a client). The store is made once per process and environment and lives until the process exits
 // (rank 0 keeps serving MASTER_PORT): every later call returns the same one, so several
-// communicators share it (with distinct prefixes). Throws InvalidArgument naming a missing or
-// malformed variable.
+// communicators share it (with distinct prefixes). secret guards the TCP store (make_tcp_store;
+// the job secret is not read from the environment here: communicator_options_from_environment
+// does that). Throws InvalidArgument naming a missing or malformed variable, or a secret other
+// than the one the store was made with.
 struct Bootstrap {
   int rank = 0;
   int size = 1;
   std::shared_ptr<Store> store;
 };
-TERSE_API Bootstrap bootstrap_from_env(std::chrono::milliseconds timeout);
+TERSE_API Bootstrap bootstrap_from_env(std::chrono::milliseconds timeout,
+                                       const std::string& secret = {});
 
 // The Gloo context under a communicator, so that benchmarks can run Gloo's own algorithms on
 // the same connections (they use Gloo's slots, which terse's tags never collide with).

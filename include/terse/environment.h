@@ -50,7 +50,8 @@ TERSE_API void set_process_options(const ProcessOptions& options);
 TERSE_API ProcessOptions process_options_from_environment();
 
 // timeout (where zero): TERSE_TIMEOUT, seconds (fractional allowed), above 0 and at most 1e7.
-// interface (where empty): TERSE_IFNAME, else GLOO_SOCKET_IFNAME.
+// interface (where empty): TERSE_IFNAME, else GLOO_SOCKET_IFNAME. secret (where empty):
+// TERSE_JOB_SECRET, any string (`terse run` sets 64 random hex digits).
 TERSE_API CommunicatorOptions communicator_options_from_environment(
     CommunicatorOptions options = {});
 

@@ -52,4 +52,12 @@ class TERSE_API TransportError : public Error {
   using Error::Error;
 };
 
+// A store or peer did not prove the job secret, or refused this process because it could not
+// (a different secret, or one side has none). A TransportError, so code that handles lost
+// connections handles this too.
+class TERSE_API AuthenticationError : public TransportError {
+ public:
+  using TransportError::TransportError;
+};
+
 }  // namespace terse

@@ -22,12 +22,14 @@ namespace terse::python {
 
 void bind_communicator(py::module_& m) {
   auto make_comm_options = [](std::optional<double> timeout, std::string interface,
-                              std::string hostname, std::string prefix) {
+                              std::string hostname, std::string prefix,
+                              std::optional<std::string> secret) {
     CommunicatorOptions o;
     o.timeout = to_timeout(timeout);
     o.interface = std::move(interface);
     o.hostname = std::move(hostname);
     o.prefix = std::move(prefix);
+    o.secret = secret.value_or("");
     return communicator_options_from_environment(std::move(o));
   };
   py::class_<Communicator, std::shared_ptr<Communicator>>(
@@ -36,9 +38,10 @@ void bind_communicator(py::module_& m) {
       "after any failure the communicator is failed for good and peers learn it promptly.")
       .def(py::init([make_comm_options](int rank, int size, std::shared_ptr<Store> store,
                                         std::optional<double> timeout, std::string interface,
-                                        std::string hostname, std::string prefix) {
+                                        std::string hostname, std::string prefix,
+                                        std::optional<std::string> secret) {
              auto options = make_comm_options(timeout, std::move(interface), std::move(hostname),
-                                              std::move(prefix));
+                                              std::move(prefix), std::move(secret));
              std::unique_ptr<Communicator> comm;
              {
                py::gil_scoped_release release;
@@ -48,15 +51,19 @@ void bind_communicator(py::module_& m) {
            }),
            py::arg("rank"), py::arg("size"), py::arg("store"), py::arg("timeout") = py::none(),
            py::arg("interface") = "", py::arg("hostname") = "", py::arg("prefix") = "terse",
+           py::arg("secret") = py::none(),
            "Connects to every other rank through store (collective: every rank calls it with the "
            "same size and prefix). timeout: seconds (None: TERSE_TIMEOUT, else 60). interface: "
-           "network interface to bind (None: TERSE_IFNAME, GLOO_SOCKET_IFNAME, else hostname).")
+           "network interface to bind (None: TERSE_IFNAME, GLOO_SOCKET_IFNAME, else hostname). "
+           "secret: the job secret every connection must prove (None: TERSE_JOB_SECRET, else "
+           "none); a peer that does not raises terse.AuthenticationError naming it.")
       .def_static(
           "from_env",
           [make_comm_options](std::optional<double> timeout, std::string interface,
-                              std::string hostname, std::string prefix) {
+                              std::string hostname, std::string prefix,
+                              std::optional<std::string> secret) {
             auto options = make_comm_options(timeout, std::move(interface), std::move(hostname),
-                                             std::move(prefix));
+                                             std::move(prefix), std::move(secret));
             std::unique_ptr<Communicator> comm;
             {
               py::gil_scoped_release release;
@@ -65,8 +72,9 @@ void bind_communicator(py::module_& m) {
             return share_releasing_gil(std::move(comm));
           },
           py::arg("timeout") = py::none(), py::arg("interface") = "", py::arg("hostname") = "",
-          py::arg("prefix") = "terse",
-          "Bootstraps from torchrun's environment (see bootstrap_from_env).")
+          py::arg("prefix") = "terse", py::arg("secret") = py::none(),
+          "Bootstraps from torchrun's environment (see bootstrap_from_env); secret guards its "
+          "TCP store and every connection (None: TERSE_JOB_SECRET).")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly(

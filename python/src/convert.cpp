@@ -30,6 +30,11 @@ milliseconds resolved_timeout(std::optional<double> seconds) {
   return t.count() > 0 ? t : environment_timeout();
 }
 double to_seconds(milliseconds t) { return static_cast<double>(t.count()) / 1000.0; }
+std::string resolved_secret(const std::optional<std::string>& secret) {
+  CommunicatorOptions o;
+  if (secret) o.secret = *secret;
+  return communicator_options_from_environment(std::move(o)).secret;
+}
 
 std::string type_name(py::handle obj) {
   return py::type::of(obj).attr("__name__").cast<std::string>();

@@ -28,6 +28,8 @@ std::chrono::milliseconds environment_timeout();
 // The same with the default resolved.
 std::chrono::milliseconds resolved_timeout(std::optional<double> seconds);
 double to_seconds(std::chrono::milliseconds t);
+// The job secret from Python (None or empty: TERSE_JOB_SECRET, else none).
+std::string resolved_secret(const std::optional<std::string>& secret);
 
 // The Python type name of obj, for error messages.
 std::string type_name(py::handle obj);

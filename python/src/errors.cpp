@@ -18,6 +18,7 @@ struct ErrorTypes {
   PyObject* mismatch = nullptr;
   PyObject* timeout = nullptr;
   PyObject* transport = nullptr;
+  PyObject* authentication = nullptr;
 };
 ErrorTypes types;
 
@@ -53,6 +54,9 @@ void register_errors(py::module_& m) {
                             "A wait ran past its deadline (a dead or stalled peer).");
   types.transport = make_type(m, "TransportError", py::make_tuple(base, builtin("ConnectionError")),
                               "A peer closed its connection or could not be reached.");
+  types.authentication =
+      make_type(m, "AuthenticationError", py::make_tuple(py::handle(types.transport)),
+                "A store or peer did not prove the job secret, or refused this process's.");
   // Local: torch is built with the same pybind11 and shares its internals; its functions never
   // throw terse errors, so they need not pass through this translator.
   py::register_local_exception_translator([](std::exception_ptr p) {
@@ -79,6 +83,8 @@ py::object to_python_error(std::exception_ptr error) {
     return instance(types.mismatch, e.what());
   } catch (const TimeoutError& e) {
     return instance(types.timeout, e.what());
+  } catch (const AuthenticationError& e) {
+    return instance(types.authentication, e.what());
   } catch (const TransportError& e) {
     return instance(types.transport, e.what());
   } catch (const Error& e) {

@@ -7,6 +7,7 @@
 //   terse.MismatchError(Error)                    ranks submitted different things
 //   terse.TimeoutError(Error, TimeoutError)       a dead or stalled peer
 //   terse.TransportError(Error, ConnectionError)  a peer closed its connection
+//   terse.AuthenticationError(TransportError)     a store or peer did not prove the job secret
 //
 // The second bases let code that knows nothing of terse catch them idiomatically.
 #pragma once

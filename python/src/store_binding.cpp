@@ -65,12 +65,17 @@ void bind_stores(py::module_& m) {
         "A store in a directory every rank sees (use a fresh directory per job).");
   m.def(
       "tcp_store",
-      [](const std::string& host, int port, bool is_server, std::optional<double> timeout) {
+      [](const std::string& host, int port, bool is_server, std::optional<double> timeout,
+         std::optional<std::string> secret) {
+        const std::string s = resolved_secret(secret);
         py::gil_scoped_release release;
-        return make_tcp_store(host, port, is_server, resolved_timeout(timeout));
+        return make_tcp_store(host, port, is_server, resolved_timeout(timeout), s);
       },
       py::arg("host"), py::arg("port"), py::arg("is_server"), py::arg("timeout") = py::none(),
-      "A TCP store served by one process (is_server; port 0 picks a free one) and used by all.");
+      py::arg("secret") = py::none(),
+      "A TCP store served by one process (is_server; port 0 picks a free one) and used by all. "
+      "secret: the job secret every connection must prove (None: TERSE_JOB_SECRET, else none); "
+      "a wrong or missing one raises terse.AuthenticationError.");
   m.def("prefix_store", &make_prefix_store, py::arg("prefix"), py::arg("store"),
         "A view of store whose keys all start with prefix + '/'.");
   m.def("python_store", &make_python_store, py::arg("store"),
@@ -78,18 +83,20 @@ void bind_stores(py::module_& m) {
         "and wait(keys, timedelta)) to terse.");
   m.def(
       "bootstrap_from_env",
-      [](std::optional<double> timeout) {
+      [](std::optional<double> timeout, std::optional<std::string> secret) {
+        const std::string s = resolved_secret(secret);
         Bootstrap b;
         {
           py::gil_scoped_release release;
-          b = bootstrap_from_env(resolved_timeout(timeout));
+          b = bootstrap_from_env(resolved_timeout(timeout), s);
         }
         return py::make_tuple(b.rank, b.size, b.store);
       },
-      py::arg("timeout") = py::none(),
+      py::arg("timeout") = py::none(), py::arg("secret") = py::none(),
       "(rank, size, store) from torchrun's environment: RANK, WORLD_SIZE and TERSE_FILE_STORE or "
-      "MASTER_ADDR/MASTER_PORT (rank 0 then serves a TCP store on MASTER_PORT). The store is "
-      "made once per process and shared by every later call and by Communicator.from_env.");
+      "MASTER_ADDR/MASTER_PORT (rank 0 then serves a TCP store on MASTER_PORT, guarded by "
+      "secret: None means TERSE_JOB_SECRET). The store is made once per process and shared by "
+      "every later call and by Communicator.from_env.");
 }
 
 }  // namespace terse::python

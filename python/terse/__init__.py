@@ -24,11 +24,13 @@ pseudo-gradients through the engine with a codec, in fragments overlapped with i
 (Streaming DiLoCo; docs/diloco.md).
 
 Errors are :class:`terse.Error` subclasses carrying the C++ message (rank, tensor, peer):
-SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError.
+SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError and its
+AuthenticationError (a store or peer did not prove the job secret; docs/security.md).
 """
 
 from terse._C import (
     AllreduceOptions,
+    AuthenticationError,
     Channel,
     Codec,
     Communicator,
@@ -61,6 +63,7 @@ from terse.policy import Policy
 __all__ = [
     "Accordion",
     "AllreduceOptions",
+    "AuthenticationError",
     "Channel",
     "Codec",
     "Communicator",

@@ -151,6 +151,9 @@ CommunicatorOptions communicator_options_from_environment(CommunicatorOptions op
       options.interface = *g;
     }
   }
+  if (options.secret.empty()) {
+    if (const auto v = variable("TERSE_JOB_SECRET")) options.secret = *v;
+  }
   return options;
 }
 

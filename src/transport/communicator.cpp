@@ -420,6 +420,7 @@ std::unique_ptr<Communicator> Communicator::create(int rank, int size, std::shar
     throw TransportError(fmt::format("{}: {}", prefix(), e.what()));
   }
   impl->start_watchdog();
+  if (size > 1) impl->authenticate_peers(options.secret);
   std::unique_ptr<Communicator> comm(new Communicator(std::move(impl)));
   comm->barrier("bootstrap");
   return comm;
@@ -435,6 +436,7 @@ namespace {
 struct EnvStores {
   std::mutex mutex;
   std::map<std::string, std::shared_ptr<Store>> stores;
+  std::map<std::string, std::string> secrets;  // what each TCP store was made with
   std::map<std::string, int> from_env_calls;  // by options.prefix
 };
 
@@ -445,7 +447,7 @@ EnvStores& env_stores() {
 
 }  // namespace
 
-Bootstrap bootstrap_from_env(milliseconds timeout) {
+Bootstrap bootstrap_from_env(milliseconds timeout, const std::string& secret) {
   auto integer = [](const char* name, bool required, int fallback) {
     const std::string v = env(name);
     if (v.empty()) {
@@ -483,7 +485,15 @@ Bootstrap bootstrap_from_env(milliseconds timeout) {
   std::lock_guard lock(cache.mutex);
   std::shared_ptr<Store>& store = cache.stores[where];
   if (!store) {
-    store = !dir.empty() ? make_file_store(dir) : make_tcp_store(addr, port, serve, timeout);
+    store = !dir.empty() ? make_file_store(dir)
+                         : make_tcp_store(addr, port, serve, timeout, secret);
+    cache.secrets[where] = secret;
+  } else if (dir.empty() && cache.secrets[where] != secret) {
+    // The one store per address cannot change its secret (its server holds MASTER_PORT).
+    throw InvalidArgument(fmt::format(
+        "rank {}: the store {} was made earlier in this process {} job secret; a later "
+        "bootstrap must use the same one",
+        b.rank, where, cache.secrets[where].empty() ? "without a" : "with another"));
   }
   b.store = store;
   return b;
@@ -491,7 +501,7 @@ Bootstrap bootstrap_from_env(milliseconds timeout) {
 
 std::unique_ptr<Communicator> Communicator::from_env(CommunicatorOptions options) {
   if (options.timeout.count() <= 0) options.timeout = default_timeout();
-  Bootstrap b = bootstrap_from_env(options.timeout);
+  Bootstrap b = bootstrap_from_env(options.timeout, options.secret);
   {
     // The store outlives communicators and keeps their keys: the n-th communicator of a prefix
     // meets the other ranks' n-th under a prefix of its own.

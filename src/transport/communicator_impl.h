@@ -29,13 +29,15 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
 // Slot layout: the top byte separates terse's users, its own collectives, the abort probe, the
-// watchdog's sentinels and failure notices from Gloo's algorithms (prefixes 0x01..0x08), the low
-// 56 bits carry the tag. Nobody sends to the abort or watch slots.
+// watchdog's sentinels, failure notices and the job secret's check of every pair from Gloo's
+// algorithms (prefixes 0x01..0x08), the low 56 bits carry the tag. Nobody sends to the abort or
+// watch slots.
 inline constexpr std::uint64_t kUserSlot = std::uint64_t{0x40} << 56;
 inline constexpr std::uint64_t kCollectiveSlot = std::uint64_t{0x41} << 56;
 inline constexpr std::uint64_t kAbortSlot = std::uint64_t{0x42} << 56;
 inline constexpr std::uint64_t kWatchSlot = std::uint64_t{0x43} << 56;
 inline constexpr std::uint64_t kNoticeSlot = std::uint64_t{0x44} << 56;
+inline constexpr std::uint64_t kAuthSlot = std::uint64_t{0x45} << 56;
 
 // A failure notice: i32 the rank whose failure started it, u32 length, the first message about
 // that failure (truncated to fit).
@@ -181,6 +183,16 @@ struct Communicator::Impl {
   // Ends the waits that have lasted kCloseGrace on a closed pair. Returns true while a request
   // on a closed pair is left (not waited for yet, or within the grace). Under live_mutex.
   bool end_stuck_waits();
+
+  // The check of every pair, once connected (peer_auth.cpp): each rank sends every peer a hello
+  // (whether it has a job secret, and a fresh nonce); where both have one, each answers the
+  // peer's nonce with HMAC-SHA256(secret, "terse-pair" || its rank || the peer's rank || nonce)
+  // and checks the peer's answer to its own. Gloo's listener admits any connection that names a
+  // pair's sequence number, so this is what keeps a process without the secret out of the job.
+  // Throws AuthenticationError naming each peer that did not prove the secret (or whose side
+  // has none where this one has one, or the other way round), after failing the communicator:
+  // a pair held by an impostor fails the whole communicator rather than let it in.
+  void authenticate_peers(std::string_view secret);
 
   // Posts one unbound-buffer operation; on failure fails the communicator and throws.
   Request post(bool is_send, int peer, std::uint64_t slot, std::uint64_t tag, void* ptr,

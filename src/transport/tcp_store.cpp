@@ -7,6 +7,11 @@
 //   WAIT: timeout ms u32             -> reply status u8
 // status: 0 found/done, 1 timed out. The server enforces timeouts, so a client never blocks on a
 // key forever; the client's socket timeouts bound a vanished server.
+//
+// Before any request, each connection runs the handshake of store_handshake.h: with a job secret,
+// client and server prove it to each other. The server admits no request before the handshake
+// ends, refuses (closes and logs) a client that fails it or has not finished within
+// min(timeout, 10 s), and serves every other client meanwhile (one thread per connection).
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netdb.h>
@@ -24,11 +29,13 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "terse/communicator.h"
 #include "terse/error.h"
+#include "transport/store_handshake.h"
 
 namespace terse {
 namespace {
@@ -40,6 +47,9 @@ enum : std::uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
 enum : std::uint8_t { kOk = 0, kTimedOut = 1 };
 constexpr std::uint32_t kMaxKey = 4096;
 constexpr std::uint64_t kMaxValue = std::uint64_t{1} << 30;
+// The longest a connection may take over its handshake: a client that has connected has its
+// reply at once, so only one that stalls, or is not a store client, takes longer.
+constexpr milliseconds kHandshakeBound{10000};
 
 // Closes a socket descriptor on scope exit.
 class Socket {
@@ -107,9 +117,30 @@ void set_timeouts(int fd, milliseconds t) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
+// "1.2.3.4:5678" or "[::1]:5678", for the log of refused connections.
+std::string address_of(const sockaddr_storage& a) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host));
+    port = ntohs(v4->sin_port);
+    return fmt::format("{}:{}", host, port);
+  }
+  const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+  inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host));
+  port = ntohs(v6->sin6_port);
+  if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) {
+    inet_ntop(AF_INET, &v6->sin6_addr.s6_addr[12], host, sizeof(host));
+    return fmt::format("{}:{}", host, port);
+  }
+  return fmt::format("[{}]:{}", host, port);
+}
+
 class TcpStoreServer {
  public:
-  explicit TcpStoreServer(int port) {
+  TcpStoreServer(int port, std::string secret, milliseconds handshake_bound)
+      : secret_(std::move(secret)), handshake_bound_(handshake_bound) {
     Socket s(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
     bool v6 = s.fd() >= 0;
     if (!v6) s = Socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -157,10 +188,13 @@ class TcpStoreServer {
 
   int port() const { return port_; }
 
+  transport::StoreAdmissions admissions() const { return {admitted_.load(), refused_.load()}; }
+
  private:
   struct Connection {
     Socket socket;
     std::thread thread;
+    bool done = false;  // under mutex_: its thread has returned from serve
   };
 
   void accept_loop() {
@@ -169,15 +203,57 @@ class TcpStoreServer {
       int r = ::poll(&p, 1, 100);
       std::lock_guard lock(mutex_);
       if (stop_) return;
+      // Connections that ended (refused ones included) give back their thread and socket, so
+      // that strangers connecting again and again do not pile them up.
+      for (auto it = connections_.begin(); it != connections_.end();) {
+        if (!it->done) {
+          ++it;
+          continue;
+        }
+        it->thread.join();
+        it = connections_.erase(it);
+      }
       if (r <= 0) continue;
-      int fd = ::accept4(listen_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+      sockaddr_storage peer{};
+      socklen_t peer_len = sizeof(peer);
+      int fd = ::accept4(listen_.fd(), reinterpret_cast<sockaddr*>(&peer), &peer_len, SOCK_CLOEXEC);
       if (fd < 0) continue;
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       auto& c = connections_.emplace_back();
       c.socket = Socket(fd);
-      c.thread = std::thread([this, fd] { serve(fd); });
+      c.thread = std::thread([this, fd, &c, from = address_of(peer)] {
+        if (admit(fd, from)) serve(fd);
+        std::lock_guard done_lock(mutex_);
+        c.done = true;
+      });
     }
+  }
+
+  // The handshake, bounded so that a client that never finishes it (half-open, or not a store
+  // client) holds only its own thread. A refusal is logged once, here.
+  bool admit(int fd, const std::string& from) {
+    std::optional<std::string> refused;
+    try {
+      refused = transport::admit_store_client(fd, secret_, Clock::now() + handshake_bound_);
+    } catch (const std::exception& e) {
+      refused = e.what();
+    }
+    if (!refused) {
+      ++admitted_;
+      return true;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (stop_) return false;  // closed by our own shutdown, not refused
+    }
+    // Logged, then counted, then closed: whoever sees one of them sees the ones before.
+    fmt::print(stderr, "terse tcp store (port {}): refused a connection from {}: {}\n", port_, from,
+               *refused);
+    std::fflush(stderr);
+    ++refused_;
+    ::shutdown(fd, SHUT_RDWR);
+    return false;
   }
 
   // One thread per client: the world is small and requests block on keys.
@@ -234,6 +310,10 @@ class TcpStoreServer {
 
   Socket listen_;
   int port_ = 0;
+  const std::string secret_;
+  const milliseconds handshake_bound_;
+  std::atomic<std::uint64_t> admitted_{0};
+  std::atomic<std::uint64_t> refused_{0};
   std::mutex mutex_;
   std::condition_variable changed_;
   bool stop_ = false;
@@ -245,13 +325,13 @@ class TcpStoreServer {
 
 class TcpStore final : public Store {
  public:
-  TcpStore(std::string host, int port, bool is_server, milliseconds timeout)
-      : host_(std::move(host)), timeout_(timeout) {
+  TcpStore(std::string host, int port, bool is_server, milliseconds timeout, std::string secret)
+      : host_(std::move(host)), timeout_(timeout), secret_(std::move(secret)) {
     if (port < 0 || port > 65535 || (!is_server && port == 0)) {
       throw InvalidArgument(fmt::format("tcp store: bad port {}", port));
     }
     if (is_server) {
-      server_ = std::make_unique<TcpStoreServer>(port);
+      server_ = std::make_unique<TcpStoreServer>(port, secret_, std::min(timeout, kHandshakeBound));
       port = server_->port();
     }
     port_ = port;
@@ -259,6 +339,11 @@ class TcpStore final : public Store {
   }
 
   int port() const { return port_; }
+
+  std::optional<transport::StoreAdmissions> admissions() const {
+    if (!server_) return std::nullopt;
+    return server_->admissions();
+  }
 
   void set(const std::string& key, std::span<const std::byte> value) override {
     std::vector<char> req;
@@ -372,7 +457,12 @@ class TcpStore final : public Store {
         }
         ::freeaddrinfo(list);
       }
-      if (socket_.fd() >= 0) return;
+      if (socket_.fd() >= 0) {
+        // A server that answers but fails the handshake is not retried: it is the wrong one.
+        transport::join_store(socket_.fd(), secret_, fmt::format("{}:{}", host_, port_),
+                              Clock::now() + timeout_);
+        return;
+      }
       if (Clock::now() + backoff > deadline) {
         throw TimeoutError(fmt::format(
             "tcp store: could not connect to {}:{} within {} ms (is rank 0 running and "
@@ -387,6 +477,7 @@ class TcpStore final : public Store {
   std::string host_;
   int port_ = 0;
   milliseconds timeout_;
+  std::string secret_;
   std::unique_ptr<TcpStoreServer> server_;
   std::mutex mutex_;
   Socket socket_;
@@ -395,13 +486,18 @@ class TcpStore final : public Store {
 }  // namespace
 
 std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
-                                      std::chrono::milliseconds timeout) {
-  return std::make_shared<TcpStore>(host, port, is_server, timeout);
+                                      std::chrono::milliseconds timeout, std::string secret) {
+  return std::make_shared<TcpStore>(host, port, is_server, timeout, std::move(secret));
 }
 
 int tcp_store_port(const Store& store) {
   const auto* tcp = dynamic_cast<const TcpStore*>(&store);
   return tcp != nullptr ? tcp->port() : -1;
+}
+
+std::optional<transport::StoreAdmissions> transport::tcp_store_admissions(const Store& store) {
+  const auto* tcp = dynamic_cast<const TcpStore*>(&store);
+  return tcp != nullptr ? tcp->admissions() : std::nullopt;
 }
 
 }  // namespace terse

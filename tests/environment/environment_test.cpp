@@ -142,6 +142,17 @@ TEST(Environment, EachVariableSetsItsOptionWhereTheCallerLeftIt) {
     EXPECT_EQ(communicator_options_from_environment().interface, "eth9");
   }
   {
+    const ScopedEnv secret("TERSE_JOB_SECRET", "3f2a");
+    EXPECT_EQ(communicator_options_from_environment().secret, "3f2a");
+    CommunicatorOptions given;
+    given.secret = "mine";
+    EXPECT_EQ(communicator_options_from_environment(given).secret, "mine");
+  }
+  {
+    const ScopedEnv secret("TERSE_JOB_SECRET", "");
+    EXPECT_TRUE(communicator_options_from_environment().secret.empty());
+  }
+  {
     const ScopedEnv light("TERSE_PLAN_CODECS", "fp16;minmax8:ef=1"),
         heavy("TERSE_PLAN_HEAVY_CODECS", "onebit:ef=1 powersgd"), log("TERSE_PLAN_LOG", "1"),
         explore("TERSE_PLAN_EXPLORE", "0.5"), xdg("XDG_CACHE_HOME", "/xdg");

@@ -72,6 +72,8 @@ def test_errors_form_a_hierarchy_with_the_cpp_text():
     assert issubclass(terse.Error, RuntimeError)
     assert issubclass(terse.TimeoutError, TimeoutError)
     assert issubclass(terse.TransportError, ConnectionError)
+    assert issubclass(terse.AuthenticationError, terse.TransportError)
+    assert terse.AuthenticationError.__module__ == "terse"
     assert issubclass(terse.SpecError, ValueError)
     with pytest.raises(terse.SpecError) as e:
         terse.canonical_spec("nope:x=1")
@@ -330,6 +332,35 @@ def test_a_python_store_bootstraps_two_ranks(tmp_path):
     assert store.get("k") == b"v"
     with pytest.raises(terse.TimeoutError, match="missing"):
         store.wait(["missing"], timeout=0.2)
+
+
+def test_a_tcp_store_admits_only_the_job_secret(monkeypatch):
+    monkeypatch.delenv("TERSE_JOB_SECRET", raising=False)
+    server = terse.tcp_store("127.0.0.1", 0, True, timeout=5, secret="job secret")
+    client = terse.tcp_store("127.0.0.1", server.port, False, timeout=5, secret="job secret")
+    client.set("k", b"v")
+    assert server.get("k") == b"v"
+    with pytest.raises(terse.AuthenticationError, match="did not match"):
+        terse.tcp_store("127.0.0.1", server.port, False, timeout=5, secret="another")
+    with pytest.raises(terse.AuthenticationError, match="this process has none"):
+        terse.tcp_store("127.0.0.1", server.port, False, timeout=5)
+    # None: the environment's secret.
+    monkeypatch.setenv("TERSE_JOB_SECRET", "job secret")
+    terse.tcp_store("127.0.0.1", server.port, False, timeout=5).set("env", b"ok")
+    assert server.get("env") == b"ok"
+
+
+def test_ranks_with_different_secrets_fail_naming_each_other(tmp_path, monkeypatch):
+    monkeypatch.delenv("TERSE_JOB_SECRET", raising=False)
+    store = terse.file_store(str(tmp_path))
+
+    def rank(r: int):
+        with pytest.raises(terse.AuthenticationError) as refused:
+            terse.Communicator(r, 2, store, timeout=TIMEOUT, secret=f"secret of rank {r}")
+        return str(refused.value)
+
+    for r, message in enumerate(run_ranks(2, rank)):
+        assert f"peer {1 - r} did not prove the job secret" in message, message
 
 
 def test_a_missing_rank_times_out_naming_it(tmp_path):

@@ -14,7 +14,26 @@
 //                           another prefix and one with the same prefix while the first lives,
 //                           then one more after those are gone; each gathers every rank's
 //                           number; prints "AGAIN-OK rank R"
+//   join                    only creates the communicator (and passes a barrier): prints
+//                           "JOINED rank R", or "JOIN-FAILED type=TYPE: MESSAGE" and exits 3
+//   intruded                the job's ranks rendezvous and allreduce while rank 1 sets three
+//                           intruders on the store (the `intrude` modes below): with a wrong
+//                           secret, with none, and a half-open connection, which it waits for
+//                           before it joins; prints "RENDEZVOUS rank 1 ms=MS" (since it started
+//                           them), "INTRUDED-OK rank R sum=S", and on rank 0 "STORE admitted=A
+//                           refused=R" once every intruder is done
+//   intrude store           (not a rank) connects to MASTER_ADDR:MASTER_PORT with the
+//                           environment's secret: prints "INTRUDER-REFUSED with a wrong
+//                           secret|without a secret: MESSAGE", or "INTRUDER-ADMITTED" and exits 1
+//   intrude half-open FD    (not a rank) connects and sends nothing; writes a byte to FD once
+//                           connected, then prints "HALF-OPEN closed after ms=MS" when the store
+//                           closes the connection
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <thread>
@@ -29,9 +49,11 @@
 
 #include "kit/host.h"
 #include "terse/communicator.h"
+#include "terse/engine.h"
 #include "terse/environment.h"
 #include "terse/error.h"
 #include "transport/machine_share.h"
+#include "transport/store_handshake.h"
 #include "worker_check.h"
 
 namespace {
@@ -272,6 +294,168 @@ int share(Communicator& comm) {
   return 0;
 }
 
+const char* type_of(const terse::Error& e) {
+  if (dynamic_cast<const terse::AuthenticationError*>(&e) != nullptr) return "AuthenticationError";
+  if (dynamic_cast<const terse::TimeoutError*>(&e) != nullptr) return "TimeoutError";
+  if (dynamic_cast<const terse::TransportError*>(&e) != nullptr) return "TransportError";
+  return "Error";
+}
+
+int join() {
+  // Every rank fails at about the same time here; the launcher's SIGTERM to the others must not
+  // cut their report short.
+  signal(SIGTERM, SIG_IGN);
+  try {
+    auto comm = Communicator::from_env(terse::communicator_options_from_environment());
+    comm->barrier();
+    std::printf("JOINED rank %d\n", comm->rank());
+    return 0;
+  } catch (const terse::Error& e) {
+    std::printf("JOIN-FAILED type=%s: %s\n", type_of(e), e.what());
+    return 3;
+  }
+}
+
+std::string variable(const char* name) {
+  const char* v = std::getenv(name);
+  check(v != nullptr, std::string(name) + " is not set");
+  return v;
+}
+
+// A plain TCP connection to the job's store, retried until it listens.
+int connect_to_store() {
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (true) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* list = nullptr;
+    if (getaddrinfo(variable("MASTER_ADDR").c_str(), variable("MASTER_PORT").c_str(), &hints,
+                    &list) == 0) {
+      for (addrinfo* a = list; a != nullptr; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          freeaddrinfo(list);
+          return fd;
+        }
+        if (fd >= 0) ::close(fd);
+      }
+      freeaddrinfo(list);
+    }
+    check(Clock::now() < deadline, "no store to connect to");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int intrude(const std::string& how, int ready_fd) {
+  if (how == "half-open") {
+    const int fd = connect_to_store();
+    const auto start = Clock::now();
+    const char c = 'c';
+    check(::write(ready_fd, &c, 1) == 1, "cannot tell rank 1 the connection is open");
+    char buf[256];
+    while (true) {
+      pollfd p{fd, POLLIN, 0};
+      check(::poll(&p, 1, 30000) == 1, "the store kept a half-open connection for 30 s");
+      if (::recv(fd, buf, sizeof(buf), 0) <= 0) break;  // the server's hello, then the close
+    }
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    std::printf("HALF-OPEN closed after ms=%lld\n", static_cast<long long>(ms));
+    return 0;
+  }
+  const auto options = terse::communicator_options_from_environment();
+  const char* kind = options.secret.empty() ? "without a secret" : "with a wrong secret";
+  try {
+    auto store = terse::make_tcp_store(variable("MASTER_ADDR"), std::stoi(variable("MASTER_PORT")),
+                                       false, options.timeout, options.secret);
+    std::printf("INTRUDER-ADMITTED %s\n", kind);
+    return 1;
+  } catch (const terse::AuthenticationError& e) {
+    std::printf("INTRUDER-REFUSED %s: %s\n", kind, e.what());
+    return 0;
+  }
+}
+
+pid_t start(std::vector<std::string> args) {
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  check(pid >= 0, "fork");
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    std::_Exit(127);
+  }
+  return pid;
+}
+
+int intruded() {
+  const int rank = std::stoi(variable("RANK"));
+  const auto options = terse::communicator_options_from_environment();
+  check(!options.secret.empty(), "terse run gave the job no secret");
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<pid_t> intruders;
+  const auto start_time = Clock::now();
+  if (rank == 1) {
+    int ready[2];
+    check(::pipe(ready) == 0, "pipe");
+    intruders.push_back(start({self, "intrude", "half-open", std::to_string(ready[1])}));
+    intruders.push_back(
+        start({"env", "TERSE_JOB_SECRET=not-the-job-secret", self, "intrude", "store"}));
+    intruders.push_back(start({"env", "-u", "TERSE_JOB_SECRET", self, "intrude", "store"}));
+    ::close(ready[1]);
+    char c;
+    check(::read(ready[0], &c, 1) == 1, "the half-open intruder did not connect");
+    ::close(ready[0]);
+  }
+  std::shared_ptr<Communicator> comm = Communicator::from_env(options);
+  if (rank == 1) {
+    std::printf("RENDEZVOUS rank 1 ms=%lld\n",
+                static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_time)
+                        .count()));
+  }
+  float sum = 0;
+  {
+    terse::Engine engine(comm, terse::engine_options_from_environment());
+    std::vector<float> x(1000, static_cast<float>(rank + 1));
+    terse::AllreduceOptions o;
+    o.codec = "none";
+    o.average = false;
+    engine.allreduce("x", x, o).wait();
+    for (float v : x) check(v == x[0], "the allreduce's result differs between elements");
+    sum = x[0];
+  }
+  // The same store, from the process's cache: every rank waits for rank 1's intruders, so that
+  // rank 0 counts them all.
+  auto store = terse::bootstrap_from_env(comm->timeout(), options.secret).store;
+  if (rank == 1) {
+    for (pid_t pid : intruders) {
+      int status = 0;
+      check(::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "an intruder got in, or failed otherwise");
+    }
+    const std::byte done[1] = {std::byte{1}};
+    store->set("intruders-done", done);
+  }
+  store->get("intruders-done", std::chrono::seconds(60));
+  if (rank == 0) {
+    // A refused intruder may have read its verdict before the server counted it.
+    auto a = terse::transport::tcp_store_admissions(*store);
+    check(a.has_value(), "rank 0 serves no store");
+    for (int k = 0; k < 500 && a->refused < 3; ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      a = terse::transport::tcp_store_admissions(*store);
+    }
+    std::printf("STORE admitted=%llu refused=%llu\n", static_cast<unsigned long long>(a->admitted),
+                static_cast<unsigned long long>(a->refused));
+  }
+  comm->barrier();
+  std::printf("INTRUDED-OK rank %d sum=%g\n", rank, static_cast<double>(sum));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -282,7 +466,12 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   try {
+    if (mode == "intrude" && argc >= 3) {
+      return intrude(argv[2], argc >= 4 ? std::atoi(argv[3]) : -1);
+    }
     terse::set_process_options(terse::process_options_from_environment());
+    if (mode == "join") return join();
+    if (mode == "intruded") return intruded();
     auto comm = Communicator::from_env(terse::communicator_options_from_environment());
     if (mode == "basic") return basic(*comm);
     if (mode == "share") return share(*comm);
