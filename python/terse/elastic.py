@@ -146,6 +146,16 @@ class Membership:
         g = self.generation.number if self.generation else self.latest()
         return self._count(f"g{g + 1}/arrivals") > 0
 
+    def finish(self) -> None:
+        """Marks the job finished: a worker that arrives from now on exits (status 0)."""
+        self._count("finished", 1)
+
+    def _check_finished(self) -> None:
+        if self._count("finished") > 0:
+            print(f"terse.elastic: slot {self.slot}: the job finished before this worker was "
+                  "taken in; nothing left to do", flush=True)
+            raise SystemExit(0)
+
     def _dead(self, member: Dict[str, int]) -> bool:
         return self._count(f"dead/{member['slot']}/{member['incarnation']}") > 0
 
@@ -159,6 +169,7 @@ class Membership:
         deadline = time.monotonic() + self.join_timeout
         number = (self.generation.number if self.generation else self.latest()) + 1
         while True:
+            self._check_finished()
             if self._count("failed") > 0:
                 raise terse.TransportError(f"slot {self.slot}: {self._get('failed', 1)}")
             generation = self._arrive(number, step, deadline)
@@ -236,6 +247,7 @@ class Membership:
                     raise terse.TransportError(f"slot {self.slot}: {self._get('failed', 1)}")
                 if settle_at is not None and time.monotonic() > settle_at:
                     break
+                self._check_finished()
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)
@@ -356,8 +368,10 @@ class ElasticDDP:
         return applied
 
     def close(self) -> None:
-        """Ends this worker's part: a barrier over the members, then releases the engine."""
+        """Ends this worker's part once training is over: marks the job finished (a worker
+        that arrives later exits at once), waits for the members, releases the engine."""
         try:
+            self.membership.finish()
             self.generation.communicator.barrier("terse.elastic close")
         finally:
             self.state.close()
