@@ -21,7 +21,8 @@ holds optimizers that communicate themselves: ``terse.optim.OneBitAdam`` and
 ``terse.optim.ZeroOneAdam`` exchange their momentum 1-bit compressed (docs/python.md).
 :mod:`terse.diloco` (imported separately) synchronizes every H steps: ``DiLoCo`` averages
 pseudo-gradients through the engine with a codec, in fragments overlapped with inner steps
-(Streaming DiLoCo; docs/diloco.md).
+(Streaming DiLoCo; docs/diloco.md). :class:`Checkpointer` (:mod:`terse.checkpoint`) writes
+periodic per-rank checkpoints and resumes a restarted job from the newest complete one.
 
 Errors are :class:`terse.Error` subclasses carrying the C++ message (rank, tensor, peer):
 SpecError, InvalidArgument, DecodeError, MismatchError, TimeoutError, TransportError and its
@@ -59,12 +60,14 @@ from terse._C import (
 )
 from terse.accordion import Accordion, SparseWarmup
 from terse.policy import Policy
+from terse.checkpoint import Checkpointer
 
 __all__ = [
     "Accordion",
     "AllreduceOptions",
     "AuthenticationError",
     "Channel",
+    "Checkpointer",
     "Codec",
     "Communicator",
     "DecodeError",
