@@ -6,7 +6,7 @@ or repeated steps, and recovery times.
         --kill-every 30 --out results/elastic
 
 Each run: 4 workers under `terse run --elastic --max-restarts 100`, a Fashion-MNIST MLP with
-SGD, the terse hook (codec --codec), a fixed global batch per step split among the members.
+SGD with momentum and a cosine learning rate, the terse hook (codec --codec), a fixed global batch per step split among the members.
 The faulty run kills (SIGKILL) one worker every --kill-every seconds, in turn, and stops one
 (SIGSTOP) for --timeout + 3 s once, midway; the launcher restarts each killed worker. Measured:
 goodput (the fault-free run's seconds for the same steps over the faulty run's), the final
@@ -19,6 +19,7 @@ Prints a table of medians and writes drill.json under --out.
 import argparse
 import collections
 import json
+import math
 import os
 import pathlib
 import re
@@ -58,6 +59,8 @@ def worker(args) -> int:
         start = (job.step * args.batch) % n
         x, y = job.split(x_all[start:start + args.batch], y_all[start:start + args.batch])
         loss_fn(job.model(x), y).backward()
+        for group in opt.param_groups:  # cosine decay, a function of the step like the batch
+            group["lr"] = 0.05 * 0.5 * (1 + math.cos(math.pi * job.step / args.steps))
         step = job.step
         if job.commit():
             print(f"APPLIED {step} {os.getpid()} {time.time():.3f}", flush=True)

@@ -11,7 +11,7 @@ import subprocess
 from conftest import HERE, PYTHON, REPO, TERSE_CLI
 
 WORKER = HERE / "elastic_worker.py"
-STEPS = 50
+STEPS = 80  # a restarted or woken worker has ~10 s to be back before the end
 TIMEOUT = 5  # seconds: how long a stalled worker holds the others up
 
 
