@@ -158,18 +158,15 @@ def analyse(text: str, seconds: float, kills, stops, args) -> dict:
     finals = [(int(a), float(b), float(c))
               for a, b, c in re.findall(r"\] FINAL (\d+) ([\d.]+) ([\d.]+)", text)]
     commits = sorted(t for rows in applied.values() for _, t in rows)
-    costs = []
-    for at, _ in kills:
-        before = [t for t in commits if t <= at]
-        after = [t for t in commits if t > at]
-        if before and after:
-            costs.append(after[0] - before[-1])
-    stall_costs = []
-    for at in stops:
-        before = [t for t in commits if t <= at]
-        after = [t for t in commits if t > at]
-        if before and after:
-            stall_costs.append(after[0] - before[-1])
+
+    def cost(at: float) -> float:
+        """The longest pause between two commits from the fault to 20 s after it (a commit of
+        the step in flight may land after the fault; the pause comes at the next step)."""
+        window = [t for t in commits if at - 1 <= t <= at + 20]
+        return max((b - a for a, b in zip(window, window[1:])), default=0.0)
+
+    costs = [cost(at) for at, _ in kills]
+    stall_costs = [cost(at) for at in stops]
     starts = {int(p): float(t) for p, t in re.findall(r"STARTED slot \d+ pid (\d+) at ([\d.]+)",
                                                       text)}
     first_commit = {}
