@@ -253,6 +253,37 @@ TEST(Launcher, OneFailingRankStopsTheOthers) {
   EXPECT_LT(r.seconds, 10) << r.output;
 }
 
+// --elastic: a failed rank starts again (TERSE_RESTART_COUNT one higher) while the others
+// keep running, undisturbed; past --max-restarts the others still finish and the job's exit
+// code reports the rank that gave up. The ranks see the store the launcher serves.
+TEST(Launcher, ElasticRestartsOnlyTheFailedRank) {
+  auto r = shell(kCli + " run --elastic --max-restarts 2 -n 3 -- sh -c 'echo start $RANK "
+                        "$TERSE_RESTART_COUNT $TERSE_STORE_SERVED $TERSE_ELASTIC; if [ $RANK = 1 ] "
+                        "&& [ $TERSE_RESTART_COUNT -lt 2 ]; then exit 5; fi; sleep 1; echo done "
+                        "$RANK'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  for (const char* line : {"[rank 0] start 0 0 1 1", "[rank 2] start 2 0 1 1",
+                           "[rank 1] start 1 0 1 1", "[rank 1] start 1 1 1 1",
+                           "[rank 1] start 1 2 1 1", "[rank 0] done 0", "[rank 1] done 1",
+                           "[rank 2] done 2", "starting it again (restart 2 of 2)"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  }
+  // The survivors started once.
+  EXPECT_EQ(r.output.find("[rank 0] start 0 1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[rank 2] start 2 1"), std::string::npos) << r.output;
+
+  r = shell(kCli + " run --elastic -n 2 -- sh -c 'if [ $RANK = 1 ]; then exit 5; fi; sleep 1; "
+                   "echo done $RANK'");
+  EXPECT_EQ(r.code, 5) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] done 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed (exit status 5) after 0 restarts; the others go on"),
+            std::string::npos) << r.output;
+
+  r = shell(kCli + " run --max-restarts 1 -n 2 -- true");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--max-restarts needs --elastic"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, MissingProgramFails) {
   auto r = shell(kCli + " run -n 2 -- /nonexistent/program");
   EXPECT_EQ(r.code, 127) << r.output;
