@@ -13,7 +13,9 @@ goodput (the fault-free run's seconds for the same steps over the faulty run's),
 test loss and accuracy of both, steps applied twice or never (from every worker's per-step
 log), each kill's cost (last commit before it to the next commit after it), and each
 replacement's time from its start to its first step in lock step (with its state's bytes).
-Prints a table of medians and writes drill.json under --out.
+Prints a table of medians and writes drill.json under --out. `--peer torchft` runs the same
+drill through torchft (PyPI) instead: its Manager, Lighthouse (in this process) and
+OptimizerWrapper, one replica group per worker, healing from a live replica.
 """
 
 import argparse
@@ -75,14 +77,90 @@ def worker(args) -> int:
     return 0
 
 
+def torchft_worker(args) -> int:
+    """The same training through torchft (PyPI): the Manager's allreduce of each gradient and
+    its OptimizerWrapper, one replica group per worker, the Lighthouse in the drill's process; a restarted worker heals from a
+    live replica through torchft's checkpoint transport."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.optim import OptimizerWrapper
+
+    from terse.demo import load_fashion_mnist
+
+    started = time.time()
+    torch.set_num_threads(1)
+    slot = int(os.environ["RANK"])
+    print(f"STARTED slot {slot} pid {os.getpid()} at {started:.3f}", flush=True)
+    x_all, y_all = (torch.from_numpy(a) for a in load_fashion_mnist("train"))
+    x_test, y_test = (torch.from_numpy(a) for a in load_fashion_mnist("test"))
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    wait = timedelta(seconds=args.timeout)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=wait)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=wait),
+        load_state_dict=lambda st: (model.load_state_dict(st["model"]),
+                                    inner.load_state_dict(st["optim"])),
+        state_dict=lambda: {"model": model.state_dict(), "optim": inner.state_dict()},
+        min_replica_size=1, use_async_quorum=False, timeout=wait, quorum_timeout=wait * 4,
+        connect_timeout=wait, rank=0, world_size=1, store_addr="127.0.0.1",
+        store_port=store.port, lighthouse_addr=os.environ["TORCHFT_LIGHTHOUSE"],
+        replica_id=f"drill_{slot}", hostname="127.0.0.1")
+    # Gradients through the Manager's allreduce, which turns a peer's failure into a skipped
+    # commit. (torchft's DDP wrapper was tried first: its comm hook fails on that error path,
+    # "AttributeError: 'Future' object has no attribute '_fut'", and every survivor exited.)
+    opt = OptimizerWrapper(manager, inner)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    n = x_all.shape[0] - x_all.shape[0] % args.batch
+    while manager.current_step() < args.steps:
+        opt.zero_grad()  # the quorum: who takes part in this step, and healing
+        step = manager.current_step()
+        start = (step * args.batch) % n
+        parts = max(1, manager.num_participants())
+        share = manager.participating_rank() or 0
+        x = x_all[start:start + args.batch].tensor_split(parts)[share]
+        y = y_all[start:start + args.batch].tensor_split(parts)[share]
+        loss_fn(model(x), y).backward()
+        works = [manager.allreduce(p.grad) for p in model.parameters()]
+        for work in works:
+            work.wait()
+        for group in inner.param_groups:
+            group["lr"] = 0.05 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        opt.step()  # applies the step where every participant committed
+        if manager.current_step() > step:
+            print(f"APPLIED {step} {os.getpid()} {time.time():.3f}", flush=True)
+    with torch.no_grad():
+        logits = model(x_test)
+        loss = float(loss_fn(logits, y_test))
+        accuracy = float((logits.argmax(1) == y_test).float().mean())
+    print(f"FINAL {manager.current_step()} {loss:.6f} {accuracy:.6f}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # torchft's native threads may abort a normal teardown
+
+
 def run_once(args, faults: bool) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(REPO / "build" / "python"), str(HERE),
                                            os.environ.get("PYTHONPATH", "")]))
     cmd = [args.terse, "run", "--elastic", "--max-restarts", "100", "--timeout",
            str(args.timeout), "-n", str(args.workers), "--", sys.executable, __file__,
-           "--worker", "--steps", str(args.steps), "--batch", str(args.batch), "--codec",
-           args.codec]
+           "--worker", "--peer", args.peer, "--steps", str(args.steps), "--batch",
+           str(args.batch), "--codec", args.codec, "--timeout", str(args.timeout)]
+    lighthouse = None
+    if args.peer == "torchft":
+        os.environ.setdefault("RUST_LOG", "warn")
+        from torchft.coordination import LighthouseServer
+
+        lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1,
+                                      join_timeout_ms=int(args.timeout * 1000))
+        env["TORCHFT_LIGHTHOUSE"] = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
     lines = []
@@ -90,7 +168,7 @@ def run_once(args, faults: bool) -> dict:
     lock = threading.Lock()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log = open(out / f"log-{'faults' if faults else 'clean'}.txt", "w")
+    log = open(out / f"log-{args.peer}-{'faults' if faults else 'clean'}.txt", "w")
 
     def read():
         for line in proc.stdout:
@@ -137,6 +215,8 @@ def run_once(args, faults: bool) -> dict:
     seconds = time.time() - began
     text = "".join(lines)
     log.close()
+    if lighthouse is not None:
+        lighthouse.shutdown()
     return analyse(text, seconds, kills, stops, args)
 
 
@@ -197,6 +277,8 @@ def main() -> int:
                     help="about how long the fault-free run should take (sets --steps)")
     ap.add_argument("--batch", type=int, default=768, help="the global batch (3 and 4 divide it)")
     ap.add_argument("--codec", default="none")
+    ap.add_argument("--peer", default="terse", choices=["terse", "torchft"],
+                    help="whose recovery runs the drill: terse.elastic or torchft's Manager")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=10)
     ap.add_argument("--kill-every", type=float, default=60)
@@ -205,7 +287,7 @@ def main() -> int:
     ap.add_argument("--out", default="results/elastic")
     args = ap.parse_args()
     if args.worker:
-        return worker(args)
+        return torchft_worker(args) if args.peer == "torchft" else worker(args)
     if args.steps == 0:
         probe = argparse.Namespace(**{**vars(args), "steps": 200})
         r = run_once(probe, faults=False)
@@ -232,7 +314,7 @@ def main() -> int:
               f"(state {churn['state_bytes'] / 1e6:.2f} MB)", flush=True)
     med = statistics.median
     summary = {
-        "steps": args.steps, "batch": args.batch, "codec": args.codec,
+        "peer": args.peer, "steps": args.steps, "batch": args.batch, "codec": args.codec,
         "kill_every": args.kill_every, "timeout": args.timeout,
         "goodput": med(r["goodput"] for r in rows),
         "loss_clean": med(r["clean"]["finals"][0][1] for r in rows),
