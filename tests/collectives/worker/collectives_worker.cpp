@@ -845,6 +845,32 @@ std::vector<float> rank_order_shard(const Inputs& x, std::size_t shard, int j, b
   return acc;
 }
 
+// A reduce-scatter of half tensors (each rank's input, narrowed to dtype, of shard * ranks
+// elements named `name`): this rank's half output, it widened, and the rank-order sum of the
+// widened inputs' slice it should approach.
+struct HalfReduceScatter {
+  std::vector<std::uint16_t> y;
+  std::vector<float> got, sum;
+};
+HalfReduceScatter half_reduce_scatter(Engine& engine, const std::string& name, DType dtype,
+                                      const CollectiveOptions& o, int n_ranks, int r,
+                                      std::size_t shard) {
+  Inputs wide = all_inputs(n_ranks, name, 0, shard * n_ranks);
+  std::vector<std::vector<std::uint16_t>> bits(n_ranks,
+                                               std::vector<std::uint16_t>(shard * n_ranks));
+  for (int i = 0; i < n_ranks; ++i) {
+    kit::narrow(dtype, wide[i], bits[i].data());
+    kit::widen(dtype, bits[i].data(), wide[i], false);
+  }
+  HalfReduceScatter out{std::vector<std::uint16_t>(shard), std::vector<float>(shard), {}};
+  engine.reduce_scatter(name, TensorView(bits[r].data(), bits[r].size(), dtype),
+                        TensorView(out.y.data(), shard, dtype), o)
+      .wait();
+  kit::widen(dtype, out.y.data(), out.got, false);
+  out.sum = rank_order_shard(wide, shard, r, o.average);
+  return out;
+}
+
 int reduce_scatter_matrix(Communicator& comm, Engine& engine) {
   const int n_ranks = comm.size(), r = comm.rank();
   const Strategy strategies[] = {Strategy::kRaw, Strategy::kAllToAll, Strategy::kSharded,
@@ -924,20 +950,7 @@ int reduce_scatter_matrix(Communicator& comm, Engine& engine) {
       o.strategy = parse_strategy(entry.substr(entry.find('@') + 1));
       o.partitions = 2;
       const std::string name = fmt::format("rs/{}/{}", to_string(dtype), entry);
-      Inputs wide = all_inputs(n_ranks, name, 0, shard * n_ranks);
-      std::vector<std::vector<std::uint16_t>> bits(n_ranks,
-                                                   std::vector<std::uint16_t>(shard * n_ranks));
-      for (int i = 0; i < n_ranks; ++i) {
-        kit::narrow(dtype, wide[i], bits[i].data());
-        kit::widen(dtype, bits[i].data(), wide[i], false);
-      }
-      std::vector<std::uint16_t> y(shard);
-      engine.reduce_scatter(name, TensorView(bits[r].data(), bits[r].size(), dtype),
-                            TensorView(y.data(), shard, dtype), o)
-          .wait();
-      std::vector<float> got(shard);
-      kit::widen(dtype, y.data(), got, false);
-      const std::vector<float> sum = rank_order_shard(wide, shard, r, o.average);
+      const auto [y, got, sum] = half_reduce_scatter(engine, name, dtype, o, n_ranks, r, shard);
       if (o.codec == "none") {
         std::vector<std::uint16_t> want(shard);
         kit::narrow(dtype, sum, want.data());
@@ -1675,20 +1688,7 @@ int hierarchy_reduce_scatters(Communicator& comm, Engine& engine, const HostFact
       o.partitions = 2;
       o.hierarchy = Hierarchy::kHosts;
       const std::string name = fmt::format("hrs/{}/{}", to_string(dtype), spec);
-      Inputs wide = all_inputs(n_ranks, name, 0, shard * n_ranks);
-      std::vector<std::vector<std::uint16_t>> bits(n_ranks,
-                                                   std::vector<std::uint16_t>(shard * n_ranks));
-      for (int i = 0; i < n_ranks; ++i) {
-        kit::narrow(dtype, wide[i], bits[i].data());
-        kit::widen(dtype, bits[i].data(), wide[i], false);
-      }
-      std::vector<std::uint16_t> y(shard);
-      engine.reduce_scatter(name, TensorView(bits[r].data(), bits[r].size(), dtype),
-                            TensorView(y.data(), shard, dtype), o)
-          .wait();
-      std::vector<float> got(shard);
-      kit::widen(dtype, y.data(), got, false);
-      const std::vector<float> sum = rank_order_shard(wide, shard, r, o.average);
+      const auto [y, got, sum] = half_reduce_scatter(engine, name, dtype, o, n_ranks, r, shard);
       const double bound = spec == "none" ? 0.005 : 0.05;  // rounding once; 8 bits
       check(relative_error(got, sum) < bound,
             fmt::format("{}: error {} against the sum", name, relative_error(got, sum)));
