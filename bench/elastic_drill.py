@@ -13,7 +13,8 @@ goodput (the fault-free run's seconds for the same steps over the faulty run's),
 test loss and accuracy of both, steps applied twice or never (from every worker's per-step
 log), each kill's cost (last commit before it to the next commit after it), and each
 replacement's time from its start to its first step in lock step (with its state's bytes).
-Prints a table of medians and writes drill.json under --out. `--peer torchft` runs the same
+Each drill also runs the compute-only floor (the same steps, each worker its share of every
+batch, no communication). Prints a table of medians and writes drill.json under --out. `--peer torchft` runs the same
 drill through torchft (PyPI) instead: its Manager, Lighthouse (in this process) and
 OptimizerWrapper, one replica group per worker, healing from a live replica.
 """
@@ -36,72 +37,97 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
+class _Training:
+    """What every drill worker trains, whoever carries its gradients: the Fashion-MNIST MLP,
+    SGD with momentum and a cosine learning rate, one global batch per step."""
+
+    def __init__(self, args) -> None:
+        import torch
+
+        from terse.demo import load_fashion_mnist
+
+        started = time.time()
+        torch.set_num_threads(1)
+        self.slot = int(os.environ["RANK"])
+        print(f"STARTED slot {self.slot} pid {os.getpid()} at {started:.3f}", flush=True)
+        self.args = args
+        self.x, self.y = (torch.from_numpy(a) for a in load_fashion_mnist("train"))
+        self.x_test, self.y_test = (torch.from_numpy(a) for a in load_fashion_mnist("test"))
+        torch.manual_seed(1234)
+        self.model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                                         torch.nn.Linear(256, 128), torch.nn.ReLU(),
+                                         torch.nn.Linear(128, 10))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.samples = self.x.shape[0] - self.x.shape[0] % args.batch
+
+    def batch(self, step: int):
+        """Step ``step``'s global batch; its learning rate set (cosine decay)."""
+        for group in self.opt.param_groups:
+            group["lr"] = 0.05 * 0.5 * (1 + math.cos(math.pi * step / self.args.steps))
+        start = (step * self.args.batch) % self.samples
+        return self.x[start:start + self.args.batch], self.y[start:start + self.args.batch]
+
+    def applied(self, step: int) -> None:
+        print(f"APPLIED {step} {os.getpid()} {time.time():.3f}", flush=True)
+
+    def final(self, steps: int) -> None:
+        import torch
+
+        with torch.no_grad():
+            logits = self.model(self.x_test)
+            loss = float(self.loss_fn(logits, self.y_test))
+            accuracy = float((logits.argmax(1) == self.y_test).float().mean())
+        print(f"FINAL {steps} {loss:.6f} {accuracy:.6f}", flush=True)
+
+
 def worker(args) -> int:
-    import torch
-
     import terse.elastic
-    from terse.demo import load_fashion_mnist
 
-    started = time.time()
-    torch.set_num_threads(1)
-    slot = int(os.environ["RANK"])
-    print(f"STARTED slot {slot} pid {os.getpid()} at {started:.3f}", flush=True)
-    x_all, y_all = (torch.from_numpy(a) for a in load_fashion_mnist("train"))
-    x_test, y_test = (torch.from_numpy(a) for a in load_fashion_mnist("test"))
-    torch.manual_seed(1234)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    job = terse.elastic.ElasticDDP(model, opt, codec=args.codec,
-                                   log=lambda t: print(f"LOG {t}", flush=True))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    n = x_all.shape[0] - x_all.shape[0] % args.batch
+    t = _Training(args)
+    job = terse.elastic.ElasticDDP(t.model, t.opt, codec=args.codec,
+                                   log=lambda text: print(f"LOG {text}", flush=True))
     while job.step < args.steps:
-        start = (job.step * args.batch) % n
-        x, y = job.split(x_all[start:start + args.batch], y_all[start:start + args.batch])
-        loss_fn(job.model(x), y).backward()
-        for group in opt.param_groups:  # cosine decay, a function of the step like the batch
-            group["lr"] = 0.05 * 0.5 * (1 + math.cos(math.pi * job.step / args.steps))
+        x, y = job.split(*t.batch(job.step))
+        t.loss_fn(job.model(x), y).backward()
         step = job.step
         if job.commit():
-            print(f"APPLIED {step} {os.getpid()} {time.time():.3f}", flush=True)
-    with torch.no_grad():
-        logits = model(x_test)
-        loss = float(loss_fn(logits, y_test))
-        accuracy = float((logits.argmax(1) == y_test).float().mean())
+            t.applied(step)
     for event in job.events:
         print("EVENT " + json.dumps(event), flush=True)
-    print(f"FINAL {job.step} {loss:.6f} {accuracy:.6f}", flush=True)
+    t.final(job.step)
     job.close()
+    return 0
+
+
+def floor_worker(args) -> int:
+    """The compute-only floor: each worker its share of the same steps, no communication."""
+    import torch
+
+    t = _Training(args)
+    for step in range(args.steps):
+        x, y = (torch.tensor_split(v, args.workers)[t.slot] for v in t.batch(step))
+        t.loss_fn(t.model(x), y).backward()
+        t.opt.step()
+        t.opt.zero_grad()
+        t.applied(step)
+    t.final(args.steps)
     return 0
 
 
 def torchft_worker(args) -> int:
     """The same training through torchft (PyPI): the Manager's allreduce of each gradient and
-    its OptimizerWrapper, one replica group per worker, the Lighthouse in the drill's process; a restarted worker heals from a
-    live replica through torchft's checkpoint transport."""
+    its OptimizerWrapper, one replica group per worker, the Lighthouse in the drill's process; a
+    restarted worker heals from a live replica through torchft's checkpoint transport."""
     os.environ.setdefault("RUST_LOG", "warn")
     from datetime import timedelta
 
-    import torch
     import torch.distributed as dist
     from torchft import Manager, ProcessGroupGloo
     from torchft.optim import OptimizerWrapper
 
-    from terse.demo import load_fashion_mnist
-
-    started = time.time()
-    torch.set_num_threads(1)
-    slot = int(os.environ["RANK"])
-    print(f"STARTED slot {slot} pid {os.getpid()} at {started:.3f}", flush=True)
-    x_all, y_all = (torch.from_numpy(a) for a in load_fashion_mnist("train"))
-    x_test, y_test = (torch.from_numpy(a) for a in load_fashion_mnist("test"))
-    torch.manual_seed(1234)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 10))
-    inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    t = _Training(args)
+    model, inner = t.model, t.opt
     wait = timedelta(seconds=args.timeout)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=wait)
     manager = Manager(
@@ -112,35 +138,25 @@ def torchft_worker(args) -> int:
         min_replica_size=1, use_async_quorum=False, timeout=wait, quorum_timeout=wait * 4,
         connect_timeout=wait, rank=0, world_size=1, store_addr="127.0.0.1",
         store_port=store.port, lighthouse_addr=os.environ["TORCHFT_LIGHTHOUSE"],
-        replica_id=f"drill_{slot}", hostname="127.0.0.1")
+        replica_id=f"drill_{t.slot}", hostname="127.0.0.1")
     # Gradients through the Manager's allreduce, which turns a peer's failure into a skipped
     # commit. (torchft's DDP wrapper was tried first: its comm hook fails on that error path,
     # "AttributeError: 'Future' object has no attribute '_fut'", and every survivor exited.)
     opt = OptimizerWrapper(manager, inner)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    n = x_all.shape[0] - x_all.shape[0] % args.batch
     while manager.current_step() < args.steps:
         opt.zero_grad()  # the quorum: who takes part in this step, and healing
         step = manager.current_step()
-        start = (step * args.batch) % n
         parts = max(1, manager.num_participants())
         share = manager.participating_rank() or 0
-        x = x_all[start:start + args.batch].tensor_split(parts)[share]
-        y = y_all[start:start + args.batch].tensor_split(parts)[share]
-        loss_fn(model(x), y).backward()
+        x, y = (v.tensor_split(parts)[share] for v in t.batch(step))
+        t.loss_fn(model(x), y).backward()
         works = [manager.allreduce(p.grad) for p in model.parameters()]
         for work in works:
             work.wait()
-        for group in inner.param_groups:
-            group["lr"] = 0.05 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
         opt.step()  # applies the step where every participant committed
         if manager.current_step() > step:
-            print(f"APPLIED {step} {os.getpid()} {time.time():.3f}", flush=True)
-    with torch.no_grad():
-        logits = model(x_test)
-        loss = float(loss_fn(logits, y_test))
-        accuracy = float((logits.argmax(1) == y_test).float().mean())
-    print(f"FINAL {manager.current_step()} {loss:.6f} {accuracy:.6f}", flush=True)
+            t.applied(step)
+    t.final(manager.current_step())
     sys.stdout.flush()
     os._exit(0)  # torchft's native threads may abort a normal teardown
 
@@ -277,8 +293,9 @@ def main() -> int:
                     help="about how long the fault-free run should take (sets --steps)")
     ap.add_argument("--batch", type=int, default=768, help="the global batch (3 and 4 divide it)")
     ap.add_argument("--codec", default="none")
-    ap.add_argument("--peer", default="terse", choices=["terse", "torchft"],
-                    help="whose recovery runs the drill: terse.elastic or torchft's Manager")
+    ap.add_argument("--peer", default="terse", choices=["terse", "torchft", "floor"],
+                    help="whose recovery runs the drill: terse.elastic or torchft's Manager "
+                    "(floor: no communication, run by each drill anyway)")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=10)
     ap.add_argument("--kill-every", type=float, default=60)
@@ -287,7 +304,7 @@ def main() -> int:
     ap.add_argument("--out", default="results/elastic")
     args = ap.parse_args()
     if args.worker:
-        return torchft_worker(args) if args.peer == "torchft" else worker(args)
+        return {"torchft": torchft_worker, "floor": floor_worker, "terse": worker}[args.peer](args)
     if args.steps == 0:
         probe = argparse.Namespace(**{**vars(args), "steps": 200})
         r = run_once(probe, faults=False)
@@ -299,11 +316,13 @@ def main() -> int:
     for k in range(args.repeats):
         clean = run_once(args, faults=False)
         churn = run_once(args, faults=True)
-        row = {"clean": clean, "churn": churn,
+        floor = run_once(argparse.Namespace(**{**vars(args), "peer": "floor"}), faults=False)
+        row = {"clean": clean, "churn": churn, "floor": floor,
                "goodput": clean["seconds"] / churn["seconds"]}
         rows.append(row)
         c, f = clean["finals"][0], churn["finals"][0]
-        print(f"drill {k + 1}: fault-free {clean['seconds']:.1f} s, with faults "
+        print(f"drill {k + 1}: compute-only floor {floor['seconds']:.1f} s, fault-free "
+              f"{clean['seconds']:.1f} s, with faults "
               f"{churn['seconds']:.1f} s ({churn['kills']} kills, {churn['stops']} stop, "
               f"{churn['restarts']} restarts): goodput {row['goodput']:.1%}; loss {c[1]:.4f} -> "
               f"{f[1]:.4f}, accuracy {c[2]:.2%} -> {f[2]:.2%}; steps twice "
@@ -317,6 +336,7 @@ def main() -> int:
         "peer": args.peer, "steps": args.steps, "batch": args.batch, "codec": args.codec,
         "kill_every": args.kill_every, "timeout": args.timeout,
         "goodput": med(r["goodput"] for r in rows),
+        "floor_over_clean": med(r["floor"]["seconds"] / r["clean"]["seconds"] for r in rows),
         "loss_clean": med(r["clean"]["finals"][0][1] for r in rows),
         "loss_churn": med(r["churn"]["finals"][0][1] for r in rows),
         "accuracy_clean": med(r["clean"]["finals"][0][2] for r in rows),
