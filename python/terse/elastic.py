@@ -156,8 +156,8 @@ class Membership:
                   "taken in; nothing left to do", flush=True)
             raise SystemExit(0)
 
-    def _dead(self, member: Dict[str, int]) -> bool:
-        return self._count(f"dead/{member['slot']}/{member['incarnation']}") > 0
+    def _dead(self, slot: int, incarnation: int) -> bool:
+        return self._count(f"dead/{slot}/{incarnation}") > 0
 
     # ---- re-forming --------------------------------------------------------------------------
 
@@ -235,7 +235,7 @@ class Membership:
                 old = [(m["slot"], m["incarnation"]) for m in previous]
                 if settle_at is None and any(m in here for m in old):
                     settle_at = time.monotonic() + self.settle
-                if all(m in here or self._dead(dict(slot=m[0], incarnation=m[1]))
+                if all(m in here or self._dead(*m)
                        for m in old):
                     if any(m in here for m in old):
                         break
