@@ -18,7 +18,7 @@ inline constexpr std::size_t kProofBytes = 32;  // HMAC-SHA256
 using Nonce = std::array<std::byte, kNonceBytes>;
 using Proof = std::array<std::byte, kProofBytes>;
 
-// Bytes from OpenSSL's RAND_bytes; throws TransportError naming `what` if it fails.
+// Bytes from the kernel (getrandom); throws TransportError naming `what` if it fails.
 Nonce fresh_nonce(std::string_view what);
 
 // HMAC-SHA256 under secret of the parts, concatenated.
