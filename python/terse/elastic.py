@@ -59,7 +59,7 @@ import io
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -272,7 +272,145 @@ def _digest(tensors: List[torch.Tensor]) -> str:
     return h.hexdigest()[:32]
 
 
-class ElasticDDP:
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+    """An optimizer's state tensors (momentum buffers, ...) in a fixed order, to hash."""
+    state = optimizer.state_dict()["state"]
+    return [v for k in sorted(state) for _, v in sorted(state[k].items())
+            if isinstance(v, torch.Tensor)]
+
+
+class _Recovery:
+    """What the elastic front ends share: the membership, re-forming (join the next generation,
+    bring every member to the state of the one furthest ahead, check that the state hashes
+    alike), the per-step vote and the record of re-formings. A front end provides
+    ``_progress`` (what it has applied: steps, outer steps), ``_state`` / ``_load_state`` (what
+    a member behind receives), ``_reconnect`` (its engine over a new communicator; a
+    collective) and ``_digest`` (what must be alike on every member)."""
+
+    membership: Membership
+    extra: Any
+    events: List[Dict[str, Any]]
+
+    def _start_recovery(self, membership: Optional[Membership], timeout: Optional[float],
+                        settle: float, join_timeout: Optional[float], extra: Any,
+                        log: Optional[Callable[[str], None]]) -> None:
+        self.membership = membership or Membership.from_env(timeout=timeout, settle=settle,
+                                                            join_timeout=join_timeout)
+        self.extra = extra
+        self.events = []
+        self._log = log or (lambda text: None)
+
+    # ---- what a front end provides -----------------------------------------------------------
+
+    def _progress(self) -> int:
+        raise NotImplementedError
+
+    def _state(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def _load_state(self, state: Dict[str, Any], joiner: bool) -> None:
+        raise NotImplementedError
+
+    def _reconnect(self, comm: terse.Communicator) -> None:
+        raise NotImplementedError
+
+    def _digest(self) -> str:
+        raise NotImplementedError
+
+    # ---- shared ------------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> Generation:
+        return self.membership.generation
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank among the current generation's members."""
+        return self.generation.rank
+
+    @property
+    def size(self) -> int:
+        """The number of members of the current generation."""
+        return self.generation.size
+
+    def split(self, *tensors: torch.Tensor) -> Any:
+        """This member's share (its rank's of ``size`` nearly equal parts, along dimension 0)
+        of each of the step's global tensors."""
+        parts = [torch.tensor_split(t, self.size)[self.rank] for t in tensors]
+        return parts[0] if len(parts) == 1 else tuple(parts)
+
+    def _vote(self, mine: List[Any], label: str) -> Optional[List[List[Any]]]:
+        """Every member's ``mine`` followed by whether it saw a worker waiting to join, in rank
+        order; None when the vote failed (a peer died or stalled)."""
+        mine = list(mine) + [self.membership.waiting()]
+        try:
+            return [json.loads(v) for v in self.generation.communicator.allgather_bytes(
+                json.dumps(mine).encode(), label=label)]
+        except (terse.TransportError, terse.TimeoutError) as e:
+            self._log(f"{label} failed: {e}")
+            return None
+
+    def _reform(self, why: str, progress: int) -> None:
+        began = time.monotonic()
+        while True:
+            generation = self.membership.join(progress)
+            try:
+                sent = self._synchronize(generation)
+                break
+            except (terse.TransportError, terse.TimeoutError) as e:
+                # A member failed while the generation formed: on to the next one.
+                self._log(f"{generation}: failed while forming: {e}")
+                progress = self._progress()
+        seconds = time.monotonic() - began
+        event = {"why": why, "generation": generation.number, "step": self._progress(),
+                 "slots": [m["slot"] for m in generation.members], "seconds": seconds,
+                 "state_bytes": sent, "at": time.time()}
+        self.events.append(event)
+        self._log(f"{generation} formed after a {why} in {seconds:.2f} s at step "
+                  f"{self._progress()}" + (f"; {sent} bytes of state sent" if sent else ""))
+
+    def _state_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        torch.save({**self._state(),
+                    "extra": None if self.extra is None else self.extra.state_dict()}, buffer)
+        return buffer.getvalue()
+
+    def _synchronize(self, generation: Generation) -> int:
+        """Makes the front end's engine over the new communicator, brings every member to the
+        state of the one furthest ahead, then checks that the state hashes alike. Returns the
+        bytes this worker sent or received."""
+        comm = generation.communicator
+        steps = [m["step"] for m in generation.members]
+        me = generation.members[generation.rank]
+        if me["step"] != self._progress() and me["step"] != -1:
+            raise terse.InvalidArgument(f"slot {me['slot']}: arrived with step {me['step']}, "
+                                        f"holds {self._progress()}")
+        if max(steps) < 0:
+            raise terse.InvalidArgument(f"{generation}: no member holds the model's state")
+        source = steps.index(max(steps))
+        self._reconnect(comm)
+        moved = 0
+        if any(s != max(steps) for s in steps):
+            data = comm.broadcast_bytes(
+                source, self._state_bytes() if generation.rank == source else None,
+                label=f"terse.elastic state of generation {generation.number}")
+            moved = len(data)
+            if generation.rank != source:
+                state = torch.load(io.BytesIO(data), weights_only=False)
+                self._load_state(state, joiner=me["step"] == -1)
+                if self.extra is not None and state["extra"] is not None:
+                    self.extra.load_state_dict(state["extra"])
+        digest = self._digest()
+        everyone = [d.decode() for d in comm.allgather_bytes(
+            digest.encode(), label=f"terse.elastic check of generation {generation.number}")]
+        if len(set(everyone)) != 1:
+            raise terse.MismatchError(
+                f"{generation}: the members' parameters or steps differ after re-forming: "
+                f"{everyone}")
+        return moved
+
+
+class ElasticDDP(_Recovery):
     """Data-parallel training with live recovery: DDP over this process alone with the terse
     hook carrying the gradients between the members of the current generation (see the
     module's docstring).
@@ -303,14 +441,10 @@ class ElasticDDP:
                 "terse.elastic.ElasticDDP runs DDP over this process alone (the terse hook "
                 "carries the gradients); torch.distributed is initialized over "
                 f"{dist.get_world_size()} processes, whose group would break with a worker")
-        self.membership = membership or Membership.from_env(timeout=timeout, settle=settle,
-                                                            join_timeout=join_timeout)
+        self._start_recovery(membership, timeout, settle, join_timeout, extra, log)
         self.module = module
         self.optimizer = optimizer
-        self.extra = extra
         self.step = 0
-        self.events: List[Dict[str, Any]] = []
-        self._log = log or (lambda text: None)
         self.state = terse_torch.TerseHookState(module, lazy=True,
                                                 timeout=self.membership.timeout, **knobs)
         self.state._absorb_peer_failures = True
@@ -321,24 +455,6 @@ class ElasticDDP:
 
     # ---- what the training loop calls --------------------------------------------------------
 
-    @property
-    def generation(self) -> Generation:
-        return self.membership.generation
-
-    @property
-    def rank(self) -> int:
-        return self.generation.rank
-
-    @property
-    def size(self) -> int:
-        return self.generation.size
-
-    def split(self, *tensors: torch.Tensor) -> Any:
-        """This member's share (its rank's of ``size`` nearly equal parts, along dimension 0)
-        of each of the step's global tensors."""
-        parts = [torch.tensor_split(t, self.size)[self.rank] for t in tensors]
-        return parts[0] if len(parts) == 1 else tuple(parts)
-
     def commit(self) -> bool:
         """Ends the step after ``backward()``: applies it (``optimizer.step()``) on every member
         alike, or drops it on every member when a peer failed, then re-forms the members if one
@@ -347,15 +463,7 @@ class ElasticDDP:
         error = self.state.error
         if error is not None and not self.state._peer_failure(error):
             raise error
-        ok = error is None
-        joiner = self.membership.waiting()
-        comm = self.generation.communicator
-        try:
-            votes = [json.loads(v) for v in comm.allgather_bytes(
-                json.dumps([ok, joiner]).encode(), label=f"terse.elastic vote of step {self.step}")]
-        except (terse.TransportError, terse.TimeoutError) as e:
-            votes = None
-            self._log(f"step {self.step}: the vote failed: {e}")
+        votes = self._vote([error is None], f"terse.elastic vote of step {self.step}")
         applied = votes is not None and all(v[0] for v in votes)
         if applied:
             self.optimizer.step()
@@ -363,7 +471,7 @@ class ElasticDDP:
         self.optimizer.zero_grad(set_to_none=True)
         if votes is None or not applied:
             self._reform("failure", self.step)
-        elif any(v[1] for v in votes):
+        elif any(v[-1] for v in votes):
             self._reform("join", self.step)
         return applied
 
@@ -376,65 +484,23 @@ class ElasticDDP:
         finally:
             self.state.close()
 
-    # ---- re-forming --------------------------------------------------------------------------
+    # ---- what _Recovery asks -----------------------------------------------------------------
 
-    def _reform(self, why: str, step: int) -> None:
-        began = time.monotonic()
-        while True:
-            generation = self.membership.join(step)
-            try:
-                sent = self._synchronize(generation)
-                break
-            except (terse.TransportError, terse.TimeoutError) as e:
-                # A member failed while the generation formed: on to the next one.
-                self._log(f"{generation}: failed while forming: {e}")
-                step = self.step
-        seconds = time.monotonic() - began
-        event = {"why": why, "generation": generation.number, "step": self.step,
-                 "slots": [m["slot"] for m in generation.members], "seconds": seconds,
-                 "state_bytes": sent, "at": time.time()}
-        self.events.append(event)
-        self._log(f"{generation} formed after a {why} in {seconds:.2f} s at step {self.step}"
-                  + (f"; {sent} bytes of state sent" if sent else ""))
+    def _progress(self) -> int:
+        return self.step
 
-    def _state_bytes(self) -> bytes:
-        buffer = io.BytesIO()
-        torch.save({"step": self.step, "model": self.module.state_dict(),
-                    "optimizer": self.optimizer.state_dict(),
-                    "extra": None if self.extra is None else self.extra.state_dict()}, buffer)
-        return buffer.getvalue()
+    def _state(self) -> Dict[str, Any]:
+        return {"step": self.step, "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
 
-    def _synchronize(self, generation: Generation) -> int:
-        """Brings every member to the state of the one that applied the most steps, then checks
-        that the parameters hash alike. Returns the bytes this worker sent or received."""
-        comm = generation.communicator
-        steps = [m["step"] for m in generation.members]
-        me = generation.members[generation.rank]
-        if me["step"] != self.step and me["step"] != -1:
-            raise terse.InvalidArgument(f"slot {me['slot']}: arrived with step {me['step']}, "
-                                        f"holds {self.step}")
-        source = steps.index(max(steps))
-        moved = 0
-        if max(steps) < 0:
-            raise terse.InvalidArgument(f"{generation}: no member holds the model's state")
-        if any(s != max(steps) for s in steps):
-            data = comm.broadcast_bytes(
-                source, self._state_bytes() if generation.rank == source else None,
-                label=f"terse.elastic state of generation {generation.number}")
-            moved = len(data)
-            if generation.rank != source:
-                state = torch.load(io.BytesIO(data), weights_only=False)
-                self.module.load_state_dict(state["model"])
-                self.optimizer.load_state_dict(state["optimizer"])
-                if self.extra is not None and state["extra"] is not None:
-                    self.extra.load_state_dict(state["extra"])
-                self.step = int(state["step"])
+    def _load_state(self, state: Dict[str, Any], joiner: bool) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+
+    def _reconnect(self, comm: terse.Communicator) -> None:
         self.state._reconnect(comm)
-        digest = _digest([p for p in self.module.parameters()]) + f":{self.step}"
-        everyone = [d.decode() for d in comm.allgather_bytes(
-            digest.encode(), label=f"terse.elastic check of generation {generation.number}")]
-        if len(set(everyone)) != 1:
-            raise terse.MismatchError(
-                f"{generation}: the members' parameters or steps differ after re-forming: "
-                f"{everyone}")
-        return moved
+
+    def _digest(self) -> str:
+        return _digest([p for p in self.module.parameters()]) + f":{self.step}"
+
