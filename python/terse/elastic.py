@@ -59,15 +59,16 @@ import io
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 import terse
+import terse.diloco as terse_diloco
 import terse.torch as terse_torch
 
-__all__ = ["Membership", "Generation", "ElasticDDP"]
+__all__ = ["Membership", "Generation", "ElasticDDP", "ElasticDiLoCo"]
 
 _PREFIX = "terse-elastic"
 
@@ -504,3 +505,212 @@ class ElasticDDP(_Recovery):
     def _digest(self) -> str:
         return _digest([p for p in self.module.parameters()]) + f":{self.step}"
 
+
+class ElasticDiLoCo(_Recovery, terse_diloco.DiLoCo):
+    """DiLoCo (:class:`terse.diloco.DiLoCo`: H inner steps on each worker, then the
+    pseudo-gradient averaged through terse's collectives and an outer Nesterov step) with live
+    recovery: a worker that dies or stalls is left out and the others go on, without
+    restarting; a restarted worker is taken in at an outer step. Use it as DiLoCo::
+
+        job = terse.elastic.ElasticDiLoCo(model, inner, sync_every=50, codec="minmax8:ef=1")
+        while job.steps < total_steps:
+            x, y = job.split(*global_batch(job.steps))  # this member's share of the step's
+            job.zero_grad()
+            loss_fn(model(x), y).backward()
+            job.step()          # the inner step; every H steps the outer one, on every member
+        job.finish()            # the last outer step; the model now holds the global parameters
+        job.close()
+
+    The knobs are DiLoCo's (``sync_every``, ``outer_optimizer``, ``mixing``, ``codec``,
+    ``min_bytes``, ``strategy``, ``partitions``, ``auto_codecs``, ``heavy_codecs``,
+    ``threads``: the same :class:`terse.Policy`) and ElasticDDP's (``extra``, ``membership``,
+    ``timeout``, ``settle``, ``join_timeout``, ``log``). Streaming DiLoCo is not elastic:
+    ``fragments`` must be 1 and ``delay`` 0.
+
+    * **Inner steps** need no communication. The outer step at every H-th inner step is one
+      exchange of the pseudo-gradient, then a vote (one small allgather, and one store read to
+      see a worker waiting to join).
+    * **A failure during an outer step** (a peer died or stalled: the exchange or the vote
+      fails) drops it on every member: nothing is applied. The survivors re-form (a new
+      generation and communicator) and retry it at once, keeping their local progress: each
+      sends its own pseudo-gradient again (its H inner steps are not redone), and the average
+      is over the survivors. A failure between two outer steps is noticed at the next one.
+    * **The average** is over the members that trained since the last outer step: a member that
+      received the state at a re-forming holds the global parameters (a pseudo-gradient of zero)
+      and is not counted (the exchange's mean is scaled by members / contributors, on every
+      member alike). In a run without faults it is DiLoCo's, bit for bit.
+    * **A join** happens at an outer step: the members see the waiting worker in that step's
+      vote, apply it, and re-form with it; it receives the global parameters, the outer
+      optimizer's state, the sender's inner optimizer state, the model's buffers, the counters
+      (``steps``, ``outer_steps``) and ``extra``, sets its model to the global parameters and
+      trains the next H inner steps in lock step. A worker may thus wait up to H inner steps to
+      be taken in (``join_timeout`` must cover that).
+    * **After every re-forming** the member that applied the most outer steps sends that state
+      to every member behind it (a joiner, one left out by a stall, one whose vote alone
+      failed); then every member checks that the global parameters, the outer optimizer's state
+      and the counters hash alike (MismatchError otherwise), and that every member constructed
+      it alike (MismatchError naming the setting).
+    * **Codec state** (error-feedback residuals, PowerSGD's Q, the planner's) lives in the
+      engine, made anew over each generation on every member alike: it restarts from zero at
+      each re-forming.
+    * **Data**: make each inner step's global batch a function of ``steps``; :meth:`split` gives
+      this member its rank's share among the current members.
+    """
+
+    def __init__(self, model: torch.nn.Module, inner: torch.optim.Optimizer, *,
+                 sync_every: int,
+                 outer_optimizer: Optional[Callable[[List[torch.Tensor]],
+                                                    torch.optim.Optimizer]] = None,
+                 mixing: float = 0.0, codec: str = "none", min_bytes: int = 0,
+                 strategy: str = "auto", partitions: int = 0,
+                 auto_codecs: Optional[Sequence[str]] = None,
+                 heavy_codecs: Optional[Sequence[str]] = None, threads: int = 0,
+                 fragments: Any = 1, delay: int = 0,
+                 extra: Any = None, membership: Optional[Membership] = None,
+                 timeout: Optional[float] = None, settle: float = 1.5,
+                 join_timeout: Optional[float] = None,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        if fragments != 1 or delay != 0:
+            raise terse.InvalidArgument(
+                "terse.elastic.ElasticDiLoCo: Streaming DiLoCo is not elastic: fragments must "
+                f"be 1 and delay 0 (not {fragments!r} and {delay!r}); use terse.diloco.DiLoCo "
+                "without live recovery")
+        self._recovery_args = (membership, timeout, settle, join_timeout, extra, log)
+        self._trained = False  # inner steps since the last outer step (or state received)
+        self._final = False  # within finish()
+        terse_diloco.DiLoCo.__init__(
+            self, model, inner, sync_every=sync_every, outer_optimizer=outer_optimizer,
+            mixing=mixing, codec=codec, min_bytes=min_bytes, strategy=strategy,
+            partitions=partitions, auto_codecs=auto_codecs, heavy_codecs=heavy_codecs,
+            threads=threads)
+
+    def _open(self, communicator: Any, process_group: Any, timeout: Optional[float]) -> None:
+        # Called by DiLoCo's constructor once the settings are checked: joins the members.
+        self._start_recovery(*self._recovery_args)
+        joining = self.membership.incarnation > 0
+        self._reform("join" if joining else "start", -1 if joining else 0)
+        self._outer()  # a joiner taken in while the survivors retry an outer step joins it
+
+    # ---- what the training loop calls --------------------------------------------------------
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """The inner optimizer's step; at every H-th inner step also the outer one, applied on
+        every member alike (retried after re-forming when a peer failed)."""
+        loss = self.inner.step(closure) if closure is not None else self.inner.step()
+        self.steps += 1
+        self._trained = True
+        if self.steps % self.sync_every == 0:
+            self._outer()
+        return loss
+
+    def finish(self) -> None:
+        """Ends training on every member alike: one more outer step if any inner step came
+        after the last one (merged without mixing). Afterwards every member's model holds the
+        global parameters."""
+        self._final = True
+        try:
+            self._outer()
+        finally:
+            self._final = False
+
+    def close(self) -> None:
+        """Ends this worker's part once training is over: marks the job finished (a worker
+        that arrives later exits at once), waits for the members, releases the engine."""
+        try:
+            self.membership.finish()
+            self.generation.communicator.barrier("terse.elastic close")
+        finally:
+            terse_diloco.DiLoCo.close(self)
+
+    # ---- the outer step ----------------------------------------------------------------------
+
+    def _due(self) -> int:
+        """The outer steps due after the inner steps so far (in finish(): also a partial
+        period's)."""
+        return -(-self.steps // self.sync_every) if self._final else \
+            self.steps // self.sync_every
+
+    def _outer(self) -> None:
+        """Runs the outer step due, until it is applied on every member (retrying it after each
+        re-forming) or a member ahead sent this one its state."""
+        f = self.fragments[0]
+        while self.outer_steps < self._due():
+            ok = self._exchange(f)
+            votes = self._vote([ok, self._trained],
+                               f"terse.elastic vote of outer step {self.outer_steps}")
+            if votes is None or not all(v[0] for v in votes):
+                self._reform("failure", self.outer_steps)
+                continue
+            contributors = sum(1 for v in votes if v[1])
+            if contributors == 0:
+                self.outer_steps += 1  # nobody trained since the last outer step: nothing moves
+            else:
+                if contributors < len(votes):
+                    # The exchange's mean is over every member; those that hold the global
+                    # parameters (they received the state since) sent zeros.
+                    f.flat.mul_(len(votes) / contributors)
+                self._apply(f, mixing=0.0 if self._final else None)
+            self._trained = False
+            self._log(f"outer step {self.outer_steps - 1} applied by generation "
+                      f"{self.generation.number} ({self.size} members, {contributors} trained)")
+            if any(v[-1] for v in votes):
+                self._reform("join", self.outer_steps)
+
+    def _exchange(self, f: Any) -> bool:
+        """Sends the pseudo-gradient and waits for the average; False when a peer failed."""
+        try:
+            self._start(f)
+            self._wait(f)
+            return True
+        except (terse.TransportError, terse.TimeoutError) as e:
+            f.handle = None
+            self._log(f"outer step {self.outer_steps}: the exchange failed: {e}")
+            return False
+
+    # ---- what _Recovery asks -----------------------------------------------------------------
+
+    def _progress(self) -> int:
+        return self.outer_steps
+
+    def _module(self) -> torch.nn.Module:
+        return getattr(self.model, "module", self.model)
+
+    def _state(self) -> Dict[str, Any]:
+        return {"steps": self.steps, "outer_steps": self.outer_steps,
+                "global": [[g.detach().clone() for g in f.global_params]
+                           for f in self.fragments],
+                "outer": [f.outer.state_dict() for f in self.fragments],
+                "inner": self.inner.state_dict(),
+                "buffers": {n: b.detach().clone() for n, b in self._module().named_buffers()}}
+
+    @torch.no_grad()
+    def _load_state(self, state: Dict[str, Any], joiner: bool) -> None:
+        for f, saved, outer in zip(self.fragments, state["global"], state["outer"]):
+            for g, p, t in zip(f.global_params, f.params, saved):
+                g.copy_(t)
+                p.copy_(t)  # this member's model starts from the global parameters
+            f.outer.load_state_dict(outer)
+        self.inner.load_state_dict(state["inner"])
+        buffers = dict(self._module().named_buffers())
+        for n, t in state["buffers"].items():
+            buffers[n].copy_(t)
+        self.steps = int(state["steps"])
+        self.outer_steps = int(state["outer_steps"])
+        self._trained = False
+
+    def _reconnect(self, comm: terse.Communicator) -> None:
+        if self.engine is not None:
+            try:
+                self.engine.close()
+            except terse.Error:
+                pass  # a failed engine's pending work ends with errors, already seen
+            self.engine = None
+        for f in self.fragments:
+            f.handle = None
+        self._connect(comm, "terse.elastic.ElasticDiLoCo")
+
+    def _digest(self) -> str:
+        tensors: List[torch.Tensor] = []
+        for f in self.fragments:
+            tensors += list(f.global_params) + _optimizer_tensors(f.outer)
+        return _digest(tensors) + f":{self.steps}:{self.outer_steps}"
