@@ -48,8 +48,12 @@ How it works:
 
 Limits: DDP runs over a one-process group and the terse hook carries every gradient (as
 torchft does), so DDP's buffer broadcast reaches no one: buffers (BatchNorm's statistics) stay
-per worker between re-formings, which send them with the model. The launcher's store is a single point of failure. Only the
-DDP hook is elastic today.
+per worker between re-formings, which send them with the model. The launcher's store is a
+single point of failure.
+
+DiLoCo is elastic too: :class:`ElasticDiLoCo` (DiLoCo's knobs and loop; a failed outer step is
+retried by the survivors with their local progress; a joiner is taken in at an outer step).
+Streaming DiLoCo (fragments, delay) is not.
 """
 
 from __future__ import annotations
@@ -538,7 +542,7 @@ class ElasticDiLoCo(_Recovery, terse_diloco.DiLoCo):
     * **The average** is over the members that trained since the last outer step: a member that
       received the state at a re-forming holds the global parameters (a pseudo-gradient of zero)
       and is not counted (the exchange's mean is scaled by members / contributors, on every
-      member alike). In a run without faults it is DiLoCo's, bit for bit.
+      member alike). Without faults every outer step is DiLoCo's.
     * **A join** happens at an outer step: the members see the waiting worker in that step's
       vote, apply it, and re-form with it; it receives the global parameters, the outer
       optimizer's state, the sender's inner optimizer state, the model's buffers, the counters

@@ -1,12 +1,13 @@
 """A worker of test_elastic_diloco.py: the Fashion-MNIST MLP trained with
 terse.elastic.ElasticDiLoCo under `terse run --elastic`, logging one line per applied outer step.
 
-    terse run --elastic --max-restarts 1 -n 4 -- python elastic_diloco_worker.py --steps 96 \\
+    terse run --elastic --max-restarts 1 -n 4 -- python elastic_diloco_worker.py --steps 128 \\
         --kill-slot 2 --kill-step 10
 
 Options: --kill-slot/--kill-step: that slot SIGKILLs itself before that inner step (in its first
 incarnation only); --stop-slot/--stop-step/--stop-seconds: that slot stops itself (SIGSTOP)
-before that inner step and a helper process wakes it (SIGCONT) after the given seconds;
+before that inner step, or the first after it once a worker was taken in when --kill-slot is
+given, and a helper process wakes it (SIGCONT) after the given seconds;
 --mismatch-slot: that slot constructs with sync_every + 1; --codec, --sync-every.
 Lines: "STARTED slot K pid P at T" first, "APPLIED outer O pid P gen G size N trained C at T
 digest D" after each applied outer step (D: the global parameters), "EVENT {...}" per
@@ -42,7 +43,7 @@ def global_batch(step: int):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=96)
+    ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--sync-every", type=int, default=4)
     ap.add_argument("--codec", default="none")
     ap.add_argument("--kill-slot", type=int, default=-1)
@@ -85,7 +86,10 @@ def main() -> int:
         time.sleep(args.step_seconds)
         if first and slot == args.kill_slot and job.steps == args.kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
-        if first and slot == args.stop_slot and job.steps == args.stop_step:
+        # The stop waits for the first re-forming that took a worker in (the replacement of
+        # --kill-slot, when there is one), so that the two faults do not overlap.
+        joined = any(e["why"] == "join" for e in job.events) or args.kill_slot < 0
+        if first and slot == args.stop_slot and job.steps >= args.stop_step and joined:
             first = False
             subprocess.Popen([sys.executable, "-c",
                               f"import os,signal,time; time.sleep({args.stop_seconds}); "

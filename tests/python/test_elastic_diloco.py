@@ -21,12 +21,12 @@ from conftest import HERE, PYTHON, TERSE_CLI
 from fashion_mlp import data, make_model
 
 WORKER = HERE / "elastic_diloco_worker.py"
-STEPS = 96  # inner steps
-H = 4  # so 24 outer steps
+STEPS = 128  # inner steps
+H = 4  # so 32 outer steps
 LR = 3e-3  # the inner AdamW's (the worker's default)
 TIMEOUT = 5  # seconds: how long a stalled worker holds the others up
 KILL_STEP = 10  # slot 2 dies within the third period (outer step 2 is dropped, then retried)
-STOP_STEP = 50  # slot 1 stops within the 13th period (outer step 12)
+STOP_STEP = 40  # slot 1 stops here or later, once slot 2 is back (elastic_diloco_worker)
 
 
 def _run(*args, n=4, restarts=1, ok=True):
@@ -119,7 +119,8 @@ def test_a_killed_and_a_stalled_worker_leave_and_come_back_while_the_others_go_o
                                                 [0, 1, 2, 3]], out
     # The dropped outer steps were retried at once by the survivors, each with its own inner
     # steps (all of them counted): the kill's within 5 s, the stall's within the timeout + 5 s.
-    killed, stalled = KILL_STEP // H, STOP_STEP // H
+    killed, stalled = events[1]["step"], events[3]["step"]
+    assert killed == KILL_STEP // H and stalled >= STOP_STEP // H, out
     for step, bound in ((killed, 5), (stalled, TIMEOUT + 5)):
         assert {(r[3], r[4]) for r in steps[step]} == {(3, 3)}, out
         gap = min(r[5] for r in steps[step]) - max(r[5] for r in steps[step - 1])
@@ -132,9 +133,9 @@ def test_a_killed_and_a_stalled_worker_leave_and_come_back_while_the_others_go_o
     assert woken["why"] == "failure" and woken["state_bytes"] > 0, out
     assert woken["slots"] == [0, 1, 2, 3], out
     # Training went on: at least 3/4 of fault-free DiLoCo's loss reduction. The faults change
-    # which workers average a period (three instead of four for 5-6 outer steps, the dead and
-    # the stalled worker's period lost), and 24 outer steps into training DiLoCo's loss follows
-    # that more than synchronous training's (runs here: 0.92-1.01 against 0.89, from 2.31).
+    # which workers average a period (three instead of four for some outer steps, the dead and
+    # the stalled worker's period lost), and 32 outer steps into training DiLoCo's loss follows
+    # that more than synchronous training's (docs/elastic.md).
     loss, (initial, clean) = float(finals[0][3]), _fault_free_losses()
     assert initial - loss >= 0.75 * (initial - clean), (loss, clean, initial)
 
