@@ -188,12 +188,24 @@ class DiLoCo:
         self.outer_steps = 0
         self._waited = 0.0  # seconds step() spent waiting for exchanges
         self._exchanged = 0.0  # seconds from submission to completion, summed
+        self._threads = threads
+        self.engine: Optional[terse.Engine] = None
+        self._open(communicator, process_group, timeout)
+
+    def _open(self, communicator: Optional[terse.Communicator], process_group: Optional[Any],
+              timeout: Optional[float]) -> None:
+        """Connects to the other workers (terse.elastic's ElasticDiLoCo joins its members
+        instead)."""
         comm = communicator if communicator is not None else terse.torch.communicator_for(
             process_group, timeout=timeout)
-        self.engine = terse.Engine(comm, self.policy.engine_options(threads=threads))
+        self._connect(comm, "terse.diloco.DiLoCo")
+
+    def _connect(self, comm: terse.Communicator, who: str) -> None:
+        """Makes the engine over ``comm`` (codec "auto": calibrates) and checks that every
+        worker constructed alike. A collective over ``comm``."""
+        self.engine = terse.Engine(comm, self.policy.engine_options(threads=self._threads))
         self.policy.calibrate(self.engine)
-        terse.torch.check_agreement(self.engine, self._settings(), "terse.diloco.DiLoCo",
-                                    "DiLoCo")
+        terse.torch.check_agreement(self.engine, self._settings(), who, "DiLoCo")
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -315,12 +327,22 @@ class DiLoCo:
     def _merge(self, f: _Fragment, mixing: Optional[float] = None) -> None:
         """Waits for fragment ``f``'s exchange, applies the outer step to its global parameters
         and merges them into the local ones."""
+        self._wait(f)
+        self._apply(f, mixing)
+
+    def _wait(self, f: _Fragment) -> None:
+        """Waits for fragment ``f``'s exchange (raises its error: a peer's failure, ...)."""
         handle, f.handle = f.handle, None
         t0 = time.perf_counter()
         handle.wait()
         t1 = time.perf_counter()
         self._waited += t1 - t0
         self._exchanged += min(f.completed[0] if f.completed else t1, t1) - f.submitted
+
+    @torch.no_grad()
+    def _apply(self, f: _Fragment, mixing: Optional[float] = None) -> None:
+        """Applies fragment ``f``'s outer step (its exchange completed) to the global parameters
+        and merges them into the local ones."""
         bad = [r for r, v in enumerate(f.nonfinite.tolist()) if v != 0.0]
         if bad:
             raise terse.InvalidArgument(

@@ -48,8 +48,12 @@ How it works:
 
 Limits: DDP runs over a one-process group and the terse hook carries every gradient (as
 torchft does), so DDP's buffer broadcast reaches no one: buffers (BatchNorm's statistics) stay
-per worker between re-formings, which send them with the model. The launcher's store is a single point of failure. Only the
-DDP hook is elastic today.
+per worker between re-formings, which send them with the model. The launcher's store is a
+single point of failure.
+
+DiLoCo is elastic too: :class:`ElasticDiLoCo` (DiLoCo's knobs and loop; a failed outer step is
+retried by the survivors with their local progress; a joiner is taken in at an outer step).
+Streaming DiLoCo (fragments, delay) is not.
 """
 
 from __future__ import annotations
@@ -59,15 +63,16 @@ import io
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 import terse
+import terse.diloco as terse_diloco
 import terse.torch as terse_torch
 
-__all__ = ["Membership", "Generation", "ElasticDDP"]
+__all__ = ["Membership", "Generation", "ElasticDDP", "ElasticDiLoCo"]
 
 _PREFIX = "terse-elastic"
 
@@ -272,7 +277,145 @@ def _digest(tensors: List[torch.Tensor]) -> str:
     return h.hexdigest()[:32]
 
 
-class ElasticDDP:
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+    """An optimizer's state tensors (momentum buffers, ...) in a fixed order, to hash."""
+    state = optimizer.state_dict()["state"]
+    return [v for k in sorted(state) for _, v in sorted(state[k].items())
+            if isinstance(v, torch.Tensor)]
+
+
+class _Recovery:
+    """What the elastic front ends share: the membership, re-forming (join the next generation,
+    bring every member to the state of the one furthest ahead, check that the state hashes
+    alike), the per-step vote and the record of re-formings. A front end provides
+    ``_progress`` (what it has applied: steps, outer steps), ``_state`` / ``_load_state`` (what
+    a member behind receives), ``_reconnect`` (its engine over a new communicator; a
+    collective) and ``_digest`` (what must be alike on every member)."""
+
+    membership: Membership
+    extra: Any
+    events: List[Dict[str, Any]]
+
+    def _start_recovery(self, membership: Optional[Membership], timeout: Optional[float],
+                        settle: float, join_timeout: Optional[float], extra: Any,
+                        log: Optional[Callable[[str], None]]) -> None:
+        self.membership = membership or Membership.from_env(timeout=timeout, settle=settle,
+                                                            join_timeout=join_timeout)
+        self.extra = extra
+        self.events = []
+        self._log = log or (lambda text: None)
+
+    # ---- what a front end provides -----------------------------------------------------------
+
+    def _progress(self) -> int:
+        raise NotImplementedError
+
+    def _state(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def _load_state(self, state: Dict[str, Any], joiner: bool) -> None:
+        raise NotImplementedError
+
+    def _reconnect(self, comm: terse.Communicator) -> None:
+        raise NotImplementedError
+
+    def _digest(self) -> str:
+        raise NotImplementedError
+
+    # ---- shared ------------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> Generation:
+        return self.membership.generation
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank among the current generation's members."""
+        return self.generation.rank
+
+    @property
+    def size(self) -> int:
+        """The number of members of the current generation."""
+        return self.generation.size
+
+    def split(self, *tensors: torch.Tensor) -> Any:
+        """This member's share (its rank's of ``size`` nearly equal parts, along dimension 0)
+        of each of the step's global tensors."""
+        parts = [torch.tensor_split(t, self.size)[self.rank] for t in tensors]
+        return parts[0] if len(parts) == 1 else tuple(parts)
+
+    def _vote(self, mine: List[Any], label: str) -> Optional[List[List[Any]]]:
+        """Every member's ``mine`` followed by whether it saw a worker waiting to join, in rank
+        order; None when the vote failed (a peer died or stalled)."""
+        mine = list(mine) + [self.membership.waiting()]
+        try:
+            return [json.loads(v) for v in self.generation.communicator.allgather_bytes(
+                json.dumps(mine).encode(), label=label)]
+        except (terse.TransportError, terse.TimeoutError) as e:
+            self._log(f"{label} failed: {e}")
+            return None
+
+    def _reform(self, why: str, progress: int) -> None:
+        began = time.monotonic()
+        while True:
+            generation = self.membership.join(progress)
+            try:
+                sent = self._synchronize(generation)
+                break
+            except (terse.TransportError, terse.TimeoutError) as e:
+                # A member failed while the generation formed: on to the next one.
+                self._log(f"{generation}: failed while forming: {e}")
+                progress = self._progress()
+        seconds = time.monotonic() - began
+        event = {"why": why, "generation": generation.number, "step": self._progress(),
+                 "slots": [m["slot"] for m in generation.members], "seconds": seconds,
+                 "state_bytes": sent, "at": time.time()}
+        self.events.append(event)
+        self._log(f"{generation} formed after a {why} in {seconds:.2f} s at step "
+                  f"{self._progress()}" + (f"; {sent} bytes of state sent" if sent else ""))
+
+    def _state_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        torch.save({**self._state(),
+                    "extra": None if self.extra is None else self.extra.state_dict()}, buffer)
+        return buffer.getvalue()
+
+    def _synchronize(self, generation: Generation) -> int:
+        """Makes the front end's engine over the new communicator, brings every member to the
+        state of the one furthest ahead, then checks that the state hashes alike. Returns the
+        bytes this worker sent or received."""
+        comm = generation.communicator
+        steps = [m["step"] for m in generation.members]
+        me = generation.members[generation.rank]
+        if me["step"] != self._progress() and me["step"] != -1:
+            raise terse.InvalidArgument(f"slot {me['slot']}: arrived with step {me['step']}, "
+                                        f"holds {self._progress()}")
+        if max(steps) < 0:
+            raise terse.InvalidArgument(f"{generation}: no member holds the model's state")
+        source = steps.index(max(steps))
+        self._reconnect(comm)
+        moved = 0
+        if any(s != max(steps) for s in steps):
+            data = comm.broadcast_bytes(
+                source, self._state_bytes() if generation.rank == source else None,
+                label=f"terse.elastic state of generation {generation.number}")
+            moved = len(data)
+            if generation.rank != source:
+                state = torch.load(io.BytesIO(data), weights_only=False)
+                self._load_state(state, joiner=me["step"] == -1)
+                if self.extra is not None and state["extra"] is not None:
+                    self.extra.load_state_dict(state["extra"])
+        digest = self._digest()
+        everyone = [d.decode() for d in comm.allgather_bytes(
+            digest.encode(), label=f"terse.elastic check of generation {generation.number}")]
+        if len(set(everyone)) != 1:
+            raise terse.MismatchError(
+                f"{generation}: the members' parameters or steps differ after re-forming: "
+                f"{everyone}")
+        return moved
+
+
+class ElasticDDP(_Recovery):
     """Data-parallel training with live recovery: DDP over this process alone with the terse
     hook carrying the gradients between the members of the current generation (see the
     module's docstring).
@@ -303,14 +446,10 @@ class ElasticDDP:
                 "terse.elastic.ElasticDDP runs DDP over this process alone (the terse hook "
                 "carries the gradients); torch.distributed is initialized over "
                 f"{dist.get_world_size()} processes, whose group would break with a worker")
-        self.membership = membership or Membership.from_env(timeout=timeout, settle=settle,
-                                                            join_timeout=join_timeout)
+        self._start_recovery(membership, timeout, settle, join_timeout, extra, log)
         self.module = module
         self.optimizer = optimizer
-        self.extra = extra
         self.step = 0
-        self.events: List[Dict[str, Any]] = []
-        self._log = log or (lambda text: None)
         self.state = terse_torch.TerseHookState(module, lazy=True,
                                                 timeout=self.membership.timeout, **knobs)
         self.state._absorb_peer_failures = True
@@ -321,24 +460,6 @@ class ElasticDDP:
 
     # ---- what the training loop calls --------------------------------------------------------
 
-    @property
-    def generation(self) -> Generation:
-        return self.membership.generation
-
-    @property
-    def rank(self) -> int:
-        return self.generation.rank
-
-    @property
-    def size(self) -> int:
-        return self.generation.size
-
-    def split(self, *tensors: torch.Tensor) -> Any:
-        """This member's share (its rank's of ``size`` nearly equal parts, along dimension 0)
-        of each of the step's global tensors."""
-        parts = [torch.tensor_split(t, self.size)[self.rank] for t in tensors]
-        return parts[0] if len(parts) == 1 else tuple(parts)
-
     def commit(self) -> bool:
         """Ends the step after ``backward()``: applies it (``optimizer.step()``) on every member
         alike, or drops it on every member when a peer failed, then re-forms the members if one
@@ -347,15 +468,7 @@ class ElasticDDP:
         error = self.state.error
         if error is not None and not self.state._peer_failure(error):
             raise error
-        ok = error is None
-        joiner = self.membership.waiting()
-        comm = self.generation.communicator
-        try:
-            votes = [json.loads(v) for v in comm.allgather_bytes(
-                json.dumps([ok, joiner]).encode(), label=f"terse.elastic vote of step {self.step}")]
-        except (terse.TransportError, terse.TimeoutError) as e:
-            votes = None
-            self._log(f"step {self.step}: the vote failed: {e}")
+        votes = self._vote([error is None], f"terse.elastic vote of step {self.step}")
         applied = votes is not None and all(v[0] for v in votes)
         if applied:
             self.optimizer.step()
@@ -363,7 +476,7 @@ class ElasticDDP:
         self.optimizer.zero_grad(set_to_none=True)
         if votes is None or not applied:
             self._reform("failure", self.step)
-        elif any(v[1] for v in votes):
+        elif any(v[-1] for v in votes):
             self._reform("join", self.step)
         return applied
 
@@ -376,65 +489,232 @@ class ElasticDDP:
         finally:
             self.state.close()
 
-    # ---- re-forming --------------------------------------------------------------------------
+    # ---- what _Recovery asks -----------------------------------------------------------------
 
-    def _reform(self, why: str, step: int) -> None:
-        began = time.monotonic()
-        while True:
-            generation = self.membership.join(step)
-            try:
-                sent = self._synchronize(generation)
-                break
-            except (terse.TransportError, terse.TimeoutError) as e:
-                # A member failed while the generation formed: on to the next one.
-                self._log(f"{generation}: failed while forming: {e}")
-                step = self.step
-        seconds = time.monotonic() - began
-        event = {"why": why, "generation": generation.number, "step": self.step,
-                 "slots": [m["slot"] for m in generation.members], "seconds": seconds,
-                 "state_bytes": sent, "at": time.time()}
-        self.events.append(event)
-        self._log(f"{generation} formed after a {why} in {seconds:.2f} s at step {self.step}"
-                  + (f"; {sent} bytes of state sent" if sent else ""))
+    def _progress(self) -> int:
+        return self.step
 
-    def _state_bytes(self) -> bytes:
-        buffer = io.BytesIO()
-        torch.save({"step": self.step, "model": self.module.state_dict(),
-                    "optimizer": self.optimizer.state_dict(),
-                    "extra": None if self.extra is None else self.extra.state_dict()}, buffer)
-        return buffer.getvalue()
+    def _state(self) -> Dict[str, Any]:
+        return {"step": self.step, "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
 
-    def _synchronize(self, generation: Generation) -> int:
-        """Brings every member to the state of the one that applied the most steps, then checks
-        that the parameters hash alike. Returns the bytes this worker sent or received."""
-        comm = generation.communicator
-        steps = [m["step"] for m in generation.members]
-        me = generation.members[generation.rank]
-        if me["step"] != self.step and me["step"] != -1:
-            raise terse.InvalidArgument(f"slot {me['slot']}: arrived with step {me['step']}, "
-                                        f"holds {self.step}")
-        source = steps.index(max(steps))
-        moved = 0
-        if max(steps) < 0:
-            raise terse.InvalidArgument(f"{generation}: no member holds the model's state")
-        if any(s != max(steps) for s in steps):
-            data = comm.broadcast_bytes(
-                source, self._state_bytes() if generation.rank == source else None,
-                label=f"terse.elastic state of generation {generation.number}")
-            moved = len(data)
-            if generation.rank != source:
-                state = torch.load(io.BytesIO(data), weights_only=False)
-                self.module.load_state_dict(state["model"])
-                self.optimizer.load_state_dict(state["optimizer"])
-                if self.extra is not None and state["extra"] is not None:
-                    self.extra.load_state_dict(state["extra"])
-                self.step = int(state["step"])
+    def _load_state(self, state: Dict[str, Any], joiner: bool) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+
+    def _reconnect(self, comm: terse.Communicator) -> None:
         self.state._reconnect(comm)
-        digest = _digest([p for p in self.module.parameters()]) + f":{self.step}"
-        everyone = [d.decode() for d in comm.allgather_bytes(
-            digest.encode(), label=f"terse.elastic check of generation {generation.number}")]
-        if len(set(everyone)) != 1:
-            raise terse.MismatchError(
-                f"{generation}: the members' parameters or steps differ after re-forming: "
-                f"{everyone}")
-        return moved
+
+    def _digest(self) -> str:
+        return _digest([p for p in self.module.parameters()]) + f":{self.step}"
+
+
+class ElasticDiLoCo(_Recovery, terse_diloco.DiLoCo):
+    """DiLoCo (:class:`terse.diloco.DiLoCo`: H inner steps on each worker, then the
+    pseudo-gradient averaged through terse's collectives and an outer Nesterov step) with live
+    recovery: a worker that dies or stalls is left out and the others go on, without
+    restarting; a restarted worker is taken in at an outer step. Use it as DiLoCo::
+
+        job = terse.elastic.ElasticDiLoCo(model, inner, sync_every=50, codec="minmax8:ef=1")
+        while job.steps < total_steps:
+            x, y = job.split(*global_batch(job.steps))  # this member's share of the step's
+            job.zero_grad()
+            loss_fn(model(x), y).backward()
+            job.step()          # the inner step; every H steps the outer one, on every member
+        job.finish()            # the last outer step; the model now holds the global parameters
+        job.close()
+
+    The knobs are DiLoCo's (``sync_every``, ``outer_optimizer``, ``mixing``, ``codec``,
+    ``min_bytes``, ``strategy``, ``partitions``, ``auto_codecs``, ``heavy_codecs``,
+    ``threads``: the same :class:`terse.Policy`) and ElasticDDP's (``extra``, ``membership``,
+    ``timeout``, ``settle``, ``join_timeout``, ``log``). Streaming DiLoCo is not elastic:
+    ``fragments`` must be 1 and ``delay`` 0.
+
+    * **Inner steps** need no communication. The outer step at every H-th inner step is one
+      exchange of the pseudo-gradient, then a vote (one small allgather, and one store read to
+      see a worker waiting to join).
+    * **A failure during an outer step** (a peer died or stalled: the exchange or the vote
+      fails) drops it on every member: nothing is applied. The survivors re-form (a new
+      generation and communicator) and retry it at once, keeping their local progress: each
+      sends its own pseudo-gradient again (its H inner steps are not redone), and the average
+      is over the survivors. A failure between two outer steps is noticed at the next one.
+    * **The average** is over the members that trained since the last outer step: a member that
+      received the state at a re-forming holds the global parameters (a pseudo-gradient of zero)
+      and is not counted (the exchange's mean is scaled by members / contributors, on every
+      member alike). Without faults every outer step is DiLoCo's.
+    * **A join** happens at an outer step: the members see the waiting worker in that step's
+      vote, apply it, and re-form with it; it receives the global parameters, the outer
+      optimizer's state, the sender's inner optimizer state, the model's buffers, the counters
+      (``steps``, ``outer_steps``) and ``extra``, sets its model to the global parameters and
+      trains the next H inner steps in lock step. A worker may thus wait up to H inner steps to
+      be taken in (``join_timeout`` must cover that).
+    * **After every re-forming** the member that applied the most outer steps sends that state
+      to every member behind it (a joiner, one left out by a stall, one whose vote alone
+      failed); then every member checks that the global parameters, the outer optimizer's state
+      and the counters hash alike (MismatchError otherwise), and that every member constructed
+      it alike (MismatchError naming the setting).
+    * **Codec state** (error-feedback residuals, PowerSGD's Q, the planner's) lives in the
+      engine, made anew over each generation on every member alike: it restarts from zero at
+      each re-forming.
+    * **Data**: make each inner step's global batch a function of ``steps``; :meth:`split` gives
+      this member its rank's share among the current members.
+    """
+
+    def __init__(self, model: torch.nn.Module, inner: torch.optim.Optimizer, *,
+                 sync_every: int,
+                 outer_optimizer: Optional[Callable[[List[torch.Tensor]],
+                                                    torch.optim.Optimizer]] = None,
+                 mixing: float = 0.0, codec: str = "none", min_bytes: int = 0,
+                 strategy: str = "auto", partitions: int = 0,
+                 auto_codecs: Optional[Sequence[str]] = None,
+                 heavy_codecs: Optional[Sequence[str]] = None, threads: int = 0,
+                 fragments: Any = 1, delay: int = 0,
+                 extra: Any = None, membership: Optional[Membership] = None,
+                 timeout: Optional[float] = None, settle: float = 1.5,
+                 join_timeout: Optional[float] = None,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        if fragments != 1 or delay != 0:
+            raise terse.InvalidArgument(
+                "terse.elastic.ElasticDiLoCo: Streaming DiLoCo is not elastic: fragments must "
+                f"be 1 and delay 0 (not {fragments!r} and {delay!r}); use terse.diloco.DiLoCo "
+                "without live recovery")
+        self._recovery_args = (membership, timeout, settle, join_timeout, extra, log)
+        self._trained = False  # inner steps since the last outer step (or state received)
+        self._final = False  # within finish()
+        terse_diloco.DiLoCo.__init__(
+            self, model, inner, sync_every=sync_every, outer_optimizer=outer_optimizer,
+            mixing=mixing, codec=codec, min_bytes=min_bytes, strategy=strategy,
+            partitions=partitions, auto_codecs=auto_codecs, heavy_codecs=heavy_codecs,
+            threads=threads)
+
+    def _open(self, communicator: Any, process_group: Any, timeout: Optional[float]) -> None:
+        # Called by DiLoCo's constructor once the settings are checked: joins the members.
+        self._start_recovery(*self._recovery_args)
+        joining = self.membership.incarnation > 0
+        self._reform("join" if joining else "start", -1 if joining else 0)
+        self._outer()  # a joiner taken in while the survivors retry an outer step joins it
+
+    # ---- what the training loop calls --------------------------------------------------------
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """The inner optimizer's step; at every H-th inner step also the outer one, applied on
+        every member alike (retried after re-forming when a peer failed)."""
+        loss = self.inner.step(closure) if closure is not None else self.inner.step()
+        self.steps += 1
+        self._trained = True
+        if self.steps % self.sync_every == 0:
+            self._outer()
+        return loss
+
+    def finish(self) -> None:
+        """Ends training on every member alike: one more outer step if any inner step came
+        after the last one (merged without mixing). Afterwards every member's model holds the
+        global parameters."""
+        self._final = True
+        try:
+            self._outer()
+        finally:
+            self._final = False
+
+    def close(self) -> None:
+        """Ends this worker's part once training is over: marks the job finished (a worker
+        that arrives later exits at once), waits for the members, releases the engine."""
+        try:
+            self.membership.finish()
+            self.generation.communicator.barrier("terse.elastic close")
+        finally:
+            terse_diloco.DiLoCo.close(self)
+
+    # ---- the outer step ----------------------------------------------------------------------
+
+    def _due(self) -> int:
+        """The outer steps due after the inner steps so far (in finish(): also a partial
+        period's)."""
+        return -(-self.steps // self.sync_every) if self._final else \
+            self.steps // self.sync_every
+
+    def _outer(self) -> None:
+        """Runs the outer step due, until it is applied on every member (retrying it after each
+        re-forming) or a member ahead sent this one its state."""
+        f = self.fragments[0]
+        while self.outer_steps < self._due():
+            ok = self._exchange(f)
+            votes = self._vote([ok, self._trained],
+                               f"terse.elastic vote of outer step {self.outer_steps}")
+            if votes is None or not all(v[0] for v in votes):
+                self._reform("failure", self.outer_steps)
+                continue
+            contributors = sum(1 for v in votes if v[1])
+            if contributors == 0:
+                self.outer_steps += 1  # nobody trained since the last outer step: nothing moves
+            else:
+                if contributors < len(votes):
+                    # The exchange's mean is over every member; those that hold the global
+                    # parameters (they received the state since) sent zeros.
+                    f.flat.mul_(len(votes) / contributors)
+                self._apply(f, mixing=0.0 if self._final else None)
+            self._trained = False
+            self._log(f"outer step {self.outer_steps - 1} applied by generation "
+                      f"{self.generation.number} ({self.size} members, {contributors} trained)")
+            if any(v[-1] for v in votes):
+                self._reform("join", self.outer_steps)
+
+    def _exchange(self, f: Any) -> bool:
+        """Sends the pseudo-gradient and waits for the average; False when a peer failed."""
+        try:
+            self._start(f)
+            self._wait(f)
+            return True
+        except (terse.TransportError, terse.TimeoutError) as e:
+            f.handle = None
+            self._log(f"outer step {self.outer_steps}: the exchange failed: {e}")
+            return False
+
+    # ---- what _Recovery asks -----------------------------------------------------------------
+
+    def _progress(self) -> int:
+        return self.outer_steps
+
+    def _module(self) -> torch.nn.Module:
+        return getattr(self.model, "module", self.model)
+
+    def _state(self) -> Dict[str, Any]:
+        return {"steps": self.steps, "outer_steps": self.outer_steps,
+                "global": [[g.detach().clone() for g in f.global_params]
+                           for f in self.fragments],
+                "outer": [f.outer.state_dict() for f in self.fragments],
+                "inner": self.inner.state_dict(),
+                "buffers": {n: b.detach().clone() for n, b in self._module().named_buffers()}}
+
+    @torch.no_grad()
+    def _load_state(self, state: Dict[str, Any], joiner: bool) -> None:
+        for f, saved, outer in zip(self.fragments, state["global"], state["outer"]):
+            for g, p, t in zip(f.global_params, f.params, saved):
+                g.copy_(t)
+                p.copy_(t)  # this member's model starts from the global parameters
+            f.outer.load_state_dict(outer)
+        self.inner.load_state_dict(state["inner"])
+        buffers = dict(self._module().named_buffers())
+        for n, t in state["buffers"].items():
+            buffers[n].copy_(t)
+        self.steps = int(state["steps"])
+        self.outer_steps = int(state["outer_steps"])
+        self._trained = False
+
+    def _reconnect(self, comm: terse.Communicator) -> None:
+        if self.engine is not None:
+            try:
+                self.engine.close()
+            except terse.Error:
+                pass  # a failed engine's pending work ends with errors, already seen
+            self.engine = None
+        for f in self.fragments:
+            f.handle = None
+        self._connect(comm, "terse.elastic.ElasticDiLoCo")
+
+    def _digest(self) -> str:
+        tensors: List[torch.Tensor] = []
+        for f in self.fragments:
+            tensors += list(f.global_params) + _optimizer_tensors(f.outer)
+        return _digest(tensors) + f":{self.steps}:{self.outer_steps}"
