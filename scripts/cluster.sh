@@ -2,7 +2,7 @@
 # Emulates an N-host cluster on this machine and runs a command as every rank of every host.
 #
 #   scripts/cluster.sh -n N -r RATE|unshaped [-l L|L0,L1,...] [-p PORT] [-b BURST] [-c auto|none]
-#                      -- COMMAND ...
+#                      [-e K] -- COMMAND ...
 #   scripts/cluster.sh -k RATE     prints the token bucket (bytes) a link of RATE gets, and exits
 #
 # Topology: a "switch" network namespace holding a bridge, and N "host" namespaces, each joined
@@ -28,11 +28,16 @@
 # run --bind auto` does (src/kit/host.h, kit::binding): where the total number of ranks divides
 # this machine's cores, each rank gets a block of them, in rank order (with one rank per host:
 # a block per emulated host); otherwise no rank is bound. -c none does not bind.
+# -e K runs the job elastic (terse.elastic's live recovery, docs/elastic.md): `terse run
+# --elastic --max-restarts K` (build/terse, or $TERSE) runs in host 0's namespace, serves the
+# store at 10.77.0.1:PORT, and starts each rank in its host's namespace with the variables above;
+# a rank that dies is started again there, up to K times, while the others go on. Output is then
+# prefixed by the launcher's "[rank R] ", and TERSE_TIMEOUT, if set, becomes its --timeout.
 set -euo pipefail
 
 usage() {
   echo "usage: $0 -n N -r RATE [-l L|L0,L1,...] [-p PORT] [-b BURST] [-c auto|none]" \
-    "-- COMMAND [ARGS...]" >&2
+    "[-e K] -- COMMAND [ARGS...]" >&2
   echo "       $0 -k RATE" >&2
   exit 2
 }
@@ -74,8 +79,8 @@ bucket_for() {
   echo "$bytes"
 }
 
-n="" rate="" port=29500 burst="" bind=${TERSE_BIND:-auto} per_host=1
-while getopts "n:r:p:b:c:l:k:h" opt; do
+n="" rate="" port=29500 burst="" bind=${TERSE_BIND:-auto} per_host=1 elastic=""
+while getopts "n:r:p:b:c:l:k:e:h" opt; do
   case "$opt" in
     k) bps=$(rate_bps "$OPTARG"); bucket_for "$bps"; exit 0 ;;
     n) n=$OPTARG ;;
@@ -84,6 +89,7 @@ while getopts "n:r:p:b:c:l:k:h" opt; do
     b) burst=$OPTARG ;;
     c) bind=$OPTARG ;;
     l) per_host=$OPTARG ;;
+    e) elastic=$OPTARG ;;
     *) usage ;;
   esac
 done
@@ -93,6 +99,8 @@ shift $((OPTIND - 1))
 [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || { echo "$0: bad -n $n" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (ip netns)" >&2; exit 2; }
 [ "$bind" = auto ] || [ "$bind" = none ] || { echo "$0: -c must be auto or none" >&2; exit 2; }
+[ -z "$elastic" ] || [[ "$elastic" =~ ^[0-9]+$ ]] || {
+  echo "$0: -e takes how often a rank may be restarted (a count)" >&2; exit 2; }
 
 # -l: counts[I] ranks on host I. A count is 1..64 (leading zeros allowed, read as decimal).
 bad_l() {
@@ -215,6 +223,30 @@ if [ -z "${TERSE_JOB_SECRET:-}" ]; then
   TERSE_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 fi
 export TERSE_JOB_SECRET
+if [ -n "$elastic" ]; then
+  # The launcher, in host 0's namespace, starts this step for each rank: it enters the rank's
+  # host's namespace and runs COMMAND there with the rank's host variables.
+  terse_bin=${TERSE:-$(cd "$(dirname "$0")/.." && pwd)/build/terse}
+  step="$statusdir/rank-step"
+  {
+    echo '#!/usr/bin/env bash'
+    printf 'ns=(%s)\n' "$(printf '%q ' "${hosts[@]}")"
+    printf 'host=(%s)\n' "${rank_host[*]}"
+    printf 'local=(%s)\n' "${rank_local[*]}"
+    printf 'count=(%s)\n' "${counts[*]}"
+    echo 'i=${host[$RANK]}'
+    echo 'exec ip netns exec "${ns[$i]}" env LOCAL_RANK="${local[$RANK]}" \'
+    echo '  LOCAL_WORLD_SIZE="${count[$i]}" GROUP_RANK="$i" TERSE_IFNAME=eth0 "$@"'
+  } > "$step"
+  chmod +x "$step"
+  set +e
+  ip netns exec "${hosts[0]}" "$terse_bin" run --elastic --max-restarts "$elastic" \
+    -n "$world" --master-addr 10.77.0.1 --master-port "$port" --bind "$bind" \
+    ${TERSE_TIMEOUT:+--timeout "$TERSE_TIMEOUT"} -- "$step" "$@"
+  status=$?
+  set -e
+  exit "$status"
+fi
 exec {wake}<>"$statusdir/wake"
 for ((r = 0; r < world; r++)); do
   i=${rank_host[$r]}
