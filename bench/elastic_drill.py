@@ -2,21 +2,24 @@
 invocation, several times; reports goodput, loss and accuracy against the fault-free run, lost
 or repeated steps, and recovery times.
 
-    /opt/terse/venv/bin/python bench/elastic_drill.py --repeats 3 --seconds 150 \\
-        --kill-every 30 --out results/elastic
+    /opt/terse/venv/bin/python bench/elastic_drill.py --repeats 3 --seconds 240 \\
+        --kill-every 60 --link 1gbit --out results/elastic
 
-Each run: 4 workers under `terse run --elastic --max-restarts 100`, a Fashion-MNIST MLP with
-SGD with momentum and a cosine learning rate, the terse hook (codec --codec), a fixed global batch per step split among the members.
-The faulty run kills (SIGKILL) one worker every --kill-every seconds, in turn, and stops one
-(SIGSTOP) for --timeout + 3 s once, midway; the launcher restarts each killed worker. Measured:
-goodput (the fault-free run's seconds for the same steps over the faulty run's), the final
-test loss and accuracy of both, steps applied twice or never (from every worker's per-step
-log), each kill's cost (last commit before it to the next commit after it), and each
-replacement's time from its start to its first step in lock step (with its state's bytes).
-Each drill also runs the compute-only floor (the same steps, each worker its share of every
-batch, no communication). Prints a table of medians and writes drill.json under --out. `--peer torchft` runs the same
-drill through torchft (PyPI) instead: its Manager, Lighthouse (in this process) and
-OptimizerWrapper, one replica group per worker, healing from a live replica.
+Each run: 4 workers under `terse run --elastic --max-restarts 100` (with --link: each on an
+emulated host of its own, scripts/cluster.sh -e, links shaped to that rate), a Fashion-MNIST
+MLP with SGD with momentum and a cosine learning rate, the terse hook (codec --codec), a fixed
+global batch per step split among the members. The faulty run kills (SIGKILL) one worker every
+--kill-every seconds, in turn, and stops one (SIGSTOP) for --timeout + 3 s once, midway; the
+launcher restarts each killed worker. Measured: goodput (the fault-free run's seconds for the
+same steps over the faulty run's), the final test loss and accuracy of both, steps applied
+twice or never (from every worker's per-step log), each kill's cost (last commit before it to
+the next commit after it), and each replacement's time from its process's start to its first
+step in lock step (with its state's bytes), split into importing python and torch, loading data
+and model, and joining. Each drill also runs the compute-only floor (the same steps, each
+worker its share of every batch, no communication). Prints a table of medians and writes
+drill.json under --out. `--peer torchft` runs the same drill through torchft (PyPI) instead:
+its Manager, Lighthouse (in this process) and OptimizerWrapper, one replica group per worker,
+healing from a live replica (on loopback only).
 """
 
 import argparse
@@ -37,6 +40,14 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
+def _process_start() -> float:
+    """When this process was started (forked by the launcher), on the wall clock."""
+    with open("/proc/self/stat") as f:
+        started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime, in ticks
+    since = time.clock_gettime(time.CLOCK_BOOTTIME) - started / os.sysconf("SC_CLK_TCK")
+    return time.time() - since
+
+
 class _Training:
     """What every drill worker trains, whoever carries its gradients: the Fashion-MNIST MLP,
     SGD with momentum and a cosine learning rate, one global batch per step."""
@@ -46,10 +57,11 @@ class _Training:
 
         from terse.demo import load_fashion_mnist
 
-        started = time.time()
+        imported = time.time()
         torch.set_num_threads(1)
         self.slot = int(os.environ["RANK"])
-        print(f"STARTED slot {self.slot} pid {os.getpid()} at {started:.3f}", flush=True)
+        print(f"STARTED slot {self.slot} pid {os.getpid()} at {_process_start():.3f} imported "
+              f"{imported:.3f}", flush=True)
         self.args = args
         self.x, self.y = (torch.from_numpy(a) for a in load_fashion_mnist("train"))
         self.x_test, self.y_test = (torch.from_numpy(a) for a in load_fashion_mnist("test"))
@@ -60,6 +72,7 @@ class _Training:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.samples = self.x.shape[0] - self.x.shape[0] % args.batch
+        print(f"READY pid {os.getpid()} at {time.time():.3f}", flush=True)
 
     def batch(self, step: int):
         """Step ``step``'s global batch; its learning rate set (cosine decay)."""
@@ -165,10 +178,17 @@ def run_once(args, faults: bool) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(REPO / "build" / "python"), str(HERE),
                                            os.environ.get("PYTHONPATH", "")]))
-    cmd = [args.terse, "run", "--elastic", "--max-restarts", "100", "--timeout",
-           str(args.timeout), "-n", str(args.workers), "--", sys.executable, __file__,
-           "--worker", "--peer", args.peer, "--steps", str(args.steps), "--batch",
-           str(args.batch), "--codec", args.codec, "--timeout", str(args.timeout)]
+    worker_cmd = [sys.executable, __file__, "--worker", "--peer", args.peer, "--steps",
+                  str(args.steps), "--batch", str(args.batch), "--codec", args.codec,
+                  "--timeout", str(args.timeout)]
+    if args.link:  # emulated hosts; the launcher runs in host 0's namespace
+        env.update(TERSE=args.terse, TERSE_TIMEOUT=str(args.timeout))
+        cmd = ["bash", str(REPO / "scripts" / "cluster.sh"), "-n",
+               str(args.workers // args.ranks_per_host), "-l", str(args.ranks_per_host), "-r",
+               args.link, "-e", "100", "--"] + worker_cmd
+    else:
+        cmd = [args.terse, "run", "--elastic", "--max-restarts", "100", "--timeout",
+               str(args.timeout), "-n", str(args.workers), "--"] + worker_cmd
     lighthouse = None
     if args.peer == "torchft":
         os.environ.setdefault("RUST_LOG", "warn")
@@ -263,13 +283,15 @@ def analyse(text: str, seconds: float, kills, stops, args) -> dict:
 
     costs = [cost(at) for at, _ in kills]
     stall_costs = [cost(at) for at in stops]
-    starts = {int(p): float(t) for p, t in re.findall(r"STARTED slot \d+ pid (\d+) at ([\d.]+)",
-                                                      text)}
+    starts, imported = {}, {}
+    for p, t, i in re.findall(r"STARTED slot \d+ pid (\d+) at ([\d.]+) imported ([\d.]+)", text):
+        starts[int(p)], imported[int(p)] = float(t), float(i)
+    ready = {int(p): float(t) for p, t in re.findall(r"\] READY pid (\d+) at ([\d.]+)", text)}
     first_commit = {}
     for rows in applied.values():
         for pid, t in rows:
             first_commit[pid] = min(first_commit.get(pid, t), t)
-    joins = []
+    joins, phases = [], []
     initial = sorted(starts.values())[:args.workers]
     state_bytes = [json.loads(e).get("state_bytes", 0)
                    for e in re.findall(r"\] EVENT (\{.*\})", text)]
@@ -277,10 +299,13 @@ def analyse(text: str, seconds: float, kills, stops, args) -> dict:
         if t in initial or pid not in first_commit:
             continue
         joins.append(first_commit[pid] - t)
+        # From its start: python and torch imported, data and model ready, first commit.
+        phases.append((imported[pid] - t, ready.get(pid, t) - imported[pid],
+                       first_commit[pid] - ready.get(pid, t)))
     return {"seconds": seconds, "train_seconds": commits[-1] - commits[0] if commits else 0,
             "finals": finals, "steps_twice": twice, "steps_never": never,
             "kills": len(kills), "stops": len(stops), "kill_costs": costs,
-            "stall_costs": stall_costs, "join_seconds": joins,
+            "stall_costs": stall_costs, "join_seconds": joins, "join_phases": phases,
             "state_bytes": max(state_bytes or [0]),
             "restarts": text.count("starting it again"), "exit_ok": finals != []}
 
@@ -301,8 +326,18 @@ def main() -> int:
     ap.add_argument("--kill-every", type=float, default=60)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--terse", default=str(REPO / "build" / "terse"))
+    ap.add_argument("--link", default="",
+                    help="run on emulated hosts (scripts/cluster.sh -e) whose links tbf shapes "
+                    "to this rate (1gbit, 100mbit); default: every worker on loopback")
+    ap.add_argument("--ranks-per-host", type=int, default=1,
+                    help="with --link: workers per emulated host")
     ap.add_argument("--out", default="results/elastic")
     args = ap.parse_args()
+    if args.link and args.peer == "torchft":
+        ap.error("--link runs terse and the floor only: torchft's Lighthouse would have to run "
+                 "inside host 0's namespace")
+    if args.link and args.workers % args.ranks_per_host:
+        ap.error("--ranks-per-host must divide --workers")
     if args.worker:
         return {"torchft": torchft_worker, "floor": floor_worker, "terse": worker}[args.peer](args)
     if args.steps == 0:
@@ -329,7 +364,9 @@ def main() -> int:
               f"{churn['steps_twice']}, never {churn['steps_never']}; kill costs "
               f"{[round(x, 2) for x in churn['kill_costs']]} s; stall costs "
               f"{[round(x, 2) for x in churn['stall_costs']]} s; replacements in lock step "
-              f"after {[round(x, 2) for x in churn['join_seconds']]} s "
+              f"after {[round(x, 2) for x in churn['join_seconds']]} s from their start "
+              f"(imports, data and model, joining: "
+              f"{[tuple(round(v, 2) for v in p) for p in churn['join_phases']]}) "
               f"(state {churn['state_bytes'] / 1e6:.2f} MB)", flush=True)
     med = statistics.median
     summary = {
@@ -344,6 +381,9 @@ def main() -> int:
         "kill_cost_max": max(x for r in rows for x in r["churn"]["kill_costs"] or [0]),
         "stall_cost_max": max(x for r in rows for x in r["churn"]["stall_costs"] or [0]),
         "join_seconds_median": med([x for r in rows for x in r["churn"]["join_seconds"]] or [0]),
+        "join_phases_median": [med([p[k] for r in rows for p in r["churn"]["join_phases"]] or [0])
+                               for k in range(3)],
+        "link": args.link or "loopback", "ranks_per_host": args.ranks_per_host,
         "steps_twice": sum(r["churn"]["steps_twice"] for r in rows),
         "steps_never": sum(r["churn"]["steps_never"] for r in rows),
     }

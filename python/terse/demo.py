@@ -103,8 +103,12 @@ def load_fashion_mnist(split: str = "train", limit: Optional[int] = None,
     images = _read_idx(directory, f"{prefix}-images-idx3-ubyte", 0x803, limit)
     labels = _read_idx(directory, f"{prefix}-labels-idx1-ubyte", 0x801, limit)
     x = images.reshape(images.shape[0], -1).astype(np.float32)
-    x = (x / 255.0 - _MEAN) / _STD
-    return x.astype(np.float32), labels.astype(np.int64)
+    # In place, in float32: the same values as (x / 255 - mean) / std, without three temporary
+    # copies of the 188 MB training set (a second of a worker's start with NumPy 2).
+    np.divide(x, 255.0, out=x)
+    np.subtract(x, _MEAN, out=x)
+    np.divide(x, _STD, out=x)
+    return x, labels.astype(np.int64)
 
 
 # ---- one rank -------------------------------------------------------------------------------
