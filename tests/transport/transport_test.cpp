@@ -521,6 +521,25 @@ INSTANTIATE_TEST_SUITE_P(Transport, Ranks, ::testing::Values(2, 3, 4),
 
 // ---- over an emulated network ------------------------------------------------------------------
 
+TEST(Cluster, AnElasticJobRestartsARankInItsOwnHost) {
+  if (!testing::can_emulate_cluster()) GTEST_SKIP() << "needs root and ip netns";
+  // 2 hosts of 2 ranks; rank 2 (host 1) fails twice and is started again in host 1's namespace
+  // (its address 10.77.0.2) while the others go on.
+  auto r = shell("TERSE=" + kCli + " bash " + TERSE_SOURCE_DIR +
+                 "/scripts/cluster.sh -n 2 -l 2 -r 1gbit -e 2 -- sh -c 'echo start $RANK "
+                 "$TERSE_RESTART_COUNT $LOCAL_RANK $GROUP_RANK $TERSE_STORE_SERVED $(hostname -I); "
+                 "if [ $RANK = 2 ] && [ $TERSE_RESTART_COUNT -lt 2 ]; then exit 5; fi; "
+                 "sleep 1; echo done $RANK'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  for (const char* line :
+       {"[rank 0] start 0 0 0 0 1 10.77.0.1", "[rank 1] start 1 0 1 0 1 10.77.0.1",
+        "[rank 3] start 3 0 1 1 1 10.77.0.2", "[rank 2] start 2 0 0 1 1 10.77.0.2",
+        "[rank 2] start 2 2 0 1 1 10.77.0.2", "[rank 2] done 2", "[rank 3] done 3"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  }
+  EXPECT_EQ(r.output.find("[rank 3] start 3 1"), std::string::npos) << r.output;
+}
+
 TEST(Cluster, ShapedLinkLimitsTransferTime) {
   if (!testing::can_emulate_cluster()) GTEST_SKIP() << "needs root and ip netns";
   // 8 MiB at 100 Mbit/s: about 0.67 s.
