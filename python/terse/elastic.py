@@ -718,12 +718,16 @@ class ElasticBackendDDP(_DataParallel):
         self._log(f"step {self.step}: {self._failure}")
 
     def _release(self) -> None:
-        """Drops the last generation's DDP and group (the group's engine closes with it)."""
-        if self._model is not None:
-            self._model._terse_job = None
-        self._model = None
-        self._group = None
-        gc.collect()  # DDP's reducer holds the group: free both now, not at some later time
+        """Drops the last generation's DDP and group (the group's engine closes with it). The
+        DDP's reducer goes with it, and with the reducer its hooks on the parameters."""
+        model, self._model, self._group = self._model, None, None
+        if model is None:
+            return
+        model._terse_job = None
+        gone = weakref.ref(model)
+        del model
+        if gone() is not None:
+            gc.collect()  # held by a cycle (a traceback's frames): free it now, not later
 
     def _settings(self) -> Dict[str, Any]:
         policy = self._backend.policy_from_settings()
