@@ -7,7 +7,8 @@ terse.elastic.ElasticBackendDDP (plain DDP over a terse backend group per genera
 
 Options: --kill-slot/--kill-step: that slot SIGKILLs itself after the step's forward, before
 its backward (in its first incarnation only), so that the others' allreduce in DDP's reducer
-fails; --stop-slot/--stop-step/--stop-seconds: that slot stops itself (SIGSTOP) at the same
+fails (--kill-before forward: before the forward, whose DDP broadcasts the rebuilt buckets at
+the second step of each generation); --stop-slot/--stop-step/--stop-seconds: that slot stops itself (SIGSTOP) at the same
 point of the first step at or after --stop-step once it has seen --stop-after re-formings, and a
 helper process wakes it (SIGCONT) after the given seconds; --codec (terse.backend.configure).
 Lines: "STARTED slot K pid P at T" first, "APPLIED step S pid P gen G size N at T digest D"
@@ -40,6 +41,8 @@ def main() -> int:
     ap.add_argument("--codec", default=None)
     ap.add_argument("--kill-slot", type=int, default=-1)
     ap.add_argument("--kill-step", type=int, default=-1)
+    ap.add_argument("--kill-before", choices=["backward", "forward"], default="backward",
+                    help="where in the step the killed slot dies")
     ap.add_argument("--stop-slot", type=int, default=-1)
     ap.add_argument("--stop-step", type=int, default=-1)
     ap.add_argument("--stop-after", type=int, default=0,
@@ -65,9 +68,12 @@ def main() -> int:
     loss_fn = torch.nn.CrossEntropyLoss()
     while job.step < args.steps:
         x, y = job.split(*global_batch(job.step))
+        kill = first and slot == args.kill_slot and job.step == args.kill_step
+        if kill and args.kill_before == "forward":
+            os.kill(os.getpid(), signal.SIGKILL)
         loss = loss_fn(job.model(x), y)
         time.sleep(args.step_seconds)
-        if first and slot == args.kill_slot and job.step == args.kill_step:
+        if kill:
             os.kill(os.getpid(), signal.SIGKILL)
         if (first and not stopped and slot == args.stop_slot and job.step >= args.stop_step
                 and len(job.events) >= args.stop_after):

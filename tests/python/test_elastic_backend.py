@@ -1,8 +1,9 @@
 """terse.elastic.ElasticBackendDDP: live recovery through terse's torch.distributed backend
 (plain DDP over a terse backend group per generation), with real processes under
-`terse run --elastic`: 4 workers; one killed (SIGKILL) between its forward and its backward, so
-that the others' allreduce in DDP's reducer fails, and started again; once it is back, another
-stopped (SIGSTOP) at the same point past the timeout and woken. The survivors are never
+`terse run --elastic`: 4 workers; rank 0 killed (SIGKILL) before its forward at the second step,
+where DDP broadcasts its rebuilt buckets from rank 0, so that the others fail in DDP's forward,
+and started again; once it is back, another stopped (SIGSTOP) between its forward and its
+backward past the timeout, so that the others' allreduce in DDP's reducer fails, and woken. The survivors are never
 restarted, every step is applied once, replicas hash alike after every step, and the final loss
 is the fault-free run's (computed here in-process: the mean gradient of each step's global
 batch; codec none). elastic_backend_worker.py."""
@@ -28,8 +29,9 @@ from conftest import HERE, PYTHON, REPO, TERSE_CLI  # noqa: E402
 WORKER = HERE / "elastic_backend_worker.py"
 STEPS = 80
 TIMEOUT = 5  # seconds: how long a stalled worker holds the others up
-KILL_STEP = 10
-STOP_STEP = 28  # and after the replacement is back (the worker's --stop-after 3)
+KILL_SLOT, KILL_STEP = 0, 1  # the second step: DDP's broadcast from rank 0 in the forward
+STOP_SLOT, STOP_STEP = 2, 28  # and after the replacement is back (the worker's --stop-after 3)
+WITNESS = 3  # neither killed nor stopped
 
 
 def _run(*args):
@@ -84,8 +86,9 @@ def _fault_free_loss():
 
 
 def test_a_killed_and_a_stalled_worker_through_the_backend():
-    out = _run("--kill-slot", 2, "--kill-step", KILL_STEP, "--stop-slot", 1, "--stop-step",
-               STOP_STEP, "--stop-after", 3, "--stop-seconds", TIMEOUT + 4)
+    out = _run("--kill-slot", KILL_SLOT, "--kill-step", KILL_STEP, "--kill-before", "forward",
+               "--stop-slot", STOP_SLOT, "--stop-step", STOP_STEP, "--stop-after", 3,
+               "--stop-seconds", TIMEOUT + 4)
     steps = _applied(out)
     # Every step applied, once per process that applied it, alike within each generation.
     assert sorted(steps) == list(range(STEPS)), out
@@ -103,21 +106,22 @@ def test_a_killed_and_a_stalled_worker_through_the_backend():
     assert len({f[1] for f in finals.values()}) == 1, out
     assert all(f[0] == STEPS for f in finals.values()), out
 
-    # The survivors never restarted: slot 2 started twice, the stalled slot 1 once.
-    assert [len(_pids(out, s)) for s in range(4)] == [1, 1, 2, 1], out
+    # The survivors never restarted: the killed slot started twice, the stalled one once.
+    assert [len(_pids(out, s)) for s in range(4)] == [2, 1, 1, 1], out
     assert out.count("starting it again") == 1, out
-    # The failures surfaced in DDP's backward, and were absorbed there by every survivor.
-    for slot in (0, 1, 3):
+    # The kill surfaced in DDP's forward, the stall in DDP's backward; every survivor absorbed
+    # it there.
+    for slot in (1, 2, 3):
         assert re.search(rf"LOG slot {slot}: step {KILL_STEP}: a peer failed during the "
-                         "backward", out), out
-    stop = int(re.search(r"\[rank 1\] STOPPING at step (\d+)", out).group(1))
-    for slot in (0, 2, 3):
+                         "forward", out), out
+    stop = int(re.search(rf"\[rank {STOP_SLOT}\] STOPPING at step (\d+)", out).group(1))
+    for slot in (0, 1, 3):
         assert re.search(rf"LOG slot {slot}: step {stop}: a peer failed during the backward",
                          out), out
-    # Without 2, with it back, without 1, with it back.
-    events = _events(out, 0)
+    # Without the killed slot, with it back, without the stalled one, with it back.
+    events = _events(out, WITNESS)
     assert [e["why"] for e in events] == ["start", "failure", "join", "failure", "join"], out
-    assert [e["slots"] for e in events[1:]] == [[0, 1, 3], [0, 1, 2, 3], [0, 2, 3],
+    assert [e["slots"] for e in events[1:]] == [[1, 2, 3], [0, 1, 2, 3], [0, 1, 3],
                                                 [0, 1, 2, 3]], out
     assert events[1]["step"] == KILL_STEP and events[3]["step"] == stop, out
     # The kill cost under 5 s, the stall under the timeout + 5 s (from the last commit before
@@ -126,9 +130,10 @@ def test_a_killed_and_a_stalled_worker_through_the_backend():
            for s in (KILL_STEP, stop)}
     assert gap[KILL_STEP] < 5 and gap[stop] < TIMEOUT + 5, (gap, out)
     # Both came back with the state, in lock step.
-    assert _events(out, 2)[0]["why"] == "join" and _events(out, 2)[0]["state_bytes"] > 0, out
-    assert _events(out, 1)[-1]["state_bytes"] > 0, out
-    assert _events(out, 1)[-1]["slots"] == [0, 1, 2, 3], out
+    back = _events(out, KILL_SLOT)[0]
+    assert back["why"] == "join" and back["state_bytes"] > 0, out
+    woken = _events(out, STOP_SLOT)[-1]
+    assert woken["state_bytes"] > 0 and woken["slots"] == [0, 1, 2, 3], out
     # The same global batches at every step: the fault-free loss, to 1%.
     loss, clean = finals[0][2], _fault_free_loss()
     assert abs(loss - clean) <= 0.01 * clean, (loss, clean)
