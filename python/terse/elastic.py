@@ -54,6 +54,24 @@ single point of failure.
 DiLoCo is elastic too: :class:`ElasticDiLoCo` (DiLoCo's knobs and loop; a failed outer step is
 retried by the survivors with their local progress; a joiner is taken in at an outer step).
 Streaming DiLoCo (fragments, delay) is not.
+
+So is DDP through terse's torch.distributed backend (:mod:`terse.backend`):
+:class:`ElasticBackendDDP` wraps the module in plain DDP (no comm hook) over a terse backend
+process group made for each generation (:func:`terse.backend.process_group`, over the
+generation's own store prefix, rank and size; the backend's policy from
+:func:`terse.backend.configure` or the environment). A peer's failure fails the backend's
+allreduce in DDP's reducer, and torch raises it from ``loss.backward()``; the loop calls
+``job.backward(loss)``, which absorbs it (and ``job.model``'s forward absorbs one in DDP's
+collectives there), so that ``commit()`` drops the step on every member and all re-form, each
+with a fresh DDP over the new generation's group::
+
+    job = terse.elastic.ElasticBackendDDP(model, optimizer)
+    while job.step < total_steps:
+        x, y = job.split(*global_batch(job.step))
+        job.backward(loss_fn(job.model(x), y))
+        job.commit()
+
+It needs torch >= 2.6 (the backend's extension); with torch 1.13 it raises ImportError.
 """
 
 from __future__ import annotations
