@@ -647,8 +647,10 @@ class ElasticBackendDDP(_DataParallel):
 
     ``ddp_options`` go to ``DistributedDataParallel`` (``bucket_cap_mb``,
     ``broadcast_buffers``, ``find_unused_parameters``, ...), except ``process_group`` and
-    ``device_mesh``. The other arguments are :class:`ElasticDDP`'s. Needs torch >= 2.6 (the
-    backend's); CPU tensors (the backend's).
+    ``device_mesh``. The other arguments are :class:`ElasticDDP`'s; each group's waits are
+    bounded by ``timeout`` unless ``TERSE_TIMEOUT`` is set (terse.backend's rule; ``terse run
+    --timeout`` sets it for both). Needs torch >= 2.6 (the backend's); CPU tensors (the
+    backend's).
     """
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
@@ -714,9 +716,12 @@ class ElasticBackendDDP(_DataParallel):
             # No vote: without this member's, no member's vote completes, so none applies the
             # step; aborting makes the others' votes fail now rather than at their timeout.
             votes = None
-            self.generation.communicator.abort(
-                f"terse.elastic: step {self.step} failed on slot {self.membership.slot}: "
-                f"{failure}")
+            try:
+                self.generation.communicator.abort(
+                    f"terse.elastic: step {self.step} failed on slot {self.membership.slot}: "
+                    f"{failure}")
+            except terse.Error:
+                pass  # failed already: the others' votes fail all the same
         return self._end_step(votes)
 
     def close(self) -> None:

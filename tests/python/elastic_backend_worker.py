@@ -8,9 +8,10 @@ terse.elastic.ElasticBackendDDP (plain DDP over a terse backend group per genera
 Options: --kill-slot/--kill-step: that slot SIGKILLs itself after the step's forward, before
 its backward (in its first incarnation only), so that the others' allreduce in DDP's reducer
 fails (--kill-before forward: before the forward, whose DDP broadcasts the rebuilt buckets at
-the second step of each generation); --stop-slot/--stop-step/--stop-seconds: that slot stops itself (SIGSTOP) at the same
-point of the first step at or after --stop-step once it has seen --stop-after re-formings, and a
-helper process wakes it (SIGCONT) after the given seconds; --codec (terse.backend.configure).
+the second step of each generation); --stop-slot/--stop-step/--stop-seconds: that slot stops
+itself (SIGSTOP) between forward and backward of the first step at or after --stop-step once it
+has seen --stop-after re-formings, and a helper process wakes it (SIGCONT) after the given
+seconds; --codec (terse.backend.configure).
 Lines: "STARTED slot K pid P at T" first, "APPLIED step S pid P gen G size N at T digest D"
 after each applied step, "EVENT {...}" per re-forming, "FINAL step S digest D loss L" at the
 end.

@@ -3,10 +3,10 @@
 `terse run --elastic`: 4 workers; rank 0 killed (SIGKILL) before its forward at the second step,
 where DDP broadcasts its rebuilt buckets from rank 0, so that the others fail in DDP's forward,
 and started again; once it is back, another stopped (SIGSTOP) between its forward and its
-backward past the timeout, so that the others' allreduce in DDP's reducer fails, and woken. The survivors are never
-restarted, every step is applied once, replicas hash alike after every step, and the final loss
-is the fault-free run's (computed here in-process: the mean gradient of each step's global
-batch; codec none). elastic_backend_worker.py."""
+backward past the timeout, so that the others' allreduce in DDP's reducer fails, and woken.
+The survivors are never restarted, every step is applied once, replicas hash alike after every
+step, and the final loss is the fault-free run's (computed here in-process: the mean gradient
+of each step's global batch; codec none). elastic_backend_worker.py."""
 
 import collections
 import os
