@@ -46,7 +46,7 @@ this module raises ImportError saying so.
 import contextlib
 import datetime
 import os
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -68,7 +68,7 @@ except ImportError as e:
         "interpreter terse is built for has torch >= 2.6 with its C++ headers; pip builds it "
         f"with --no-build-isolation): {e}") from e
 
-__all__ = ["configure", "exact", "policy_from_settings", "NAME"]
+__all__ = ["configure", "exact", "policy_from_settings", "process_group", "NAME"]
 
 NAME = "terse"
 
@@ -116,6 +116,29 @@ def _create(store: dist.Store, rank: int, size: int,
     # The extension applies the policy per call (python/backend/terse_backend.cpp).
     return _backend.TerseBackend(store, rank, size, policy.codec, policy.all_gather_codec,
                                  policy.all_to_all_codec, policy.min_bytes, threads, seconds)
+
+
+def process_group(store: dist.Store, rank: int, size: int,
+                  timeout: Union[datetime.timedelta, float, None] = None) -> dist.ProcessGroup:
+    """A process group of ``size`` ranks on the terse backend, connected over ``store`` (every
+    rank calls it with the same store contents and its own ``rank``), without
+    ``init_process_group``: no default group, no fixed world, as many groups as asked for (each
+    over its own store or key prefix). Its policy is the one a group created now gets
+    (:func:`policy_from_settings`: :func:`configure`, then the environment); ``timeout`` (a
+    timedelta or seconds) bounds every wait, unless ``TERSE_TIMEOUT`` is set. terse.elastic
+    makes one per generation (:class:`terse.elastic.ElasticBackendDDP`).
+
+    Give it to ``DistributedDataParallel(model, process_group=...)``, or call its methods
+    (``group.allreduce([t]).wait()``). torch.distributed does not know it by name: functions
+    that look a group up in its world (``dist.get_rank(group)``) do not take it."""
+    if isinstance(timeout, (int, float)):
+        timeout = datetime.timedelta(seconds=timeout)
+    backend = _create(store, rank, size, timeout)
+    group = dist.ProcessGroup(store, rank, size)
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    group._register_backend(torch.device("cpu"), custom, backend)
+    group._set_default_backend(custom)
+    return group
 
 
 def policy_from_settings() -> terse.Policy:

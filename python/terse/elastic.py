@@ -54,25 +54,47 @@ single point of failure.
 DiLoCo is elastic too: :class:`ElasticDiLoCo` (DiLoCo's knobs and loop; a failed outer step is
 retried by the survivors with their local progress; a joiner is taken in at an outer step).
 Streaming DiLoCo (fragments, delay) is not.
+
+So is DDP through terse's torch.distributed backend (:mod:`terse.backend`):
+:class:`ElasticBackendDDP` wraps the module in plain DDP (no comm hook) over a terse backend
+process group made for each generation (:func:`terse.backend.process_group`, over the
+generation's own store prefix, rank and size; the backend's policy from
+:func:`terse.backend.configure` or the environment). A peer's failure fails the backend's
+allreduce in DDP's reducer, and torch raises it from ``loss.backward()``; the loop calls
+``job.backward(loss)``, which absorbs it (and ``job.model``'s forward absorbs one in DDP's
+collectives there), so that ``commit()`` drops the step on every member and all re-form, each
+with a fresh DDP over the new generation's group::
+
+    job = terse.elastic.ElasticBackendDDP(model, optimizer)
+    while job.step < total_steps:
+        x, y = job.split(*global_batch(job.step))
+        job.backward(loss_fn(job.model(x), y))
+        job.commit()
+
+It needs torch >= 2.6 (the backend's extension); with torch 1.13 it raises ImportError.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
 import os
+import re
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 import terse
 import terse.diloco as terse_diloco
 import terse.torch as terse_torch
 
-__all__ = ["Membership", "Generation", "ElasticDDP", "ElasticDiLoCo"]
+__all__ = ["Membership", "Generation", "ElasticDDP", "ElasticBackendDDP", "ElasticDiLoCo"]
 
 _PREFIX = "terse-elastic"
 
@@ -415,7 +437,47 @@ class _Recovery:
         return moved
 
 
-class ElasticDDP(_Recovery):
+class _DataParallel(_Recovery):
+    """What the data-parallel front ends (:class:`ElasticDDP`, :class:`ElasticBackendDDP`)
+    share: the state (model, optimizer, step count) and the end of a step after its vote."""
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    step: int
+
+    def _end_step(self, votes: Optional[List[List[Any]]]) -> bool:
+        """Applies the step when the vote completed and every member succeeded, drops it
+        otherwise; re-forms after a failure or when a worker waits to join."""
+        applied = votes is not None and all(v[0] for v in votes)
+        if applied:
+            self.optimizer.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        if votes is None or not applied:
+            self._reform("failure", self.step)
+        elif any(v[-1] for v in votes):
+            self._reform("join", self.step)
+        return applied
+
+    # ---- what _Recovery asks -----------------------------------------------------------------
+
+    def _progress(self) -> int:
+        return self.step
+
+    def _state(self) -> Dict[str, Any]:
+        return {"step": self.step, "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
+
+    def _load_state(self, state: Dict[str, Any], joiner: bool) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+
+    def _digest(self) -> str:
+        return _digest([p for p in self.module.parameters()]) + f":{self.step}"
+
+
+class ElasticDDP(_DataParallel):
     """Data-parallel training with live recovery: DDP over this process alone with the terse
     hook carrying the gradients between the members of the current generation (see the
     module's docstring).
@@ -469,16 +531,7 @@ class ElasticDDP(_Recovery):
         if error is not None and not self.state._peer_failure(error):
             raise error
         votes = self._vote([error is None], f"terse.elastic vote of step {self.step}")
-        applied = votes is not None and all(v[0] for v in votes)
-        if applied:
-            self.optimizer.step()
-            self.step += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        if votes is None or not applied:
-            self._reform("failure", self.step)
-        elif any(v[-1] for v in votes):
-            self._reform("join", self.step)
-        return applied
+        return self._end_step(votes)
 
     def close(self) -> None:
         """Ends this worker's part once training is over: marks the job finished (a worker
@@ -491,23 +544,257 @@ class ElasticDDP(_Recovery):
 
     # ---- what _Recovery asks -----------------------------------------------------------------
 
-    def _progress(self) -> int:
-        return self.step
-
-    def _state(self) -> Dict[str, Any]:
-        return {"step": self.step, "model": self.module.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
-
-    def _load_state(self, state: Dict[str, Any], joiner: bool) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step = int(state["step"])
-
     def _reconnect(self, comm: terse.Communicator) -> None:
         self.state._reconnect(comm)
 
-    def _digest(self) -> str:
-        return _digest([p for p in self.module.parameters()]) + f":{self.step}"
+
+# The text of terse's transport and timeout errors (terse.TransportError, terse.TimeoutError)
+# as they reach Python through torch: an error that the terse backend's work raises in DDP's
+# reducer or collectives comes out of loss.backward() or DDP's forward as a RuntimeError with
+# the same text, without its type (src/transport/communicator.cpp words them).
+_PEER_FAILURE = re.compile(
+    r"closed the connection|communicator (?:has|had) failed|peer \d+ aborted|"
+    r"timed out after \d+ ms|stalled, died|connecting to \d+ other ranks|"
+    r"Connection reset|Connection refused|closed by peer|Read error|Write error|writev|"
+    r"waiting for store key")
+
+
+def _peer_failed(error: BaseException) -> bool:
+    """Whether ``error`` is a dead or stalled peer's: a terse transport or timeout error, typed
+    (terse's own calls) or as torch passes it on (a RuntimeError with its text)."""
+    if isinstance(error, (terse.TransportError, terse.TimeoutError)):
+        return True
+    return isinstance(error, RuntimeError) and _PEER_FAILURE.search(str(error)) is not None
+
+
+class _StoreView(dist.Store):
+    """The job's terse store as a torch.distributed Store, every key under ``prefix``: what a
+    terse backend group of one generation connects over."""
+
+    def __init__(self, store: terse.Store, prefix: str, timeout: float) -> None:
+        super().__init__()
+        self._store = store
+        self._prefix = prefix
+        self._timeout = timeout
+
+    def set(self, key: str, value: Any) -> None:
+        self._store.set(self._prefix + key, value.encode() if isinstance(value, str)
+                        else bytes(value))
+
+    def get(self, key: str) -> bytes:
+        return self._store.get(self._prefix + key, timeout=self._timeout)
+
+    def add(self, key: str, value: int) -> int:
+        return int(self._store.add(self._prefix + key, value))
+
+    def wait(self, keys: List[str], timeout: Any = None) -> None:
+        seconds = self._timeout if timeout is None else timeout.total_seconds()
+        self._store.wait([self._prefix + k for k in keys], timeout=seconds)
+
+
+class _ElasticDistributedDataParallel(DistributedDataParallel):
+    """DDP whose forward absorbs a peer's failure in DDP's own collectives there (the bucket
+    rebuild's broadcast at its second step, the buffers' broadcast): the step is then dropped,
+    and this forward runs on the local module so that the training loop goes on to commit()."""
+
+    _terse_job: Any = None  # a weak reference to the ElasticBackendDDP
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        job = self._terse_job() if self._terse_job is not None else None
+        if job is not None and job._failure is None:
+            try:
+                return super().forward(*inputs, **kwargs)
+            except RuntimeError as e:
+                if not _peer_failed(e):
+                    raise
+                job._absorb(e, "forward")
+        return self.module(*inputs, **kwargs)
+
+
+class ElasticBackendDDP(_DataParallel):
+    """Data-parallel training with live recovery through terse's torch.distributed backend:
+    plain ``DistributedDataParallel`` (no comm hook) over a terse backend process group
+    (:mod:`terse.backend`) of the current generation's members. The guarantees are
+    :class:`ElasticDDP`'s; the difference is the door the gradients take::
+
+        job = terse.elastic.ElasticBackendDDP(model, optimizer)
+        while job.step < total_steps:
+            x, y = job.split(*global_batch(job.step))
+            job.backward(loss_fn(job.model(x), y))   # not loss.backward(): see below
+            job.commit()
+        job.close()
+
+    * **The group.** Each generation gets its own terse backend group
+      (:func:`terse.backend.process_group`), connected over the job's store under the
+      generation's own prefix with the generation's rank and size, and the module is wrapped
+      in a fresh DDP over it once the members' state is synchronized (so DDP's initial
+      broadcast moves the same values). The old DDP and group are released first. What is
+      compressed is terse.backend's policy (:func:`terse.backend.configure` or the
+      ``TERSE_BACKEND_*`` environment, read when each group is made); every member checks at
+      each re-forming that the others' is the same (MismatchError naming the setting).
+      ``job.model`` is the current DDP (read it each step); ``job.process_group`` its group.
+    * **A failure.** A peer that dies or stalls fails the backend's allreduce in DDP's reducer;
+      torch raises it from ``loss.backward()`` as a RuntimeError carrying terse's text.
+      :meth:`backward` absorbs it when that text is a terse transport or timeout error's (any
+      other error is raised as it is), as ``job.model``'s forward does for DDP's collectives
+      there. :meth:`commit` then drops the step: this member aborts the generation's
+      communicator instead of voting, so that every other member's vote fails at once (no
+      member applies a step without every member's vote), and all re-form. DDP's reducer,
+      left mid-step by the error, goes with its generation. A step whose backward succeeded
+      everywhere takes :class:`ElasticDDP`'s vote.
+    * **Joins, state, codec state, data**: as :class:`ElasticDDP` (the backend's engine, with
+      any error-feedback state, is made anew with each generation's group, alike everywhere).
+
+    ``ddp_options`` go to ``DistributedDataParallel`` (``bucket_cap_mb``,
+    ``broadcast_buffers``, ``find_unused_parameters``, ...), except ``process_group`` and
+    ``device_mesh``. The other arguments are :class:`ElasticDDP`'s; each group's waits are
+    bounded by ``timeout`` unless ``TERSE_TIMEOUT`` is set (terse.backend's rule; ``terse run
+    --timeout`` sets it for both). Needs torch >= 2.6 (the backend's); CPU tensors (the
+    backend's).
+    """
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                 extra: Any = None, membership: Optional[Membership] = None,
+                 timeout: Optional[float] = None, settle: float = 1.5,
+                 join_timeout: Optional[float] = None,
+                 log: Optional[Callable[[str], None]] = None,
+                 ddp_options: Optional[Dict[str, Any]] = None) -> None:
+        import terse.backend  # ImportError with torch < 2.6, saying so
+
+        self._backend = terse.backend
+        self.ddp_options = dict(ddp_options or {})
+        for key in ("process_group", "device_mesh"):
+            if key in self.ddp_options:
+                raise terse.InvalidArgument(
+                    f"terse.elastic.ElasticBackendDDP: ddp_options may not set {key}: each "
+                    "generation's DDP runs over that generation's terse backend group")
+        self._start_recovery(membership, timeout, settle, join_timeout, extra, log)
+        self.module = module
+        self.optimizer = optimizer
+        self.step = 0
+        self._failure: Optional[str] = None
+        self._model: Optional[DistributedDataParallel] = None
+        self._group: Optional[dist.ProcessGroup] = None
+        joining = self.membership.incarnation > 0
+        self._reform("join" if joining else "start", -1 if joining else 0)
+
+    @property
+    def model(self) -> DistributedDataParallel:
+        """The DDP of the current generation (a new one after each re-forming)."""
+        assert self._model is not None
+        return self._model
+
+    @property
+    def process_group(self) -> dist.ProcessGroup:
+        """The terse backend group of the current generation."""
+        assert self._group is not None
+        return self._group
+
+    # ---- what the training loop calls --------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward(**kwargs)``, DDP's gradient allreduce through the terse backend
+        included; a peer's failure there is absorbed (the step is then dropped at commit()).
+        Skipped once the step has failed."""
+        if self._failure is not None:
+            return
+        try:
+            loss.backward(**kwargs)
+        except RuntimeError as e:
+            if not _peer_failed(e):
+                raise
+            self._absorb(e, "backward")
+
+    def commit(self) -> bool:
+        """Ends the step after :meth:`backward`: applies it on every member alike, or drops it
+        on every member when a peer failed, then re-forms the members if one failed or a worker
+        waits to join. Returns whether the step was applied."""
+        failure, self._failure = self._failure, None
+        if failure is None:
+            votes = self._vote([True], f"terse.elastic vote of step {self.step}")
+        else:
+            # No vote: without this member's, no member's vote completes, so none applies the
+            # step; aborting makes the others' votes fail now rather than at their timeout.
+            votes = None
+            try:
+                self.generation.communicator.abort(
+                    f"terse.elastic: step {self.step} failed on slot {self.membership.slot}: "
+                    f"{failure}")
+            except terse.Error:
+                pass  # failed already: the others' votes fail all the same
+        return self._end_step(votes)
+
+    def close(self) -> None:
+        """Ends this worker's part once training is over: marks the job finished (a worker
+        that arrives later exits at once), waits for the members, releases the group."""
+        try:
+            self.membership.finish()
+            self.generation.communicator.barrier("terse.elastic close")
+        finally:
+            self._release()
+
+    # ---- the generation's group and DDP ------------------------------------------------------
+
+    def _absorb(self, error: BaseException, where: str) -> None:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        self._failure = f"a peer failed during the {where}: {text}"
+        self._log(f"step {self.step}: {self._failure}")
+
+    def _release(self) -> None:
+        """Drops the last generation's DDP and group (the group's engine closes with it). The
+        DDP's reducer goes with it, and with the reducer its hooks on the parameters."""
+        model, self._model, self._group = self._model, None, None
+        if model is None:
+            return
+        model._terse_job = None
+        gone = weakref.ref(model)
+        del model
+        if gone() is not None:
+            gc.collect()  # held by a cycle (a traceback's frames): free it now, not later
+
+    def _settings(self) -> Dict[str, Any]:
+        policy = self._backend.policy_from_settings()
+        return {"codec": policy.codec, "all_gather_codec": policy.all_gather_codec,
+                "all_to_all_codec": policy.all_to_all_codec, "min_bytes": policy.min_bytes,
+                "ddp_options": sorted((k, repr(v)) for k, v in self.ddp_options.items())}
+
+    def _reconnect(self, comm: terse.Communicator) -> None:
+        self._release()
+        self._failure = None
+        generation = self.generation
+        mine = self._settings()
+        label = f"terse.elastic settings of generation {generation.number}"
+        for theirs in (json.loads(v) for v in comm.allgather_bytes(json.dumps(mine).encode(),
+                                                                   label=label)):
+            for key in mine:
+                if json.loads(json.dumps(mine[key])) != theirs.get(key):
+                    raise terse.MismatchError(
+                        f"terse.elastic.ElasticBackendDDP: {generation}: the members' {key} "
+                        f"differ ({mine[key]!r} here, {theirs.get(key)!r} on another); every "
+                        "member must configure terse.backend and DDP alike")
+        store = _StoreView(self.membership.store, f"{_PREFIX}/g{generation.number}/backend/",
+                           self.membership.timeout)
+        try:
+            self._group = self._backend.process_group(store, generation.rank, generation.size,
+                                                      self.membership.timeout)
+        except RuntimeError as e:
+            if not _peer_failed(e):
+                raise
+            raise terse.TransportError(f"{generation}: the backend group: {e}") from e
+
+    def _synchronize(self, generation: Generation) -> int:
+        moved = super()._synchronize(generation)
+        # The state is alike on every member now: DDP's broadcast from rank 0 changes nothing.
+        try:
+            model = _ElasticDistributedDataParallel(self.module, process_group=self._group,
+                                                    **self.ddp_options)
+        except RuntimeError as e:
+            if not _peer_failed(e):
+                raise
+            raise terse.TransportError(f"{generation}: DDP over the backend group: {e}") from e
+        model._terse_job = weakref.ref(self)
+        self._model = model
+        return moved
 
 
 class ElasticDiLoCo(_Recovery, terse_diloco.DiLoCo):
