@@ -344,6 +344,10 @@ class _Recovery:
     def _digest(self) -> str:
         raise NotImplementedError
 
+    def _release(self) -> None:
+        """Releases what the front end holds over the last generation (its engine, its group)."""
+        raise NotImplementedError
+
     # ---- shared ------------------------------------------------------------------------------
 
     @property
@@ -365,6 +369,15 @@ class _Recovery:
         of each of the step's global tensors."""
         parts = [torch.tensor_split(t, self.size)[self.rank] for t in tensors]
         return parts[0] if len(parts) == 1 else tuple(parts)
+
+    def close(self) -> None:
+        """Ends this worker's part once training is over: marks the job finished (a worker
+        that arrives later exits at once), waits for the members, releases the engine."""
+        try:
+            self.membership.finish()
+            self.generation.communicator.barrier("terse.elastic close")
+        finally:
+            self._release()
 
     def _vote(self, mine: List[Any], label: str) -> Optional[List[List[Any]]]:
         """Every member's ``mine`` followed by whether it saw a worker waiting to join, in rank
@@ -533,14 +546,8 @@ class ElasticDDP(_DataParallel):
         votes = self._vote([error is None], f"terse.elastic vote of step {self.step}")
         return self._end_step(votes)
 
-    def close(self) -> None:
-        """Ends this worker's part once training is over: marks the job finished (a worker
-        that arrives later exits at once), waits for the members, releases the engine."""
-        try:
-            self.membership.finish()
-            self.generation.communicator.barrier("terse.elastic close")
-        finally:
-            self.state.close()
+    def _release(self) -> None:
+        self.state.close()
 
     # ---- what _Recovery asks -----------------------------------------------------------------
 
@@ -724,15 +731,6 @@ class ElasticBackendDDP(_DataParallel):
                 pass  # failed already: the others' votes fail all the same
         return self._end_step(votes)
 
-    def close(self) -> None:
-        """Ends this worker's part once training is over: marks the job finished (a worker
-        that arrives later exits at once), waits for the members, releases the group."""
-        try:
-            self.membership.finish()
-            self.generation.communicator.barrier("terse.elastic close")
-        finally:
-            self._release()
-
     # ---- the generation's group and DDP ------------------------------------------------------
 
     def _absorb(self, error: BaseException, where: str) -> None:
@@ -904,14 +902,8 @@ class ElasticDiLoCo(_Recovery, terse_diloco.DiLoCo):
         finally:
             self._final = False
 
-    def close(self) -> None:
-        """Ends this worker's part once training is over: marks the job finished (a worker
-        that arrives later exits at once), waits for the members, releases the engine."""
-        try:
-            self.membership.finish()
-            self.generation.communicator.barrier("terse.elastic close")
-        finally:
-            terse_diloco.DiLoCo.close(self)
+    def _release(self) -> None:
+        terse_diloco.DiLoCo.close(self)
 
     # ---- the outer step ----------------------------------------------------------------------
 

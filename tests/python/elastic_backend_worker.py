@@ -22,17 +22,15 @@ import time
 STARTED = time.time()  # before the imports below, which take seconds
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import torch  # noqa: E402
 
 import terse.backend  # noqa: E402
 import terse.elastic  # noqa: E402
-from elastic_worker import GLOBAL_BATCH, global_batch  # noqa: E402,F401
+from elastic_worker import finish, global_batch, stop_self  # noqa: E402
 from fashion_mlp import digest, make_model  # noqa: E402
 
 
@@ -80,23 +78,13 @@ def main() -> int:
                 and len(job.events) >= args.stop_after):
             stopped = True
             print(f"STOPPING at step {job.step} at {time.time():.3f}", flush=True)
-            subprocess.Popen([sys.executable, "-c",
-                              f"import os,signal,time; time.sleep({args.stop_seconds}); "
-                              f"os.kill({os.getpid()}, signal.SIGCONT)"])
-            os.kill(os.getpid(), signal.SIGSTOP)
+            stop_self(args.stop_seconds)
         job.backward(loss)
         step, gen, size = job.step, job.generation.number, job.size  # commit() may re-form
         if job.commit():
             print(f"APPLIED step {step} pid {os.getpid()} gen {gen} size {size} at "
                   f"{time.time():.3f} digest {digest(model.parameters())}", flush=True)
-    for event in job.events:
-        print("EVENT " + json.dumps(event), flush=True)
-    x, y = global_batch(10_000)
-    with torch.no_grad():
-        final = float(loss_fn(model(x), y))
-    print(f"FINAL step {job.step} digest {digest(model.parameters())} loss {final:.6f}",
-          flush=True)
-    job.close()
+    finish(job, model, loss_fn)
     return 0
 
 

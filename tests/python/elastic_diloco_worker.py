@@ -23,23 +23,13 @@ import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 import signal  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import torch  # noqa: E402
 
 import terse.elastic  # noqa: E402
+from elastic_worker import global_batch, stop_self  # noqa: E402
 from fashion_mlp import data, digest, make_model  # noqa: E402
-
-GLOBAL_BATCH = 48  # divides evenly among 3 and 4 workers
-
-
-def global_batch(step: int):
-    """Inner step ``step``'s batch of the whole job, whatever the number of workers."""
-    x, y = data()
-    start = (step * GLOBAL_BATCH) % (x.shape[0] - GLOBAL_BATCH)
-    return x[start:start + GLOBAL_BATCH], y[start:start + GLOBAL_BATCH]
-
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -66,11 +56,14 @@ def main() -> int:
     model = make_model()
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
+    applied_by = []  # the generation of each outer step this worker applied
+
     def log(text: str) -> None:
         print(f"LOG slot {slot}: {text}", flush=True)
         m = re.match(r"outer step (\d+) applied by generation (\d+) \((\d+) members, (\d+) "
                      r"trained", text)
         if m:  # with mixing 0 the model holds the global parameters after an outer step
+            applied_by.append(int(m.group(2)))
             print(f"APPLIED outer {m.group(1)} pid {os.getpid()} gen {m.group(2)} size "
                   f"{m.group(3)} trained {m.group(4)} at {time.time():.3f} digest "
                   f"{digest(model.parameters())}", flush=True)
@@ -86,15 +79,14 @@ def main() -> int:
         time.sleep(args.step_seconds)
         if first and slot == args.kill_slot and job.steps == args.kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
-        # The stop waits for the first re-forming that took a worker in (the replacement of
-        # --kill-slot, when there is one), so that the two faults do not overlap.
-        joined = any(e["why"] == "join" for e in job.events) or args.kill_slot < 0
+        # The stop waits until an outer step was applied with the worker that the first join
+        # took in (the replacement of --kill-slot, when there is one), so that the two faults
+        # do not overlap.
+        joins = [e["generation"] for e in job.events if e["why"] == "join"]
+        joined = args.kill_slot < 0 or (joins != [] and max(applied_by, default=0) >= joins[0])
         if first and slot == args.stop_slot and job.steps >= args.stop_step and joined:
             first = False
-            subprocess.Popen([sys.executable, "-c",
-                              f"import os,signal,time; time.sleep({args.stop_seconds}); "
-                              f"os.kill({os.getpid()}, signal.SIGCONT)"])
-            os.kill(os.getpid(), signal.SIGSTOP)
+            stop_self(args.stop_seconds)
         job.step()
     job.finish()
     for event in job.events:

@@ -37,6 +37,26 @@ def global_batch(step: int):
     return x[start:start + GLOBAL_BATCH], y[start:start + GLOBAL_BATCH]
 
 
+def stop_self(seconds: float) -> None:
+    """Stops this process (SIGSTOP); a helper process wakes it (SIGCONT) after ``seconds``."""
+    subprocess.Popen([sys.executable, "-c", f"import os,signal,time; time.sleep({seconds}); "
+                      f"os.kill({os.getpid()}, signal.SIGCONT)"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def finish(job, model, loss_fn) -> None:
+    """The end of a data-parallel worker's log (its re-formings, then "FINAL" with its step,
+    digest and loss on a fixed batch), then closes the job."""
+    for event in job.events:
+        print("EVENT " + json.dumps(event), flush=True)
+    x, y = global_batch(10_000)
+    with torch.no_grad():
+        final = float(loss_fn(model(x), y))
+    print(f"FINAL step {job.step} digest {digest(model.parameters())} loss {final:.6f}",
+          flush=True)
+    job.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
@@ -71,22 +91,12 @@ def main() -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         if first and slot == args.stop_slot and job.step == args.stop_step:
             first = False
-            subprocess.Popen([sys.executable, "-c",
-                              f"import os,signal,time; time.sleep({args.stop_seconds}); "
-                              f"os.kill({os.getpid()}, signal.SIGCONT)"])
-            os.kill(os.getpid(), signal.SIGSTOP)
+            stop_self(args.stop_seconds)
         step, gen, size = job.step, job.generation.number, job.size  # commit() may re-form
         if job.commit():
             print(f"APPLIED step {step} pid {os.getpid()} gen {gen} size {size} at "
                   f"{time.time():.3f} digest {digest(model.parameters())}", flush=True)
-    for event in job.events:
-        print("EVENT " + json.dumps(event), flush=True)
-    x, y = global_batch(10_000)
-    with torch.no_grad():
-        final = float(loss_fn(model(x), y))
-    print(f"FINAL step {job.step} digest {digest(model.parameters())} loss {final:.6f}",
-          flush=True)
-    job.close()
+    finish(job, model, loss_fn)
     return 0
 
 
