@@ -5,9 +5,11 @@ benchmark harness terse_harness). Run by hand, `pytest tests/python` finds the p
 build/python and the harness in bench/ of this checkout.
 """
 
+import collections
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -88,3 +90,40 @@ def start_ranks(n: int, args: List[str], out: pathlib.Path,
             [PYTHON, str(worker), *args, "--out", str(out)], env=rank_env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
+
+
+# ---- terse.elastic's workers (elastic_worker.py and its siblings) under `terse run --elastic` --
+
+
+def run_elastic(worker: pathlib.Path, args: List, *, timeout: float, n: int = 4,
+                restarts: int = 1, ok: bool = True, limit: float = 240) -> str:
+    """Runs ``worker`` on ``n`` slots under `terse run --elastic`; its output (every rank's lines,
+    prefixed "[rank R] "), after checking that the job succeeded (``ok``) or failed."""
+    cmd = [str(TERSE_CLI), "run", "--elastic", "--max-restarts", str(restarts), "--timeout",
+           str(timeout), "-n", str(n), "--", PYTHON, str(worker), *map(str, args)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=limit)
+    assert (proc.returncode == 0) == ok, proc.stdout
+    return proc.stdout
+
+
+def elastic_applied(out: str) -> Dict[int, List]:
+    """{step: [(slot, pid, generation, size, time, digest)]} from a data-parallel worker's
+    APPLIED lines."""
+    steps = collections.defaultdict(list)
+    for m in re.finditer(r"\[rank (\d+)\] APPLIED step (\d+) pid (\d+) gen (\d+) size (\d+) "
+                         r"at ([\d.]+) digest (\w+)", out):
+        slot, step, pid, gen, size = map(int, m.groups()[:5])
+        steps[step].append((slot, pid, gen, size, float(m.group(6)), m.group(7)))
+    return steps
+
+
+def elastic_events(out: str, slot: int) -> List[Dict]:
+    """The re-formings slot ``slot`` logged (its EVENT lines), in order."""
+    return [json.loads(m.group(1))
+            for m in re.finditer(rf"\[rank {slot}\] EVENT (\{{.*\}})", out)]
+
+
+def elastic_pids(out: str, slot: int) -> List[int]:
+    """The processes that ran slot ``slot``, in the order they started."""
+    return [int(p) for p in re.findall(rf"\[rank {slot}\] STARTED slot {slot} pid (\d+)", out)]

@@ -4,11 +4,9 @@ survivors are never restarted, every step is applied once, replicas hash alike a
 and the final loss equals the fault-free run's (elastic_worker.py)."""
 
 import collections
-import os
 import re
-import subprocess
 
-from conftest import HERE, PYTHON, REPO, TERSE_CLI
+from conftest import HERE, elastic_applied, elastic_events, elastic_pids, run_elastic
 
 WORKER = HERE / "elastic_worker.py"
 STEPS = 80  # a restarted or woken worker has ~10 s to be back before the end
@@ -16,25 +14,12 @@ TIMEOUT = 5  # seconds: how long a stalled worker holds the others up
 
 
 def _run(*args, restarts=1):
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'build' / 'python'}:{REPO / 'bench'}:"
-               + os.environ.get("PYTHONPATH", ""))
-    cmd = [str(TERSE_CLI), "run", "--elastic", "--max-restarts", str(restarts), "--timeout",
-           str(TIMEOUT), "-n", "4", "--", PYTHON, str(WORKER), "--steps", str(STEPS),
-           "--step-seconds", "0.15", *map(str, args)]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=240, env=env)
-    assert proc.returncode == 0, proc.stdout
-    return proc.stdout
+    return run_elastic(WORKER, ["--steps", STEPS, "--step-seconds", 0.15, *args],
+                       timeout=TIMEOUT, restarts=restarts)
 
 
-def _applied(out):
-    """{step: [(slot, pid, generation, size, time, digest)]} from the APPLIED lines."""
-    steps = collections.defaultdict(list)
-    for m in re.finditer(r"\[rank (\d+)\] APPLIED step (\d+) pid (\d+) gen (\d+) size (\d+) "
-                         r"at ([\d.]+) digest (\w+)", out):
-        slot, step, pid, gen, size = map(int, m.groups()[:5])
-        steps[step].append((slot, pid, gen, size, float(m.group(6)), m.group(7)))
-    return steps
+
+
 
 
 def _finals(out):
@@ -46,7 +31,7 @@ def _finals(out):
 def _check_steps(out):
     """Every step applied exactly once by each process that applied it, by every member of the
     generation alike (one digest per step and generation), and by four workers at the end."""
-    steps = _applied(out)
+    steps = elastic_applied(out)
     assert sorted(steps) == list(range(STEPS)), out
     for step, rows in steps.items():
         pids = [r[1] for r in rows]
@@ -64,10 +49,6 @@ def _check_steps(out):
     return steps, finals
 
 
-def _events(out, slot):
-    return [eval(m.group(1)) for m in re.finditer(  # noqa: S307 (our own JSON of numbers)
-        rf"\[rank {slot}\] EVENT (\{{.*\}})", out.replace("true", "True").replace(
-            "false", "False"))]
 
 
 def _gap(steps, step):
@@ -75,8 +56,6 @@ def _gap(steps, step):
     return min(r[4] for r in steps[step]) - max(r[4] for r in steps[step - 1])
 
 
-def _pids(out, slot):
-    return [int(p) for p in re.findall(rf"\[rank {slot}\] STARTED slot {slot} pid (\d+)", out)]
 
 
 def test_a_killed_worker_is_replaced_while_the_others_go_on():
@@ -85,16 +64,16 @@ def test_a_killed_worker_is_replaced_while_the_others_go_on():
     out = _run("--kill-slot", 2, "--kill-step", 10)
     steps, finals = _check_steps(out)
     # Survivors never restarted; slot 2 started twice.
-    assert [len(_pids(out, s)) for s in range(4)] == [1, 1, 2, 1], out
+    assert [len(elastic_pids(out, s)) for s in range(4)] == [1, 1, 2, 1], out
     assert out.count("starting it again") == 1, out
     # The survivors went on in 3 within 5 s of the kill, then took the new worker back in.
-    events = _events(out, 0)
+    events = elastic_events(out, 0)
     whys = [e["why"] for e in events]
     assert whys == ["start", "failure", "join"], out
     assert events[1]["slots"] == [0, 1, 3] and events[2]["slots"] == [0, 1, 2, 3], out
     assert _gap(steps, 10) < 5, out
     # The new worker's first step back hashes like everyone's.
-    replacement = _pids(out, 2)[1]
+    replacement = elastic_pids(out, 2)[1]
     back = min(s for s, rows in steps.items() if any(r[1] == replacement for r in rows))
     assert len({r[5] for r in steps[back]}) == 1, out
     # The same global batches at every step: the loss of the fault-free run, to 1%.
@@ -105,12 +84,12 @@ def test_a_killed_worker_is_replaced_while_the_others_go_on():
 def test_a_stalled_worker_is_left_out_then_taken_back_with_the_state():
     out = _run("--stop-slot", 1, "--stop-step", 12, "--stop-seconds", TIMEOUT + 4)
     steps, _ = _check_steps(out)
-    assert [len(_pids(out, s)) for s in range(4)] == [1, 1, 1, 1], out
+    assert [len(elastic_pids(out, s)) for s in range(4)] == [1, 1, 1, 1], out
     assert "starting it again" not in out, out
-    events = _events(out, 0)
+    events = elastic_events(out, 0)
     assert [e["why"] for e in events] == ["start", "failure", "join"], out
     assert events[1]["slots"] == [0, 2, 3], out
     # Back to training within the timeout (the stall's detection) + 5 s.
     assert _gap(steps, 12) < TIMEOUT + 5, out
-    stalled = _events(out, 1)
+    stalled = elastic_events(out, 1)
     assert stalled[-1]["state_bytes"] > 0 and stalled[-1]["slots"] == [0, 1, 2, 3], out

@@ -8,10 +8,7 @@ The survivors are never restarted, every step is applied once, replicas hash ali
 step, and the final loss is the fault-free run's (computed here in-process: the mean gradient
 of each step's global batch; codec none). elastic_backend_worker.py."""
 
-import collections
-import os
 import re
-import subprocess
 
 import pytest
 import torch
@@ -24,7 +21,8 @@ except ImportError as e:  # torch 1.13 (the compatibility leg), or no extension 
 pytestmark = pytest.mark.skipif(bool(UNAVAILABLE),
                                 reason=f"terse.backend unavailable: {UNAVAILABLE}")
 
-from conftest import HERE, PYTHON, REPO, TERSE_CLI  # noqa: E402
+from conftest import (HERE, elastic_applied, elastic_events, elastic_pids,  # noqa: E402
+                      run_elastic)
 
 WORKER = HERE / "elastic_backend_worker.py"
 STEPS = 80
@@ -35,35 +33,16 @@ WITNESS = 3  # neither killed nor stopped
 
 
 def _run(*args):
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'build' / 'python'}:{REPO / 'bench'}:{HERE}:"
-               + os.environ.get("PYTHONPATH", ""))
-    cmd = [str(TERSE_CLI), "run", "--elastic", "--max-restarts", "1", "--timeout", str(TIMEOUT),
-           "-n", "4", "--", PYTHON, str(WORKER), "--steps", str(STEPS), "--codec", "none",
-           "--step-seconds", "0.15", *map(str, args)]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=240, env=env)
-    assert proc.returncode == 0, proc.stdout
-    return proc.stdout
+    return run_elastic(WORKER, ["--steps", STEPS, "--codec", "none", "--step-seconds", 0.15,
+                                *args], timeout=TIMEOUT)
 
 
-def _applied(out):
-    """{step: [(slot, pid, generation, size, time, digest)]} from the APPLIED lines."""
-    steps = collections.defaultdict(list)
-    for m in re.finditer(r"\[rank (\d+)\] APPLIED step (\d+) pid (\d+) gen (\d+) size (\d+) "
-                         r"at ([\d.]+) digest (\w+)", out):
-        slot, step, pid, gen, size = map(int, m.groups()[:5])
-        steps[step].append((slot, pid, gen, size, float(m.group(6)), m.group(7)))
-    return steps
 
 
-def _events(out, slot):
-    return [eval(m.group(1)) for m in re.finditer(  # noqa: S307 (our own JSON of numbers)
-        rf"\[rank {slot}\] EVENT (\{{.*\}})", out.replace("true", "True").replace(
-            "false", "False"))]
 
 
-def _pids(out, slot):
-    return [int(p) for p in re.findall(rf"\[rank {slot}\] STARTED slot {slot} pid (\d+)", out)]
+
+
 
 
 def _fault_free_loss():
@@ -89,7 +68,7 @@ def test_a_killed_and_a_stalled_worker_through_the_backend():
     out = _run("--kill-slot", KILL_SLOT, "--kill-step", KILL_STEP, "--kill-before", "forward",
                "--stop-slot", STOP_SLOT, "--stop-step", STOP_STEP, "--stop-after", 3,
                "--stop-seconds", TIMEOUT + 4)
-    steps = _applied(out)
+    steps = elastic_applied(out)
     # Every step applied, once per process that applied it, alike within each generation.
     assert sorted(steps) == list(range(STEPS)), out
     for step, rows in steps.items():
@@ -107,7 +86,7 @@ def test_a_killed_and_a_stalled_worker_through_the_backend():
     assert all(f[0] == STEPS for f in finals.values()), out
 
     # The survivors never restarted: the killed slot started twice, the stalled one once.
-    assert [len(_pids(out, s)) for s in range(4)] == [2, 1, 1, 1], out
+    assert [len(elastic_pids(out, s)) for s in range(4)] == [2, 1, 1, 1], out
     assert out.count("starting it again") == 1, out
     # The kill surfaced in DDP's forward, the stall in DDP's backward; every survivor absorbed
     # it there.
@@ -119,7 +98,7 @@ def test_a_killed_and_a_stalled_worker_through_the_backend():
         assert re.search(rf"LOG slot {slot}: step {stop}: a peer failed during the backward",
                          out), out
     # Without the killed slot, with it back, without the stalled one, with it back.
-    events = _events(out, WITNESS)
+    events = elastic_events(out, WITNESS)
     assert [e["why"] for e in events] == ["start", "failure", "join", "failure", "join"], out
     assert [e["slots"] for e in events[1:]] == [[1, 2, 3], [0, 1, 2, 3], [0, 1, 3],
                                                 [0, 1, 2, 3]], out
@@ -130,9 +109,9 @@ def test_a_killed_and_a_stalled_worker_through_the_backend():
            for s in (KILL_STEP, stop)}
     assert gap[KILL_STEP] < 5 and gap[stop] < TIMEOUT + 5, (gap, out)
     # Both came back with the state, in lock step.
-    back = _events(out, KILL_SLOT)[0]
+    back = elastic_events(out, KILL_SLOT)[0]
     assert back["why"] == "join" and back["state_bytes"] > 0, out
-    woken = _events(out, STOP_SLOT)[-1]
+    woken = elastic_events(out, STOP_SLOT)[-1]
     assert woken["state_bytes"] > 0 and woken["slots"] == [0, 1, 2, 3], out
     # The same global batches at every step: the fault-free loss, to 1%.
     loss, clean = finals[0][2], _fault_free_loss()

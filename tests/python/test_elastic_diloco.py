@@ -7,9 +7,7 @@ the members hash alike after every outer step, and the final loss is close to fa
 bad input is refused before connecting."""
 
 import collections
-import os
 import re
-import subprocess
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ import torch
 import terse
 import terse.diloco
 import terse.elastic
-from conftest import HERE, PYTHON, TERSE_CLI
+from conftest import HERE, elastic_events, elastic_pids, run_elastic
 from fashion_mlp import data, make_model
 
 WORKER = HERE / "elastic_diloco_worker.py"
@@ -30,13 +28,11 @@ STOP_STEP = 40  # slot 1 stops here or later, once slot 2 is back (elastic_diloc
 
 
 def _run(*args, n=4, restarts=1, ok=True):
-    cmd = [str(TERSE_CLI), "run", "--elastic", "--max-restarts", str(restarts), "--timeout",
-           str(TIMEOUT), "-n", str(n), "--", PYTHON, str(WORKER), "--steps", str(STEPS),
-           "--sync-every", str(H), "--lr", str(LR), "--step-seconds", "0.1", *map(str, args)]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=180, env=dict(os.environ))
-    assert (proc.returncode == 0) == ok, proc.stdout
-    return proc.stdout
+    return run_elastic(WORKER, ["--steps", STEPS, "--sync-every", H, "--lr", LR,
+                                "--step-seconds", 0.1, *args],
+                       timeout=TIMEOUT, n=n, restarts=restarts, ok=ok, limit=180)
+
+
 
 
 def _applied(out):
@@ -49,14 +45,8 @@ def _applied(out):
     return steps
 
 
-def _events(out, slot):
-    return [eval(m.group(1)) for m in re.finditer(  # noqa: S307 (our own JSON of numbers)
-        rf"\[rank {slot}\] EVENT (\{{.*\}})", out.replace("true", "True").replace(
-            "false", "False"))]
 
 
-def _pids(out, slot):
-    return [int(p) for p in re.findall(rf"\[rank {slot}\] STARTED slot {slot} pid (\d+)", out)]
 
 
 def _fault_free_losses():
@@ -111,9 +101,9 @@ def test_a_killed_and_a_stalled_worker_leave_and_come_back_while_the_others_go_o
     assert {f[:3] for f in finals.values()} == {
         (str(STEPS), str(STEPS // H), finals[0][2])}, out
     # Survivors never restarted; slot 2 started twice; slot 1 woke and came back.
-    assert [len(_pids(out, s)) for s in range(4)] == [1, 1, 2, 1], out
+    assert [len(elastic_pids(out, s)) for s in range(4)] == [1, 1, 2, 1], out
     assert out.count("starting it again") == 1, out
-    events = _events(out, 0)
+    events = elastic_events(out, 0)
     assert [e["why"] for e in events] == ["start", "failure", "join", "failure", "join"], out
     assert [e["slots"] for e in events[1:]] == [[0, 1, 3], [0, 1, 2, 3], [0, 2, 3],
                                                 [0, 1, 2, 3]], out
@@ -126,10 +116,10 @@ def test_a_killed_and_a_stalled_worker_leave_and_come_back_while_the_others_go_o
         gap = min(r[5] for r in steps[step]) - max(r[5] for r in steps[step - 1])
         assert gap < bound, (step, gap, out)
     # The replacement and the woken worker received the state and trained in lock step.
-    replacement = _pids(out, 2)[1]
+    replacement = elastic_pids(out, 2)[1]
     back = min(s for s, rows in steps.items() if any(r[1] == replacement for r in rows))
     assert {r[4] for r in steps[back]} == {4}, out
-    woken = _events(out, 1)[-1]
+    woken = elastic_events(out, 1)[-1]
     assert woken["why"] == "failure" and woken["state_bytes"] > 0, out
     assert woken["slots"] == [0, 1, 2, 3], out
     # Training went on: at least 3/4 of fault-free DiLoCo's loss reduction. The faults change
