@@ -142,11 +142,14 @@ class _CommunicatingAdam(torch.optim.Optimizer):
     _quantities: Tuple[str, ...] = ()
 
     def __init__(self, params: Any, defaults: Dict[str, Any], *, codec: str, strategy: str,
-                 threads: int, model: Optional[torch.nn.Module],
+                 precondition: bool, threads: int, model: Optional[torch.nn.Module],
                  communicator: Optional[terse.Communicator], process_group: Optional[Any],
                  timeout: Optional[float]) -> None:
         _check_hyper(defaults, "")
         _check_count("threads", threads, 0)
+        _check(isinstance(precondition, bool), f"precondition must be True or False, not "
+                                               f"{precondition!r}")
+        self.precondition = precondition
         try:
             self.policy = terse.Policy(codec, min_bytes=0, strategy=strategy, door=OPTIMIZER)
         except terse.SpecError as e:
@@ -199,6 +202,7 @@ class _CommunicatingAdam(torch.optim.Optimizer):
         settings: Dict[str, Any] = {"optimizer": type(self).__name__,
                                     "codec": terse.canonical_spec(self.policy.codec),
                                     "strategy": self.policy.strategy,
+                                    "precondition": self.precondition,
                                     "parameter groups": len(self._groups)}
         for i, (group, flat) in enumerate(zip(self.param_groups, self._groups)):
             for key in ("lr", "betas", "eps", "weight_decay"):
@@ -215,11 +219,32 @@ class _CommunicatingAdam(torch.optim.Optimizer):
     def _options(self) -> terse.AllreduceOptions:
         return self.policy.compressed_options()
 
-    def _compressed_allreduce(self, quantity: str, name: str) -> None:
+    def _denominators(self) -> List[torch.Tensor]:
+        """Per group, sqrt(v) + eps: what the update divides the momentum by."""
+        return [g.flat["exp_avg_sq"].sqrt().add_(group["eps"])
+                for group, g in zip(self.param_groups, self._groups)]
+
+    def _compressed_allreduce(self, quantity: str, name: str, scaled: bool = False) -> None:
         """Averages every group's flat ``quantity`` across ranks, compressed with error feedback
-        on both sides (tensor ``name`` keys the residuals): one submission for all groups."""
+        on both sides (tensor ``name`` keys the residuals): one submission for all groups.
+
+        With ``precondition``, a ``quantity`` in the momentum's units (not ``scaled``) is divided
+        by sqrt(v) + eps before it is compressed and multiplied back after, so that what is
+        compressed (and what error feedback carries) is in the update's units: each element's
+        compression error then moves its parameter by an amount of the size of the others' in
+        its chunk, instead of that error divided by its own sqrt(v). A ``scaled`` quantity is in
+        the update's units already and is exchanged as it is."""
         if self.engine.size == 1:
             return
+        divide = self.precondition and not scaled
+        denominators = self._denominators() if divide else []
+        for i, g in enumerate(self._groups):
+            if divide:
+                g.flat[quantity].div_(denominators[i])
+            if self.precondition:
+                # Elements whose variance is 0 would be m / eps: they would set their chunk's
+                # scale. They are 0 after the exchange anyway (below).
+                g.flat[quantity].mul_(g.flat["exp_avg_sq"] > 0)
         options = self._options()
         items = [(f"terse.optim group{i} {name}", g.flat[quantity], options)
                  for i, g in enumerate(self._groups) if g.numel > 0]
@@ -228,8 +253,10 @@ class _CommunicatingAdam(torch.optim.Optimizer):
         # 1 bit cannot say 0: elements whose variance is exactly 0 (no gradient ever reached
         # them, e.g. inputs that are always 0) would move by m / eps. They keep m = 0 (the mask
         # DeepSpeed asks its users to give as exp_avg_mask).
-        for g in self._groups:
+        for i, g in enumerate(self._groups):
             g.flat[quantity].mul_(g.flat["exp_avg_sq"] > 0)
+            if divide:
+                g.flat[quantity].mul_(denominators[i])
 
     def _average_grads(self) -> None:
         """Averages every group's flat gradient exactly (terse's raw allreduce)."""
@@ -314,7 +341,7 @@ class _CommunicatingAdam(torch.optim.Optimizer):
     def _fixed_settings(self) -> Dict[str, Any]:
         """Settings a checkpoint must have been saved with (the hyper-parameters of the groups
         are restored from it instead, as torch's optimizers do)."""
-        return {"optimizer": type(self).__name__,
+        return {"optimizer": type(self).__name__, "precondition": self.precondition,
                 "group sizes": [g.numel for g in self._groups]}
 
     def state_dict(self) -> Dict[str, Any]:
@@ -398,6 +425,10 @@ class OneBitAdam(_CommunicatingAdam):
     strategy
         ``"sharded"``: the two-phase exchange with both residuals. ``"allgather"``: every rank
         decodes every rank's payload (worker residuals only; more bytes).
+    precondition
+        True (terse's default): compress ``m / (sqrt(v) + eps)``, the update, and multiply the
+        average back, so that compression errors move every parameter alike instead of by the
+        error over its own sqrt(v). False: compress ``m`` itself, as DeepSpeed does.
     model
         The model (or DDP model): names parameters in error messages.
     communicator, process_group, timeout, threads
@@ -415,7 +446,8 @@ class OneBitAdam(_CommunicatingAdam):
 
     def __init__(self, params: Any, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, freeze_step: int = 100000, *,
-                 codec: str = "onebit:ef=1", strategy: str = "sharded", threads: int = 0,
+                 codec: str = "onebit:ef=1", strategy: str = "sharded",
+                 precondition: bool = True, threads: int = 0,
                  model: Optional[torch.nn.Module] = None,
                  communicator: Optional[terse.Communicator] = None,
                  process_group: Optional[Any] = None, timeout: Optional[float] = None) -> None:
@@ -423,7 +455,8 @@ class OneBitAdam(_CommunicatingAdam):
         self.freeze_step = freeze_step
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay),
-                         codec=codec, strategy=strategy, threads=threads, model=model,
+                         codec=codec, strategy=strategy, precondition=precondition,
+                         threads=threads, model=model,
                          communicator=communicator, process_group=process_group,
                          timeout=timeout)
 
@@ -492,7 +525,7 @@ class ZeroOneAdam(_CommunicatingAdam):
                  eps: float = 1e-8, weight_decay: float = 0.0, var_freeze_step: int = 100000,
                  var_update_scaler: int = 16, local_step_scaler: int = 32678,
                  local_step_clipper: int = 16, *, codec: str = "onebit:ef=1",
-                 strategy: str = "sharded", threads: int = 0,
+                 strategy: str = "sharded", precondition: bool = True, threads: int = 0,
                  model: Optional[torch.nn.Module] = None,
                  communicator: Optional[terse.Communicator] = None,
                  process_group: Optional[Any] = None, timeout: Optional[float] = None) -> None:
@@ -512,7 +545,8 @@ class ZeroOneAdam(_CommunicatingAdam):
         self.local_step_counter = 0
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay),
-                         codec=codec, strategy=strategy, threads=threads, model=model,
+                         codec=codec, strategy=strategy, precondition=precondition,
+                         threads=threads, model=model,
                          communicator=communicator, process_group=process_group,
                          timeout=timeout)
         # The learning rates summed since the last synchronization, per group (DeepSpeed's lrs).
@@ -582,19 +616,24 @@ class ZeroOneAdam(_CommunicatingAdam):
             self._lrs[i] += group["lr"]
             update = m / (v.sqrt() + group["eps"])
             g.apply(update, group["lr"], group["weight_decay"], accumulate=g.flat["accumulator"])
-            if sync:
+            if sync and not self.precondition:
                 g.flat["accumulator"].mul_(v.sqrt() + group["eps"])
         if sync:
-            self._compressed_allreduce("accumulator", "momentum")
+            # The accumulated updates, in the update's units; without preconditioning they are
+            # exchanged in the momentum's, as DeepSpeed does.
+            self._compressed_allreduce("accumulator", "momentum", scaled=True)
             for i, (group, g) in enumerate(zip(self.param_groups, self._groups)):
                 acc, v = g.flat["accumulator"], g.flat["exp_avg_sq"]
+                denominator = v.sqrt() + group["eps"]
+                if self.precondition:
+                    acc.mul_(denominator)
                 if self._lrs[i] > 0:
                     g.flat["exp_avg"].copy_(acc).div_(-self._lrs[i])
                 else:
                     g.flat["exp_avg"].zero_()
                 # The parameters of the last synchronization plus the averaged update, the same
                 # bits on every rank (DeepSpeed subtracts the local updates from p instead).
-                g.flat["anchor"].add_(acc / (v.sqrt() + group["eps"]))
+                g.flat["anchor"].add_(acc / denominator)
                 g.set_params("anchor")
                 acc.zero_()
                 self._lrs[i] = 0.0

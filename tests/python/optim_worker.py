@@ -45,6 +45,9 @@ def setup(kind: str, ddp: bool, **knobs):
     model = DDP(module, bucket_cap_mb=0.1) if ddp else module
     if kind == "adam":
         return model, torch.optim.Adam(model.parameters(), lr=LR, eps=EPS)
+    # "-deepspeed": the momentum compressed as DeepSpeed does (precondition=False).
+    if kind.endswith("-deepspeed"):
+        kind, knobs = kind[:-len("-deepspeed")], {**knobs, "precondition": False}
     cls, schedule = ((terse.optim.OneBitAdam, ONEBIT) if kind == "onebit"
                      else (terse.optim.ZeroOneAdam, ZEROONE))
     optimizer = cls(model.parameters(), lr=LR, eps=EPS, model=model, threads=1, timeout=30,
@@ -74,7 +77,8 @@ def train(model, optimizer, first: int, last: int, record: Optional[Dict] = None
 
 def replicas(steps: int) -> Dict:
     out = {}
-    for kind, ddp in (("onebit", False), ("onebit", True), ("zeroone", False), ("zeroone", True)):
+    for kind, ddp in (("onebit", False), ("onebit", True), ("zeroone", False), ("zeroone", True),
+                      ("onebit-deepspeed", False), ("zeroone-deepspeed", False)):
         model, optimizer = setup(kind, ddp)
         record: Dict[str, List] = {"digests": [], "synchronized": [], "bytes": [], "frozen": []}
         # Bytes of the DDP hook (warm-up) are counted by the optimizer's engine too: measure the
@@ -91,9 +95,9 @@ def replicas(steps: int) -> Dict:
 
 def converge(steps: int) -> Dict:
     out = {}
-    for kind in ("adam", "onebit", "zeroone"):
+    for kind in ("adam", "onebit", "zeroone", "onebit-deepspeed", "zeroone-deepspeed"):
         knobs = {} if kind == "adam" else (
-            dict(freeze_step=30) if kind == "onebit" else
+            dict(freeze_step=30) if kind.startswith("onebit") else
             dict(var_freeze_step=30, var_update_scaler=4, local_step_scaler=20,
                  local_step_clipper=4))
         model, optimizer = setup(kind, True, **knobs)
@@ -138,14 +142,18 @@ def resume(path: str, before: int, after: int) -> Dict:
 
 
 def mismatch() -> Dict:
-    lr = LR * (2 if dist.get_rank() == 1 else 1)
-    try:
-        optimizer = terse.optim.OneBitAdam(make_model().parameters(), lr=lr, threads=1,
-                                           timeout=20)
-        optimizer.close()
-        return {"error": None}
-    except terse.MismatchError as e:
-        return {"error": str(e), "type": type(e).__name__}
+    out = {}
+    odd = dist.get_rank() == 1
+    for setting, knobs in (("lr", dict(lr=LR * (2 if odd else 1))),
+                           ("precondition", dict(precondition=not odd))):
+        try:
+            optimizer = terse.optim.OneBitAdam(make_model().parameters(), threads=1, timeout=20,
+                                               **knobs)
+            optimizer.close()
+            out[setting] = {"error": None}
+        except terse.MismatchError as e:
+            out[setting] = {"error": str(e), "type": type(e).__name__}
+    return out
 
 
 def run(args) -> None:

@@ -9,7 +9,8 @@ import terse.optim
 from conftest import HERE, launch
 
 WORKER = HERE / "optim_worker.py"
-KINDS = ["onebit", "onebit-ddp", "zeroone", "zeroone-ddp"]
+KINDS = ["onebit", "onebit-ddp", "zeroone", "zeroone-ddp", "onebit-deepspeed",
+         "zeroone-deepspeed"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_replicas_are_bit_identical_after_every_synchronizing_step(world, kind, 
 @pytest.mark.parametrize("world", [2, 4])
 def test_compressed_steps_send_at_least_15_times_fewer_bytes_than_fp32(world, run2, run4):
     results = run2 if world == 2 else run4
-    for kind in ("onebit", "onebit-ddp"):
+    for kind in ("onebit", "onebit-ddp", "onebit-deepspeed"):
         record = results[0]["replicas"][kind]
         warm = [b for b, f in zip(record["bytes"], record["frozen"]) if not f]
         # frozen is recorded after each step: the first frozen step was the last warm one.
@@ -62,8 +63,9 @@ def test_onebit_adam_trains_as_well_as_adam_under_ddp(run2):
         last = {k: sum(v[-20:]) / 20 for k, v in losses.items()}
         first = sum(losses["adam"][:5]) / 5
         assert last["adam"] < 0.4 * first
-        assert last["onebit"] < 1.2 * last["adam"] + 0.05, last
-        assert last["zeroone"] < 1.5 * last["adam"] + 0.1, last
+        for form in ("", "-deepspeed"):  # preconditioned (the default), and DeepSpeed's
+            assert last["onebit" + form] < 1.2 * last["adam"] + 0.05, last
+            assert last["zeroone" + form] < 1.5 * last["adam"] + 0.1, last
 
 
 @pytest.mark.parametrize("kind", ["onebit", "zeroone"])
@@ -77,10 +79,12 @@ def test_a_resumed_run_continues_bit_for_bit(kind, run2):
     assert len({result["resume"][kind]["continued"] for result in run2}) == 1
 
 
-def test_ranks_with_different_settings_fail_naming_the_setting(run2):
+@pytest.mark.parametrize("setting, name", [("lr", "lr (group 0)"),
+                                           ("precondition", "precondition")])
+def test_ranks_with_different_settings_fail_naming_the_setting(setting, name, run2):
     for result in run2:
-        assert result["mismatch"]["type"] == "MismatchError"
-        assert "setting 'lr (group 0)' differs across ranks" in result["mismatch"]["error"]
+        assert result["mismatch"][setting]["type"] == "MismatchError"
+        assert f"setting '{name}' differs across ranks" in result["mismatch"][setting]["error"]
 
 
 def _params():
@@ -98,6 +102,7 @@ def _params():
     (dict(codec="bogus"), "unknown codec 'bogus'"),
     (dict(codec="auto"), "name a codec with error feedback"),
     (dict(threads=-1), "threads must be"),
+    (dict(precondition=1), "precondition must be True or False"),
 ])
 def test_bad_hyper_parameters_are_refused_by_name_before_connecting(knobs, words):
     with pytest.raises(terse.InvalidArgument, match=words.replace("(", r"\(")):
