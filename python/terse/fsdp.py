@@ -303,8 +303,9 @@ class TerseFSDPState:
     strategy, partitions, seed, threads, timeout, process_group
         As for :class:`terse.torch.TerseHookState`.
 
-    ``codec``, ``all_gather_codec``, ``min_bytes``, ``strategy``, ``partitions`` and
-    ``auto_codecs`` make the state's :class:`terse.Policy` (``state.policy``), as for the hook.
+    ``codec``, ``all_gather_codec``, ``min_bytes``, ``strategy``, ``partitions``,
+    ``auto_codecs`` and ``adaptive`` make the state's :class:`terse.Policy` (``state.policy``),
+    as for the hook.
 
     Attributes: ``engine``, ``policy``, ``error`` (the first error a collective met), ``bytes_sent``,
     ``bytes_sent_across_hosts`` (the part that went to other hosts), ``reduce_scatters`` and
@@ -318,11 +319,13 @@ class TerseFSDPState:
                  seed: int = 0, threads: int = 0, timeout: Optional[float] = None,
                  process_group: Optional[Any] = None,
                  communicator: Optional[terse.Communicator] = None,
-                 auto_codecs: Optional[Sequence[str]] = None, hierarchy: str = "auto") -> None:
+                 auto_codecs: Optional[Sequence[str]] = None, hierarchy: str = "auto",
+                 adaptive: bool = False) -> None:
         # Validated before connecting: a typo fails on every rank alike, none waits for another.
         self.policy = terse.Policy(codec, min_bytes=min_bytes, strategy=strategy,
                                    partitions=partitions, auto_codecs=auto_codecs,
-                                   all_gather_codec=all_gather_codec, door=FSDP)
+                                   all_gather_codec=all_gather_codec, door=FSDP,
+                                   adaptive=adaptive)
         if hierarchy not in ("auto", "flat", "hosts"):
             raise terse.SpecError(f"terse.fsdp: unknown hierarchy {hierarchy!r} (allowed: auto, "
                                   "flat, hosts)")

@@ -23,16 +23,27 @@ its codec may be a schedule, whether what it all-gathers is recomputed each time
 refuses the rest with the reason, naming the door.
 """
 
+import os
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import terse
 from terse.accordion import Accordion, SparseWarmup
 
-__all__ = ["Policy", "Door", "AUTO_TIERS", "GENERIC", "HOOK", "FSDP", "BACKEND"]
+__all__ = ["Policy", "Door", "AUTO_TIERS", "ADAPTIVE_TIERS", "GENERIC", "HOOK", "FSDP",
+           "BACKEND"]
 
 # Codec "auto"'s tiers, lightest first: the planner's choice among the codecs that keep accuracy
 # (auto_codecs), or among those and the ones that compress more (heavy_codecs as well).
 AUTO_TIERS = ("auto", "auto:heavy")
+# The default tiers where the gradients feed an adaptive optimizer (``adaptive=True``: Adam,
+# AdamW and their family, which divide each element's step by a running RMS of its own
+# gradient). A codec whose error is spread over a whole matrix (low rank) or chunk (1 bit)
+# then moves elements of small variance by large steps; element-wise quantizers keep the light
+# tier, and low rank moves to the heavy one (docs/planner.md, "Under Adam").
+ADAPTIVE_TIERS = {
+    "auto": ("fp16", "minmax8:ef=1"),
+    "auto:heavy": ("powersgd:rank=8", "powersgd:rank=8,wire=fp16", "onebit:ef=1", "powersgd"),
+}
 # The version of the checkpoints front ends save through state_dict().
 STATE_VERSION = 1
 
@@ -104,6 +115,11 @@ class Policy:
         Where the door's gathers are recomputed each time, stateless codecs only.
     door
         The front end's :class:`Door` (default: one that plans both tiers).
+    adaptive
+        True where the gradients feed an adaptive optimizer (Adam, AdamW and their family): the
+        tiers given as None (or empty) get :data:`ADAPTIVE_TIERS` instead of the planner's defaults
+        (unless ``TERSE_PLAN_CODECS`` / ``TERSE_PLAN_HEAVY_CODECS`` name them). Changes nothing
+        where no "auto" codec is planned.
 
     Attributes: the knobs as given (``auto_codecs`` and ``heavy_codecs`` as canonical lists),
     ``schedule`` (the codec when it is a schedule, else None), ``planned`` (whether the planner
@@ -116,8 +132,11 @@ class Policy:
                  heavy_codecs: Optional[Sequence[str]] = None,
                  all_gather_codec: Optional[str] = None,
                  all_to_all_codec: Optional[str] = None,
-                 door: Door = GENERIC) -> None:
+                 door: Door = GENERIC, adaptive: bool = False) -> None:
         self.door = door
+        if not isinstance(adaptive, bool):
+            raise terse.InvalidArgument(f"adaptive must be True or False, not {adaptive!r}")
+        self.adaptive = adaptive
         if min_bytes < 0:
             raise terse.InvalidArgument(f"min_bytes must be >= 0, not {min_bytes}")
         self.schedule: Optional[Any] = None if isinstance(codec, str) else codec
@@ -144,6 +163,12 @@ class Policy:
         for spec in self.specs() + [all_gather_codec, all_to_all_codec]:
             if spec is not None and spec not in AUTO_TIERS:
                 terse.canonical_spec(spec)
+        if adaptive and self.planned:  # an empty list, as None, asks for the default tier
+            if not auto_codecs and not os.environ.get("TERSE_PLAN_CODECS"):
+                auto_codecs = ADAPTIVE_TIERS["auto"]
+            if (not heavy_codecs and "auto:heavy" in self.specs()
+                    and not os.environ.get("TERSE_PLAN_HEAVY_CODECS")):
+                heavy_codecs = ADAPTIVE_TIERS["auto:heavy"]
         if not self.planned:
             for knob, value in (("auto_codecs", auto_codecs), ("heavy_codecs", heavy_codecs)):
                 if value is not None:

@@ -210,6 +210,12 @@ class TerseHookState:
         planner may choose from as well, e.g. ``["onebit:ef=1"]``. None:
         ``TERSE_PLAN_HEAVY_CODECS``, else the planner's heavy tier (docs/planner.md).
         ``["none"]``: none.
+    adaptive
+        True when the model trains with an adaptive optimizer (Adam, AdamW and their family):
+        the tiers left as None are ``terse.policy.ADAPTIVE_TIERS`` (light: fp16 and minmax8
+        with error feedback; PowerSGD moves to the heavy tier), since Adam divides each
+        element's step by its own gradient's RMS and so magnifies the errors low rank spreads
+        over a matrix (docs/planner.md, "Under Adam").
     strategy
         How compressed tensors are reduced: ``"auto"`` (the engine's choice for the codec:
         summable codecs such as fp16 and PowerSGD ride a ring on compressed data, DGC's
@@ -270,8 +276,8 @@ class TerseHookState:
         bucket is inside the first backward. Until then ``engine`` is None, ``bytes_sent`` 0,
         and :meth:`plan`, :meth:`state_dict` and :meth:`load_state_dict` raise.
 
-    ``codec``, ``min_bytes``, ``strategy``, ``partitions``, ``auto_codecs`` and
-    ``heavy_codecs`` make the hook's :class:`terse.Policy` (validated before connecting, shared
+    ``codec``, ``min_bytes``, ``strategy``, ``partitions``, ``auto_codecs``, ``heavy_codecs``
+    and ``adaptive`` make the hook's :class:`terse.Policy` (validated before connecting, shared
     with the other front ends); ``state.policy`` is it, and the knobs are its attributes too.
 
     Attributes: ``engine`` (the :class:`terse.Engine`; ``engine.options`` are the
@@ -313,6 +319,7 @@ class TerseHookState:
         process_group: Optional[Any] = None,
         communicator: Optional[terse.Communicator] = None,
         lazy: bool = False,
+        adaptive: bool = False,
     ) -> None:
         if warmup_steps < 0:
             raise terse.InvalidArgument(f"warmup_steps must be >= 0, not {warmup_steps}")
@@ -321,7 +328,7 @@ class TerseHookState:
         # Validated before any rank connects: a typo fails fast, on this rank alone.
         self.policy = terse.Policy(codec, min_bytes=min_bytes, strategy=strategy,
                                    partitions=partitions, auto_codecs=auto_codecs,
-                                   heavy_codecs=heavy_codecs, door=HOOK)
+                                   heavy_codecs=heavy_codecs, door=HOOK, adaptive=adaptive)
         self.clip_norm = clip_norm
         self.warmup_steps = warmup_steps
         self.matrix_view = matrix_view

@@ -166,6 +166,34 @@ def test_engine_options_carry_the_tiers():
     assert terse.Policy("fp16", door=GENERIC).engine_options().auto_codecs == []
 
 
+def test_under_adam_the_default_tiers_keep_element_wise_quantizers_light(monkeypatch):
+    monkeypatch.delenv("TERSE_PLAN_CODECS", raising=False)
+    monkeypatch.delenv("TERSE_PLAN_HEAVY_CODECS", raising=False)
+    light = [terse.canonical_spec(c) for c in terse.policy.ADAPTIVE_TIERS["auto"]]
+    heavy = [terse.canonical_spec(c) for c in terse.policy.ADAPTIVE_TIERS["auto:heavy"]]
+    assert not any(c.startswith("powersgd") for c in light)
+    assert any(c.startswith("powersgd") for c in heavy)
+    policy = terse.Policy("auto:heavy", door=HOOK, adaptive=True)
+    assert (policy.auto_codecs, policy.heavy_codecs) == (light, heavy)
+    # Empty lists ask for the default tiers, as None does.
+    policy = terse.Policy("auto:heavy", auto_codecs=[], heavy_codecs=[], door=HOOK, adaptive=True)
+    assert (policy.auto_codecs, policy.heavy_codecs) == (light, heavy)
+    # The light tier alone does not calibrate a heavy one.
+    assert terse.Policy("auto", door=HOOK, adaptive=True).heavy_codecs == []
+    assert terse.Policy("auto", door=FSDP, adaptive=True).auto_codecs == light
+    # What the user names wins: the knobs, then the environment.
+    assert terse.Policy("auto", auto_codecs=["fp16"], door=HOOK,
+                        adaptive=True).auto_codecs == ["fp16"]
+    monkeypatch.setenv("TERSE_PLAN_CODECS", "fp16")
+    assert terse.Policy("auto", door=HOOK, adaptive=True).auto_codecs == []
+    # Nothing planned: nothing changes; without adaptive, the planner's defaults.
+    assert terse.Policy("fp16", door=HOOK, adaptive=True).auto_codecs == []
+    monkeypatch.delenv("TERSE_PLAN_CODECS")
+    assert terse.Policy("auto", door=HOOK).auto_codecs == []
+    with pytest.raises(terse.InvalidArgument, match="adaptive must be True or False"):
+        terse.Policy("auto", door=HOOK, adaptive="adam")
+
+
 def test_calibrate_is_a_collective_every_rank_calls_and_idempotent(tmp_path, monkeypatch):
     # The planner caches its calibration under XDG_CACHE_HOME: keep it out of the user's cache.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
