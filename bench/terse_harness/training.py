@@ -108,7 +108,6 @@ OPTIMIZERS = ("sgd", "adamw", "onebit-adam", "zeroone-adam")
 # "ddp" only. They freeze the variance after this fraction of the run (the 1-bit Adam paper
 # freezes after 15-25 % of training), with AdamW's settings and schedule otherwise.
 COMMUNICATING_OPTIMIZERS = ("onebit-adam", "zeroone-adam")
-FREEZE_FRACTION = 0.2
 
 
 @dataclasses.dataclass
@@ -152,6 +151,7 @@ class RunConfig:
     powersgd_rank: int = 4
     auto_codecs: Tuple[str, ...] = ()  # codec "auto": what the planner may choose (): default
     heavy_codecs: Tuple[str, ...] = ()  # codec "auto:heavy": what it adds (): default
+    adaptive: bool = False  # the hook's adaptive=True: codec "auto"'s tiers for Adam
     all_gather_codec: str = ""  # fsdp-terse: the parameters' all-gather codec ("": raw)
     topology: str = ""  # TERSE_TOPOLOGY for terse's engines ("": the environment's, else auto)
     # fsdp-terse on hosts of several ranks (docs/topology.md): "auto", "flat" or "hosts"; and
@@ -201,6 +201,11 @@ class RunConfig:
     mixing: float = 0.0
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    # terse.optim (COMMUNICATING_OPTIMIZERS): the share of the steps before the variance freezes
+    # (1-bit Adam's freeze_step, 0/1 Adam's var_freeze_step) and the momentum exchange's codec.
+    freeze_fraction: float = 0.2
+    optimizer_codec: str = "onebit:ef=1"
+    precondition: bool = True  # False: the momentum is compressed as DeepSpeed does
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -313,7 +318,8 @@ def _communication(model: Any, config: RunConfig, steps_per_epoch: int = 0) -> O
             threads=config.threads, timeout=config.timeout, seed=config.seed,
             clip_norm=config.clip_norm if config.clip_norm > 0 else None,
             auto_codecs=list(config.auto_codecs) if planned else None,
-            heavy_codecs=list(config.heavy_codecs) if planned else None)
+            heavy_codecs=list(config.heavy_codecs) if planned else None,
+            adaptive=config.adaptive)
         model.register_comm_hook(state, hook)
         return state
     return None
@@ -386,6 +392,9 @@ def method_label(config: RunConfig) -> str:
     if config.optimizer in COMMUNICATING_OPTIMIZERS:
         label = {"onebit-adam": "terse 1-bit Adam", "zeroone-adam": "terse 0/1 Adam"}[
             config.optimizer]
+        label += f" (freeze {round(100 * config.freeze_fraction)} %"
+        label += "" if config.optimizer_codec == "onebit:ef=1" else f", {config.optimizer_codec}"
+        label += ")" if config.precondition else ", as DeepSpeed)"
     elif config.optimizer and config.optimizer != MODELS[config.model].optimizer:
         label += f" [{config.optimizer}]"  # not the model's default optimizer
     return label if config.dtype == "float32" else f"{label} [{config.dtype} model]"
@@ -436,7 +445,7 @@ def _method_label(config: RunConfig) -> str:
                   else "epoch windows"]
     if (any(c in ("auto", "auto:heavy") for c in (config.accordion or (config.codec,)))
             and not config.auto_codecs and not config.heavy_codecs):
-        extra += ["default tiers"]
+        extra += ["Adam tiers" if config.adaptive else "default tiers"]
     extra += [] if config.clip_norm <= 0 else [f"clip {config.clip_norm:g}"]
     extra += [] if config.momentum < 0 else [f"SGD momentum {config.momentum:g}"]
     if config.method == "fsdp-terse":
@@ -699,18 +708,19 @@ def _optimizer(run: _Rank, model: Any, total: int) -> None:
 
 def _communicating_adam(run: _Rank, model: Any, total: int) -> Tuple[Any, Any]:
     """terse.optim's 1-bit Adam or 0/1 Adam over AdamW's parameter groups, settings and
-    schedule, freezing after FREEZE_FRACTION of the ``total`` steps, with its hook on the DDP
+    schedule, freezing after ``freeze_fraction`` of the ``total`` steps, with its hook on the DDP
     ``model`` (which then sends nothing once the optimizer communicates)."""
     import torch
     import terse.optim
 
-    spec, freeze = run.spec, max(1, round(FREEZE_FRACTION * total))
+    spec, freeze = run.spec, max(1, round(run.config.freeze_fraction * total))
     parameters = list(model.parameters())
     groups = [{"params": [p for p in parameters if p.dim() >= 2],
                "weight_decay": spec.weight_decay},
               {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     common = dict(lr=spec.adamw_lr, betas=spec.betas, eps=spec.eps, model=model,
+                  codec=run.config.optimizer_codec, precondition=run.config.precondition,
                   timeout=run.config.timeout)
     if run.optimizer_name == "onebit-adam":
         optimizer = terse.optim.OneBitAdam(groups, freeze_step=freeze, **common)

@@ -95,10 +95,12 @@ def test_driver_trains_the_language_model(tmp_path):
         # From ln 256 = 5.55 nats per byte at the start, down within a few AdamW steps.
         assert losses[-1] == r["val_loss"] and losses[-1] < losses[0] < 5.55, losses
         assert r["time_to_loss"] is None  # far from the target after 8 steps
-    # 1-bit Adam freezes after 2 of the 8 steps: the counted steps 3-8 send the momentum in
-    # about 1 bit per element twice (to the shard owners and back), not DDP's 32.
+    # 1-bit Adam freezes after 3 of the 8 steps (40 %): steps 5-8, between the two
+    # evaluations, send the momentum in about 1 bit per element twice (to the shard owners and
+    # back), not DDP's 32.
     onebit = json.loads((results / "loopback" / "gpt" / "onebit-adam.json").read_text())
-    assert 0 < onebit["payload_bytes_per_step"] < onebit["gradient_bytes"] / 8
+    sent = [c["payload_bytes"] for c in onebit["curve"]]
+    assert 0 < (sent[1] - sent[0]) / 4 < onebit["gradient_bytes"] / 8, sent
     text = driver("report", "--results", str(results), "--plots", str(tmp_path / "plots"))
     assert "| DDP fp32 | " in text and "| terse fp16 | " in text and "time to target s" in text
     assert (tmp_path / "plots" / "training-loss-gpt.png").stat().st_size > 0
