@@ -16,13 +16,13 @@ import statistics
 import sys
 from typing import Dict, List, Optional, Tuple
 
+from terse_harness import lm
+
 
 def _reached(run: Dict, loss: float) -> Optional[Tuple[float, int]]:
     """(training seconds, step) of the first evaluation at or below ``loss``, else None."""
-    for c in run["curve"]:
-        if c.get("val_loss") is not None and c["val_loss"] <= loss:
-            return c["train_seconds"], c["step"]
-    return None
+    c = lm.first_reached(run["curve"], loss)
+    return None if c is None else (c["train_seconds"], c["step"])
 
 
 def _bytes_after_freeze(run: Dict) -> Optional[float]:

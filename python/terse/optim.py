@@ -238,13 +238,14 @@ class _CommunicatingAdam(torch.optim.Optimizer):
             return
         divide = self.precondition and not scaled
         denominators = self._denominators() if divide else []
+        seen = [g.flat["exp_avg_sq"] > 0 for g in self._groups]
         for i, g in enumerate(self._groups):
             if divide:
                 g.flat[quantity].div_(denominators[i])
             if self.precondition:
                 # Elements whose variance is 0 would be m / eps: they would set their chunk's
                 # scale. They are 0 after the exchange anyway (below).
-                g.flat[quantity].mul_(g.flat["exp_avg_sq"] > 0)
+                g.flat[quantity].mul_(seen[i])
         options = self._options()
         items = [(f"terse.optim group{i} {name}", g.flat[quantity], options)
                  for i, g in enumerate(self._groups) if g.numel > 0]
@@ -254,7 +255,7 @@ class _CommunicatingAdam(torch.optim.Optimizer):
         # them, e.g. inputs that are always 0) would move by m / eps. They keep m = 0 (the mask
         # DeepSpeed asks its users to give as exp_avg_mask).
         for i, g in enumerate(self._groups):
-            g.flat[quantity].mul_(g.flat["exp_avg_sq"] > 0)
+            g.flat[quantity].mul_(seen[i])
             if divide:
                 g.flat[quantity].mul_(denominators[i])
 
