@@ -78,6 +78,10 @@ METHODS: List[Tuple[str, Dict]] = [
                                        strategy="allgather")),
     ("terse-fp16", dict(method="terse", codec="fp16")),
     ("terse-minmax8", dict(method="terse", codec="minmax8:ef=1")),
+    # DDP's buckets at 2 MB instead of 25: the exchange starts during the backward pass.
+    ("terse-minmax8-b2", dict(method="terse", codec="minmax8:ef=1", bucket_mb=2.0)),
+    ("terse-minmax4", dict(method="terse", codec="minmax8:bits=4,ef=1")),
+    ("terse-minmax4-b2", dict(method="terse", codec="minmax8:bits=4,ef=1", bucket_mb=2.0)),
     # On hosts of several ranks (--ranks-per-host): terse flat, every rank its own host, against
     # the default two levels (docs/topology.md); raw fp32 through terse both ways.
     ("terse-minmax8-flat", dict(method="terse", codec="minmax8:ef=1", topology="flat")),
@@ -131,6 +135,7 @@ METHODS: List[Tuple[str, Dict]] = [
     ("terse-auto", dict(method="terse", codec="auto")),
     # The tiers of terse.policy.ADAPTIVE_TIERS: what a model trained with Adam/AdamW asks for.
     ("terse-auto-adam", dict(method="terse", codec="auto", adaptive=True)),
+    ("terse-auto-adam-b2", dict(method="terse", codec="auto", adaptive=True, bucket_mb=2.0)),
     ("terse-accordion-auto", dict(method="terse", accordion=("auto:heavy", "auto"),
                                   windows_per_epoch=4)),
     ("terse-auto-fast", dict(method="terse", codec="auto",

@@ -160,6 +160,9 @@ class RunConfig:
     hierarchy: str = "auto"
     hpz: bool = False
     threads: int = 0  # terse engine worker threads per rank (0: the hook's default, 4)
+    # DDP's bucket_cap_mb (0: DDP's default, 25): smaller buckets reach the hook earlier in the
+    # backward pass, so more of their exchange overlaps it.
+    bucket_mb: float = 0.0
     # The optimizer's momentum; < 0: the model's (0.9). A codec that carries the momentum in
     # what it sends (DGC's momentum correction) needs 0 here, or the step applies it twice.
     momentum: float = -1.0
@@ -389,6 +392,8 @@ def method_label(config: RunConfig) -> str:
     label = _method_label(config)
     if config.topology:  # terse's hosts as set for the run (docs/topology.md)
         label += " (flat)" if config.topology == "flat" else f" (hosts {config.topology})"
+    if config.bucket_mb > 0:
+        label += f" ({config.bucket_mb:g} MB buckets)"
     if config.optimizer in COMMUNICATING_OPTIMIZERS:
         label = {"onebit-adam": "terse 1-bit Adam", "zeroone-adam": "terse 0/1 Adam"}[
             config.optimizer]
@@ -619,6 +624,9 @@ def _wrapped_model(config: RunConfig, dtype: Any) -> Any:
         return DDP(build_model(config.model, config.seed).to(dtype), bucket_cap_mb=1 << 20)
     if config.method in FSDP_METHODS:
         return _fsdp_model(config)
+    if config.bucket_mb > 0:
+        return DDP(build_model(config.model, config.seed).to(dtype),
+                   bucket_cap_mb=config.bucket_mb)
     return DDP(build_model(config.model, config.seed).to(dtype))
 
 
