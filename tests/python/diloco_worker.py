@@ -8,7 +8,8 @@ Scenarios:
             synchronous AdamW; a save with an exchange in flight, more steps, and a fresh
             DiLoCo loaded from the save; rank 1 constructs with another H; rank 1's parameters
             turn NaN before an outer step
-  replicas  the per-step digests only (for 4 ranks)
+  replicas  the per-step digests only, and (4 ranks) a worker of each host's 2 ranks: DDP
+            inside ranks {0, 1} and {2, 3}, DiLoCo across the ranks of the same local rank
   dead      rank 1 exits before the first outer step; rank 0 records the error it gets
 """
 
@@ -77,6 +78,38 @@ def replicas(steps: int) -> Dict:
         out[name] = record
         optimizer.close()
     return out
+
+
+def hosts(steps: int) -> Dict:
+    """4 ranks as 2 hosts of 2: each host trains one replica with DDP over its own ranks, and
+    DiLoCo averages across hosts over the group of the ranks of the same local rank."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    host_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes each
+    cross_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    host, local = divmod(rank, 2)
+    model = make_model()
+    ddp = DDP(model, process_group=host_groups[host])
+    optimizer = terse.diloco.DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                    sync_every=4, codec="minmax8:bits=4,ef=1", threads=1,
+                                    timeout=30, process_group=cross_groups[local])
+    record: Dict[str, Any] = {"global": [], "local": [], "outer_steps": []}
+    for step in range(steps):
+        x, y = batch(step, rank, world)  # each rank its own batch: DDP averages the host's two
+        optimizer.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+        record["global"].append(digest(optimizer.global_parameters().values()))
+        record["local"].append(digest(model.parameters()))
+        record["outer_steps"].append(optimizer.outer_steps)
+    optimizer.finish()
+    record["final_global"] = digest(optimizer.global_parameters().values())
+    record["final_local"] = digest(model.parameters())
+    record["workers"] = optimizer.engine.size
+    optimizer.close()
+    del ddp
+    return record
 
 
 def synchronous_sgd(steps: int) -> Dict:
@@ -239,6 +272,8 @@ def run(args) -> None:
         return
     dist.init_process_group("gloo", init_method="env://")
     result: Dict[str, Any] = {"replicas": replicas(args.steps)}
+    if args.scenario == "replicas" and dist.get_world_size() == 4:
+        result["hosts"] = hosts(args.steps)
     if args.scenario == "all":
         result["synchronous_sgd"] = synchronous_sgd(12)
         result["converge"] = converge(args.converge_steps)

@@ -42,6 +42,23 @@ def test_global_parameters_are_bit_identical_after_every_outer_step(world, confi
             assert first["local"][step] == first["global"][step]
 
 
+def test_a_worker_can_be_a_host_of_ranks_training_with_ddp(run4):
+    # 2 hosts of 2 ranks: DDP inside each host, DiLoCo across hosts (4-bit pseudo-gradients).
+    records = [r["hosts"] for r in run4]
+    assert [r["workers"] for r in records] == [2, 2, 2, 2]
+    first = records[0]
+    assert first["outer_steps"][-1] >= 3, "the run must take several outer steps"
+    for step in range(len(first["global"])):
+        assert len({r["global"][step] for r in records}) == 1, f"global, step {step + 1}"
+        # DDP keeps a host's ranks equal; the hosts differ between outer steps.
+        assert records[0]["local"][step] == records[1]["local"][step]
+        assert records[2]["local"][step] == records[3]["local"][step]
+    assert records[0]["local"][0] != records[2]["local"][0]
+    assert len({r["final_global"] for r in records}) == 1
+    assert len({r["final_local"] for r in records}) == 1
+    assert first["final_local"] == first["final_global"]
+
+
 def test_fragments_are_contiguous_runs_on_staggered_offsets(run2):
     streaming = run2[0]["replicas"]["streaming"]
     assert streaming["offsets"] == [2, 4, 0]
