@@ -16,11 +16,12 @@ Scenarios:
 """
 
 import argparse
+import gc
 import hashlib
 import json
 import os
 import pathlib
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +74,7 @@ def write(out: str, rank: int, data: Dict[str, Any]) -> None:
     path.write_text(json.dumps(data))
 
 
-def lightning(out: str) -> None:
+def lightning(out: str) -> Tuple[Dict[str, Any], int]:
     import lightning.pytorch as pl
     from lightning.pytorch.strategies import DDPStrategy
     import terse.lightning
@@ -110,10 +111,10 @@ def lightning(out: str) -> None:
     trainer, module = fit(DDPStrategy(ddp_comm_state=state, ddp_comm_hook=fn), [])
     data["control"] = result(module.net, module.losses, state)
     data["world"] = trainer.world_size
-    write(out, trainer.global_rank, data)
+    return data, trainer.global_rank
 
 
-def accelerate(out: str) -> None:
+def accelerate(out: str) -> Tuple[Dict[str, Any], int]:
     from accelerate import Accelerator
 
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
@@ -144,10 +145,11 @@ def accelerate(out: str) -> None:
 
     data = {"terse": train(True), "control": train(False),
             "world": accelerator.num_processes, "ddp": accelerator.distributed_type.value}
-    write(out, accelerator.process_index, data)
+    accelerator.free_memory()  # it keeps the prepared (DDP) models
+    return data, accelerator.process_index
 
 
-def hf(out: str) -> None:
+def hf(out: str) -> Tuple[Dict[str, Any], int]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
     import terse.hf
@@ -186,7 +188,7 @@ def hf(out: str) -> None:
 
     data, trainer = train(True)
     data = {"terse": data, "control": train(False)[0], "world": trainer.args.world_size}
-    write(out, trainer.args.process_index, data)
+    return data, trainer.args.process_index
 
 
 def main() -> None:
@@ -194,7 +196,15 @@ def main() -> None:
     parser.add_argument("scenario", choices=["lightning", "accelerate", "hf"])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    {"lightning": lightning, "accelerate": accelerate, "hf": hf}[args.scenario](args.out)
+    scenario = {"lightning": lightning, "accelerate": accelerate, "hf": hf}[args.scenario]
+    data, rank = scenario(args.out)
+    write(args.out, rank, data)
+    # A process group left to the interpreter's exit can abort it ("terminate called without
+    # an active exception" from Gloo's threads): the DDP models that hold it go first, then
+    # the group, as in every other worker.
+    gc.collect()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
