@@ -624,10 +624,8 @@ def _wrapped_model(config: RunConfig, dtype: Any) -> Any:
         return DDP(build_model(config.model, config.seed).to(dtype), bucket_cap_mb=1 << 20)
     if config.method in FSDP_METHODS:
         return _fsdp_model(config)
-    if config.bucket_mb > 0:
-        return DDP(build_model(config.model, config.seed).to(dtype),
-                   bucket_cap_mb=config.bucket_mb)
-    return DDP(build_model(config.model, config.seed).to(dtype))
+    buckets = {"bucket_cap_mb": config.bucket_mb} if config.bucket_mb > 0 else {}
+    return DDP(build_model(config.model, config.seed).to(dtype), **buckets)
 
 
 def _eval_steps(config: RunConfig, steps_per_epoch: int) -> set:
