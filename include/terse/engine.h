@@ -232,6 +232,9 @@ class TERSE_API Engine {
   // The job's hosts, as agreed at construction (EngineOptions::topology): each host's ranks in
   // increasing order, hosts ordered by their lowest rank.
   const std::vector<std::vector<int>>& hosts() const;
+  // Whether the ranks of this rank's host read each other's memory directly in the phases of
+  // two-level collectives inside the host (EngineOptions::intra_host), rather than send.
+  bool reads_directly_inside_host() const;
 
   // Bytes this rank has sent (payloads and fp32 chunks, without transport framing) so far.
   std::uint64_t bytes_sent() const;

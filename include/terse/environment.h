@@ -64,7 +64,8 @@ TERSE_API PlannerOptions planner_options_from_environment(PlannerOptions options
 // threads (where 0): TERSE_THREADS, a whole number in 1..256. trace_directory (where empty and
 // no tracer given): TERSE_TRACE, a directory. topology (where "auto"): TERSE_TOPOLOGY, auto,
 // flat, A,B,... or HxR. host (where empty): TERSE_HOST, else "node G" from torchrun's GROUP_RANK
-// G. local_ranks (where 0): LOCAL_WORLD_SIZE. planner_options: as
+// G. intra_host (where "auto"): TERSE_INTRA_HOST, auto or tcp. local_ranks (where 0):
+// LOCAL_WORLD_SIZE. planner_options: as
 // planner_options_from_environment (a planner given in `planner` is the caller's).
 TERSE_API EngineOptions engine_options_from_environment(EngineOptions options = {});
 

@@ -139,6 +139,12 @@ struct EngineOptions {
   // This rank's host name under topology "auto"; empty: its machine and network namespace
   // alone. engine_options_from_environment: TERSE_HOST, else torchrun's GROUP_RANK (its node).
   std::string host;
+  // How the ranks of a host move bytes in the phases of hierarchical collectives inside it:
+  // "auto" reads the other ranks' memory directly (Linux cross-memory attach: one copy, where
+  // loopback TCP costs a copy on each side) on hosts where every rank can, and sends messages
+  // elsewhere; "tcp" always sends messages. Decided with every rank at construction (docs/
+  // topology.md). engine_options_from_environment: TERSE_INTRA_HOST.
+  std::string intra_host = "auto";
   // The ranks this rank's launcher put on its host (torchrun's LOCAL_WORLD_SIZE) and in the
   // job (WORLD_SIZE): where the engine's communicator spans the whole job, its topology must
   // give this rank's host local_ranks ranks (MismatchError naming the host); a communicator of

@@ -315,6 +315,11 @@ void define_state(EngineClass& cls) {
           "The job's hosts as every rank agreed on them (EngineOptions' topology, "
           "TERSE_TOPOLOGY): each host's ranks, hosts ordered by their lowest rank.")
       .def_property_readonly(
+          "reads_directly_inside_host",
+          [](const PyEngine& e) { return e.get()->reads_directly_inside_host(); },
+          "Whether this rank's host's ranks read each other's memory directly in the phases of "
+          "two-level collectives inside the host (EngineOptions' intra_host, TERSE_INTRA_HOST).")
+      .def_property_readonly(
           "options", [](const PyEngine& e) { return EngineOptions(e.get()->options()); },
           "A copy of the EngineOptions this engine runs with (changing it changes nothing).")
       .def_property_readonly("communicator", &PyEngine::communicator)

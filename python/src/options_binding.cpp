@@ -123,6 +123,10 @@ void bind_options(py::module_& m) {
                      "Which ranks share a host: 'auto', 'flat', 'A,B,...' or 'HxR' "
                      "(docs/topology.md).")
       .def_readwrite("host", &EngineOptions::host, "This rank's host name under topology 'auto'.")
+      .def_readwrite("intra_host", &EngineOptions::intra_host,
+                     "How a host's ranks move bytes inside two-level collectives: 'auto' (read "
+                     "each other's memory directly where every rank of the host can) or 'tcp' "
+                     "(messages); else TERSE_INTRA_HOST.")
       .def_readwrite("seed", &EngineOptions::seed, "Seed of stochastic codecs, equal on all ranks.")
       .def_readwrite("threads", &EngineOptions::threads,
                      "Worker threads (0: TERSE_THREADS, else 4).")

@@ -9,6 +9,7 @@
 #include "codecs/wire.h"
 #include "kit/basic.h"
 #include "kit/hash.h"
+#include "transport/direct_read.h"
 
 namespace terse::collectives {
 
@@ -164,6 +165,61 @@ Request post_recv(PartitionContext& ctx, int peer, std::uint32_t index,
 void wait(PartitionContext& ctx, Request& request, bool is_send, int peer, std::uint64_t bytes) {
   Stage s(ctx, is_send ? "send" : "recv", peer, bytes);
   request.wait();
+}
+
+void direct_exchange(PartitionContext& ctx, std::uint32_t index, std::uint64_t at,
+                     const std::function<std::span<const std::byte>(int)>& offer,
+                     const std::function<std::span<std::byte>(int)>& into,
+                     const std::function<void(int)>& arrived) {
+  const int n = ctx.size(), r = ctx.rank();
+  struct Where {
+    std::uint64_t address, bytes;
+  };
+  std::vector<Where> theirs(n), ours(n);
+  std::vector<std::uint64_t> read_marks(n), sent_marks(n);
+  std::vector<Request> where_rx(n), where_tx(n), read_rx(n), read_tx(n);
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    where_rx[j] = post_recv(ctx, j, index, std::as_writable_bytes(std::span(&theirs[j], 1)));
+    read_rx[j] = post_recv(ctx, j, index + 1, std::as_writable_bytes(std::span(&read_marks[j], 1)));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int j = (r + k) % n;
+    const std::span<const std::byte> mine = offer(j);
+    ours[j] = {reinterpret_cast<std::uint64_t>(mine.data()), mine.size()};
+    // Counted as sent: these bytes reach j as a message's would, through j's read.
+    if (ctx.bytes_sent != nullptr) ctx.bytes_sent->fetch_add(mine.size(), std::memory_order_relaxed);
+    where_tx[j] = post_send(ctx, j, index, std::as_bytes(std::span(&ours[j], 1)));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (i == r) {
+      arrived(i);
+      continue;
+    }
+    wait(ctx, where_rx[i], false, i, sizeof(Where));
+    const std::span<std::byte> dst = into(i);
+    std::string error;
+    if (theirs[i].bytes != dst.size()) {
+      error = fmt::format("it offers {} bytes where {} were expected", theirs[i].bytes, dst.size());
+    } else if (!dst.empty()) {
+      Stage s(ctx, "recv", i, dst.size());
+      error = transport::read_process(ctx.direct_pids[ctx.comm_rank(i)], theirs[i].address, dst);
+    }
+    read_tx[i] = post_send(ctx, i, index + 1, std::as_bytes(std::span(&sent_marks[i], 1)));
+    if (error.empty()) {
+      arrived(i);
+    } else if (!ctx.failure.any()) {
+      ctx.failure.merge({Failure::kBadPayload, ctx.comm->rank(), at,
+                         fmt::format("rank {}: cannot read rank {}'s bytes for {} directly: {}",
+                                     ctx.comm->rank(), ctx.comm_rank(i), ctx.label(), error)});
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    wait(ctx, where_tx[j], true, j, sizeof(Where));
+    wait(ctx, read_tx[j], true, j, sizeof(std::uint64_t));
+    wait(ctx, read_rx[j], false, j, sizeof(std::uint64_t));  // j has read ours
+  }
 }
 
 void agree_on_failure(PartitionContext& ctx, std::uint32_t index) {

@@ -184,6 +184,11 @@ struct PartitionContext {
   // bytes_across too.
   std::span<const int> host_of;
   std::atomic<std::uint64_t>* bytes_across = nullptr;
+  // Per comm rank, its process id, where the group's ranks read each other's memory directly
+  // (a hierarchical collective's phases inside a host whose ranks can, transport/direct_read.h):
+  // raw_reduce_scatter and all_gather_bytes then send each peer where its bytes are and the
+  // peer copies them itself. Empty: messages carry the bytes.
+  std::span<const std::int64_t> direct_pids;
 
   Failure failure;
 
@@ -309,6 +314,18 @@ class FinalExchange {
 // recorded failure (or none) to every other rank and merges theirs (message `index`), so that
 // every rank ends with the same failure.
 void agree_on_failure(PartitionContext& ctx, std::uint32_t index);
+// Moves bytes among the group's ranks by direct reads of each other's memory (ctx.direct_pids):
+// every rank tells each peer j where offer(j) lies (message `index`), reads each peer i's offer
+// into into(i) in rank order, calling arrived(i) for each rank i in rank order (itself
+// included, without a read) once its bytes are in, and tells i it has read them (message
+// index + 1). Returns once every peer has read this rank's offers, which must stay unchanged
+// until then. A read that fails (a dead peer, a size that does not match) is recorded as a bad
+// payload at element `at`, and arrived(i) is skipped; the protocol still completes.
+void direct_exchange(PartitionContext& ctx, std::uint32_t index, std::uint64_t at,
+                     const std::function<std::span<const std::byte>(int)>& offer,
+                     const std::function<std::span<std::byte>(int)>& into,
+                     const std::function<void(int)>& arrived);
+
 // The message index of that round: above every index a strategy uses.
 inline constexpr std::uint32_t kStatusIndex = 0xfff0;
 

@@ -41,33 +41,43 @@ void raw_reduce_scatter(PartitionContext& ctx, const Chunks& chunks, std::span<f
   const std::size_t m = chunks.size(r);
   kit::Buffer inbox = ctx.pool->acquire(std::max<std::size_t>(m * n * sizeof(float), 1));
   auto area = [&](int i) { return inbox.as<float>(m * n).subspan(m * i, m); };
-  std::vector<Request> rx(n), tx(n);
-  for (int i = 0; i < n; ++i) {
-    if (i != r) rx[i] = post_recv(ctx, i, 0, std::as_writable_bytes(area(i)));
-  }
-  for (int k = 1; k < n; ++k) {  // start with the next rank, so senders spread over receivers
-    const int j = (r + k) % n;
-    tx[j] = post_send(ctx, j, 0, std::as_bytes(chunks.piece(ctx.input, j)));
-  }
   // The sum goes to scratch first: the shard may alias our own input.
   kit::Buffer scratch = ctx.pool->acquire(std::max<std::size_t>(m * sizeof(float), 1));
   std::span<float> acc = scratch.as<float>(m);
-  for (int i = 0; i < n; ++i) {
+  auto add = [&](int i) {
     std::span<const float> term = i == r ? chunks.piece(ctx.input, r) : area(i);
-    if (i != r) wait(ctx, rx[i], false, i, m * sizeof(float));
     Stage s(ctx, "merge", i, m * sizeof(float));
     if (!kit::store_or_add(term.data(), acc, i != 0) && !ctx.failure.any()) {
       ctx.failure.merge({Failure::kInputNotFinite, ctx.comm_rank(i),
                          ctx.element(chunks.begin(r) + kit::find_non_finite(term)), {}});
+    }
+  };
+  if (!ctx.direct_pids.empty()) {  // each owner reads its chunk of every input itself
+    direct_exchange(
+        ctx, 0, ctx.element(chunks.begin(r)),
+        [&](int j) { return std::as_bytes(chunks.piece(ctx.input, j)); },
+        [&](int i) { return std::as_writable_bytes(area(i)); }, add);
+  } else {
+    std::vector<Request> rx(n), tx(n);
+    for (int i = 0; i < n; ++i) {
+      if (i != r) rx[i] = post_recv(ctx, i, 0, std::as_writable_bytes(area(i)));
+    }
+    for (int k = 1; k < n; ++k) {  // start with the next rank, so senders spread over receivers
+      const int j = (r + k) % n;
+      tx[j] = post_send(ctx, j, 0, std::as_bytes(chunks.piece(ctx.input, j)));
+    }
+    for (int i = 0; i < n; ++i) {
+      if (i != r) wait(ctx, rx[i], false, i, m * sizeof(float));
+      add(i);
+    }
+    for (int j = 0; j < n; ++j) {
+      if (j != r) wait(ctx, tx[j], true, j, chunks.size(j) * sizeof(float));
     }
   }
   note_overflow(ctx, acc, chunks.begin(r));
   if (!ctx.failure.any()) {
     apply_divisor(ctx, acc);
     std::copy(acc.begin(), acc.end(), shard.begin());
-  }
-  for (int j = 0; j < n; ++j) {
-    if (j != r) wait(ctx, tx[j], true, j, chunks.size(j) * sizeof(float));
   }
 }
 
@@ -200,6 +210,7 @@ void host_sums(PartitionContext& ctx, const transport::Topology& t, const Chunks
   inside.input = buf;
   inside.gathered_piece = m;
   inside.gathered_origins = from;
+  if (t.reads_directly(t.host_of[me])) inside.direct_pids = t.pid;
   raw_reduce_scatter(inside, Chunks::ranges(std::move(begin), std::move(size)), sums);
   ctx.failure.merge(inside.failure);
 }
@@ -253,6 +264,7 @@ void hierarchical_reduce_scatter(PartitionContext& ctx, const transport::Topolog
     PartitionContext inside = ctx;
     inside.group = host;
     inside.group_rank = t.local_of[me];
+    if (t.reads_directly(h)) inside.direct_pids = t.pid;
     if (host.size() > 1) {
       raw_reduce_scatter(inside, chunks, shard);
     } else if (add_input(inside, chunks.begin(me), shard, false)) {

@@ -50,6 +50,7 @@
 #include "kit/blas.h"
 #include "kit/buffer_pool.h"
 #include "transport/machine_share.h"
+#include "transport/direct_read.h"
 #include "transport/topology.h"
 #include "terse/codec.h"
 #include "terse/trace.h"
@@ -74,6 +75,15 @@ EngineOptions checked(EngineOptions options) {
     throw InvalidArgument("engine: partition_bytes must be at least 4096");
   }
   return options;
+}
+
+// The job's hosts, and which of them read their ranks' memory directly (two collectives).
+transport::Topology agreed_topology(Communicator& comm, const EngineOptions& options) {
+  transport::Topology t = transport::agree_topology(
+      comm, options.topology, options.host,
+      options.launched_ranks == comm.size() ? options.local_ranks : 0);
+  transport::agree_direct_reads(comm, t, options.intra_host);
+  return t;
 }
 
 // A trace_directory DIR without a tracer of the caller's: the engine records its own trace and
@@ -147,9 +157,7 @@ struct TERSE_HIDDEN Engine::Impl {
         options(checked(std::move(o))),
         env_trace(*comm, options),
         blas(*comm),
-        topology(transport::agree_topology(
-            *comm, options.topology, options.host,
-            options.launched_ranks == comm->size() ? options.local_ranks : 0)),
+        topology(agreed_topology(*comm, options)),
         threads(options.threads > 0 ? options.threads : kDefaultEngineThreads),
         plans(*comm, options, topology, threads, [this] { completion.wait_idle(); }),
         completion(*comm, options,
@@ -256,6 +264,10 @@ const EngineOptions& Engine::options() const { return impl_->options; }
 int Engine::rank() const { return impl_->comm->rank(); }
 int Engine::size() const { return impl_->comm->size(); }
 const std::vector<std::vector<int>>& Engine::hosts() const { return impl_->topology.hosts; }
+bool Engine::reads_directly_inside_host() const {
+  const transport::Topology& t = impl_->topology;
+  return t.reads_directly(t.host_of[impl_->comm->rank()]);
+}
 std::uint64_t Engine::bytes_sent() const { return impl_->bytes_sent.load(); }
 std::uint64_t Engine::bytes_sent_across_hosts() const { return impl_->tasks.bytes_across(); }
 

@@ -207,6 +207,10 @@ EngineOptions engine_options_from_environment(EngineOptions options) {
       options.host = "node " + *g;  // torchrun's node index
     }
   }
+  if (const auto v = variable("TERSE_INTRA_HOST"); v && options.intra_host == "auto") {
+    if (*v != "auto" && *v != "tcp") bad("TERSE_INTRA_HOST", *v, "auto or tcp");
+    options.intra_host = *v;
+  }
   if (const auto v = variable("LOCAL_WORLD_SIZE"); v && options.local_ranks == 0) {
     options.local_ranks = static_cast<int>(
         whole_number("LOCAL_WORLD_SIZE", *v, 1, 1 << 20, "a whole number of ranks, 1 or more"));

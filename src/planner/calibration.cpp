@@ -62,6 +62,16 @@ double Calibration::slowdown(double threads) const {
   return std::max(s, saturation(threads));
 }
 
+std::vector<int> direct_reads_of(const std::vector<std::int64_t>& direct_pid, int size) {
+  std::vector<int> out(static_cast<std::size_t>(size), 0);
+  bool any = false;
+  for (std::size_t i = 0; i < out.size() && i < direct_pid.size(); ++i) {
+    out[i] = direct_pid[i] != 0;
+    any = any || out[i] != 0;
+  }
+  return any ? out : std::vector<int>{};
+}
+
 LinkClasses link_classes(const Calibration& c, const std::vector<int>& host_of) {
   const std::size_t n = host_of.size();
   double slowest_alpha = 0, slowest_beta = 0;
@@ -131,6 +141,7 @@ Calibration calibrate(Communicator& comm, const CalibrationOptions& options_in,
   c.host = host_name();
   c.world_size = comm.size();
   if (static_cast<int>(options.host_of.size()) == comm.size()) c.host_of = options.host_of;
+  c.direct_reads = direct_reads_of(options.direct_pid, comm.size());
   const transport::MachineShare share = transport::machine_share(comm);
   // The codecs are measured with OpenBLAS's threads as the engine will set them.
   kit::blas_limit_threads(share.cores_per_rank);

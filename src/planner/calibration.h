@@ -51,7 +51,7 @@ struct CodecCosts {
 struct Calibration {
   // The cache's format and meaning: bumped whenever a field is added, removed or measured
   // differently. A cache of another version is measured again (with a one-line log message).
-  static constexpr int kVersion = 3;
+  static constexpr int kVersion = 4;
 
   std::string host;  // host name of the rank that wrote it
   int world_size = 1;
@@ -59,6 +59,10 @@ struct Calibration {
   // empty: not known. The per-peer figures below split into intra-host and cross-host links by
   // it (link_classes), so a cache is only used by a job of the same topology.
   std::vector<int> host_of;
+  // Per rank: 1 where its host's ranks read each other's memory directly (Topology::direct),
+  // which is how its links inside the host were measured; empty where no rank does. A cache is
+  // only used by a job that moves bytes inside its hosts the same way.
+  std::vector<int> direct_reads;
   int ranks_on_host = 1;  // ranks of the job sharing this machine (same machine id)
   int cores = 1;          // CPUs this process may run on
 
@@ -178,6 +182,9 @@ struct LinkClasses {
 // figures do not cover host_of's ranks (a calibration of another size, or calibrate_local's,
 // which has none), or a class has no pair, that class is the flat model's links (alpha, scale 1).
 LinkClasses link_classes(const Calibration& c, const std::vector<int>& host_of);
+// Calibration::direct_reads of CalibrationOptions::direct_pid for `size` ranks: 1 where a pid
+// is given, else 0; empty where no rank reads directly.
+std::vector<int> direct_reads_of(const std::vector<std::int64_t>& direct_pid, int size);
 
 struct CalibrationOptions {
   // Codec specs to measure (canonicalized); "none" is implied.
@@ -192,6 +199,10 @@ struct CalibrationOptions {
   // The job's hosts (transport::Topology::host_of; empty: not known), recorded in the
   // calibration (Calibration::host_of); a pair's link is judged against its class's.
   std::vector<int> host_of;
+  // Per rank: its process id where its host's ranks read each other's memory directly
+  // (transport::Topology::pid where Topology::direct), else 0 (or empty): a pair of one host
+  // whose ids are both known is measured by direct reads, as the collectives move bytes there.
+  std::vector<std::int64_t> direct_pid;
   bool quiet = true;          // false: progress lines on stderr (rank 0)
 };
 

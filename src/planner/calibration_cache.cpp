@@ -17,7 +17,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LinearFit, a, b, knee, b2, rms_relative_error
                                    max_relative_error, points, outliers, xs, ys)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CodecCosts, spec, summable, multi_round, encode, decode,
                                    accumulate, combine, bytes)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Calibration, host, world_size, host_of, ranks_on_host, cores,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Calibration, host, world_size, host_of, direct_reads,
+                                   ranks_on_host, cores,
                                    peer_alpha, peer_beta, alpha, beta, engine_beta, engine_link,
                                    transport_cpu, cpu_per_message, host_efficiency,
                                    host_cpu_ratio, add, divide, codecs, cpu_slowdown,

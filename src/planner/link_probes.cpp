@@ -8,6 +8,8 @@
 #include "planner/exchange.h"
 #include "planner/measuring.h"
 #include "terse/communicator.h"
+#include "terse/error.h"
+#include "transport/direct_read.h"
 #include "transport/tags.h"
 
 namespace terse::planner {
@@ -41,6 +43,35 @@ double exchange(Communicator& comm, int peer, std::uint64_t tag, std::span<std::
   return seconds_since(t0);
 }
 
+// The same by direct reads of each other's memory (transport/direct_read.h), as the
+// collectives move bytes inside a host that reads directly: each rank says where its bytes
+// are, reads the peer's, and says it has read them.
+double exchange_direct(Communicator& comm, int peer, std::int64_t pid, std::uint64_t tag,
+                       std::uint64_t done_tag, std::span<std::byte> out,
+                       std::span<std::byte> in) {
+  const auto t0 = Clock::now();
+  std::array<std::uint64_t, 2> where = {reinterpret_cast<std::uint64_t>(out.data()), out.size()},
+                               theirs{};
+  std::uint64_t read = 1, their_read = 0;
+  Request rx = comm.recv(peer, tag, std::as_writable_bytes(std::span(theirs)), "calibration");
+  Request done_rx =
+      comm.recv(peer, done_tag, std::as_writable_bytes(std::span(&their_read, 1)), "calibration");
+  Request tx = comm.send(peer, tag, std::as_bytes(std::span(where)), "calibration");
+  rx.wait();
+  if (theirs[1] != in.size()) {
+    throw Error(fmt::format("calibration: rank {} offers {} bytes where {} were expected", peer,
+                            theirs[1], in.size()));
+  }
+  if (const std::string error = transport::read_process(pid, theirs[0], in); !error.empty()) {
+    throw Error(fmt::format("calibration: cannot read rank {}'s bytes directly: {}", peer, error));
+  }
+  Request done_tx = comm.send(peer, done_tag, std::as_bytes(std::span(&read, 1)), "calibration");
+  tx.wait();
+  done_tx.wait();
+  done_rx.wait();
+  return seconds_since(t0);
+}
+
 struct PairLink {
   double alpha = 0, beta = 0;
 };
@@ -55,6 +86,17 @@ PairLink measure_pair(Communicator& comm, int p, std::uint32_t round,
                       std::vector<std::byte>& in_buffer) {
   std::uint32_t index = 0;
   auto tag = [&] { return tags::reserved(tags::kPlannerSignature, round, index++); };
+  // Both ranks of a pair take the same branch: both pids are known, or not.
+  const int me = comm.rank();
+  const bool direct = static_cast<int>(options.direct_pid.size()) == comm.size() &&
+                      options.direct_pid[me] != 0 && options.direct_pid[p] != 0 &&
+                      (options.host_of.size() != options.direct_pid.size() ||
+                       options.host_of[me] == options.host_of[p]);
+  auto swap = [&](std::uint64_t t, std::span<std::byte> o, std::span<std::byte> i) {
+    if (!direct) return exchange(comm, p, t, o, i);
+    const std::uint64_t done = tag();
+    return exchange_direct(comm, p, options.direct_pid[p], t, done, o, i);
+  };
   std::vector<double> sizes, times;
   for (std::size_t bytes = 8;; bytes = bytes < (16 << 10) ? (16 << 10) : bytes * 4) {
     if (out_buffer.size() < bytes) {
@@ -63,10 +105,10 @@ PairLink measure_pair(Communicator& comm, int p, std::uint32_t round,
     }
     auto o = std::span(out_buffer).first(bytes);
     auto i = std::span(in_buffer).first(bytes);
-    exchange(comm, p, tag(), o, i);  // warm-up: socket buffers grow to the size
+    swap(tag(), o, i);  // warm-up: socket buffers grow to the size
     std::vector<double> t;
     for (int rep = 0; rep < (bytes < (16 << 10) ? 15 : 5); ++rep) {
-      t.push_back(exchange(comm, p, tag(), o, i));
+      t.push_back(swap(tag(), o, i));
     }
     // Both ranks of the pair decide on the larger median, so they stop together.
     std::array<double, 1> mine = {median(t)}, theirs{};

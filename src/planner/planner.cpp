@@ -203,8 +203,7 @@ const CostModel& PlannerAccess::model(const Planner& planner) {
 
 const Calibration& PlannerAccess::calibration(Planner& planner, Communicator& comm,
                                               const transport::Topology* topology) {
-  planner.impl_->ensure_calibrated(comm,
-                                   topology != nullptr ? topology->host_of : std::vector<int>{});
+  planner.impl_->ensure_calibrated(comm, topology);
   return model(planner).calibration();
 }
 
@@ -229,7 +228,17 @@ void PlannerAccess::set_gather_bytes(Planner& planner, std::size_t bytes) {
   if (planner.impl_->model) planner.impl_->model->set_gather_bytes(bytes);
 }
 
-void Planner::Impl::ensure_calibrated(Communicator& comm, const std::vector<int>& host_of) {
+void Planner::Impl::ensure_calibrated(Communicator& comm, const transport::Topology* topology) {
+  const std::vector<int> host_of = topology != nullptr ? topology->host_of : std::vector<int>{};
+  // Where a host's ranks read each other's memory, its links are measured that way.
+  std::vector<std::int64_t> direct_pid;
+  if (topology != nullptr && topology->size() == comm.size() &&
+      static_cast<int>(topology->pid.size()) == comm.size()) {
+    for (int r = 0; r < comm.size(); ++r) {
+      direct_pid.push_back(topology->reads_directly(topology->host_of[r]) ? topology->pid[r] : 0);
+    }
+  }
+  const std::vector<int> direct_reads = direct_reads_of(direct_pid, comm.size());
   MakeAllreduceProbe probe_maker;
   {
     std::lock_guard lock(mu);
@@ -256,11 +265,13 @@ void Planner::Impl::ensure_calibrated(Communicator& comm, const std::vector<int>
       // Its links split into intra-host and cross-host ones by the topology it was measured
       // under: another topology's (the same host name, other emulated hosts or launch) is not
       // this job's.
-      usable = cached.world_size == comm.size() && cached.host_of == host_of;
-      if (log && cached.world_size == comm.size() && cached.host_of != host_of) {
+      usable = cached.world_size == comm.size() && cached.host_of == host_of &&
+               cached.direct_reads == direct_reads;
+      if (log && cached.world_size == comm.size() &&
+          (cached.host_of != host_of || cached.direct_reads != direct_reads)) {
         std::fprintf(stderr,
                      "terse plan: calibration cache %s was measured on other hosts (another "
-                     "topology); calibrating\n",
+                     "topology, or another way of moving bytes inside them); calibrating\n",
                      path.c_str());
       }
       for (const auto& spec : calibration_options.codecs) usable &= cached.find(spec) != nullptr;
@@ -287,16 +298,20 @@ void Planner::Impl::ensure_calibrated(Communicator& comm, const std::vector<int>
         std::fprintf(stderr, "terse plan: cached links off by %.2fx; measuring them again\n",
                      ratio);
       }
-      planner::measure_links(comm, calibration_options, c);
+      CalibrationOptions again = calibration_options;
+      again.host_of = host_of;
+      again.direct_pid = direct_pid;
+      planner::measure_links(comm, again, c);
       const auto probe = probe_maker(comm);
       const bool paced = planner::measure_engine_beta(comm, c, *probe);
-      planner::check_link_probes(comm, calibration_options, c, paced, *probe);
+      planner::check_link_probes(comm, again, c, paced, *probe);
       save = true;
     }
     if (log) std::fprintf(stderr, "terse plan: calibration from %s\n", path.c_str());
   } else {
     CalibrationOptions measuring = calibration_options;
     measuring.host_of = host_of;  // recorded, and each link judged within its class
+    measuring.direct_pid = direct_pid;
     c = calibrate(comm, measuring, probe_maker);
   }
   if (save && path != "-") write_file(path, c.to_json(), comm.rank());
@@ -468,7 +483,7 @@ TensorPlan planner::plan(Planner& self, Communicator& comm, const Use& use) {
   const Tier tier = use.tier;
   const Operation op = use.op;
   Planner::Impl& m = PlannerAccess::impl(self);
-  m.ensure_calibrated(comm, use.topology != nullptr ? use.topology->host_of : std::vector<int>{});
+  m.ensure_calibrated(comm, use.topology);
   const Planner::Impl::Key key = Planner::Impl::key_of(use);
   {
     std::lock_guard lock(m.mu);

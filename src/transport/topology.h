@@ -3,6 +3,7 @@
 // each host first and cross the network once per host's shard.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,10 @@ struct Topology {
   std::vector<std::vector<int>> hosts;
   // Per rank: its host's index and its index within that host (its local rank).
   std::vector<int> host_of, local_of;
+  // Set by agree_direct_reads (transport/direct_read.h); empty otherwise. Per rank: its process
+  // id. Per host: 1 where its ranks read each other's memory directly, 0 where they send.
+  std::vector<std::int64_t> pid;
+  std::vector<char> direct;
 
   int size() const { return static_cast<int>(host_of.size()); }
   int most_ranks_on_a_host() const;
@@ -25,6 +30,10 @@ struct Topology {
   bool two_level() const;
   // Every host holds the same number of ranks.
   bool even() const;
+  // Whether host h's ranks read each other's memory directly (see `direct`).
+  bool reads_directly(int h) const {
+    return h >= 0 && static_cast<std::size_t>(h) < direct.size() && direct[h] != 0;
+  }
   // "2 hosts: 0-1 | 2-3" for logs and errors.
   std::string describe() const;
 };

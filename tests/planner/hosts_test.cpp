@@ -308,18 +308,19 @@ TEST(PlannerHosts, AutoPlansOnTwoHostsAgreeOnEveryRankAndIncludeTheHierarchy) {
 
 TEST(PlannerHosts, AutoCalibratesForItsTopologyAndExploresBothLevels) {
   const std::string cache = testing::temp_dir();
-  auto run = [&](const char* topology) {
+  auto run = [&](const std::string& topology) {
     return testing::shell(fmt::format(
         "XDG_CACHE_HOME={} TERSE_TOPOLOGY={} TERSE_PLAN_LOG=1 {} run -n 4 --timeout 180 -- {} "
         "hosts_auto",
         cache, topology, kCli, kWorker));
   };
   // Calibrated under 2 + 2, then taken from the cache by a job of the same hosts; a job of
-  // another topology (one host) measures again.
+  // another topology (one host), or of the same hosts moving bytes inside them by messages
+  // instead of direct reads, measures again.
   const std::vector<std::pair<std::string, bool>> runs = {
-      {"2,2", false}, {"2,2", true}, {"4", false}};
+      {"2,2", false}, {"2,2", true}, {"2,2 TERSE_INTRA_HOST=tcp", false}, {"4", false}};
   for (const auto& [topology, cached] : runs) {
-    const auto r = run(topology.c_str());
+    const auto r = run(topology);
     ASSERT_EQ(r.code, 0) << r.output;
     for (int i = 0; i < 4; ++i) {
       EXPECT_NE(r.output.find(fmt::format("OK rank {} hosts_auto", i)), std::string::npos)
@@ -328,10 +329,12 @@ TEST(PlannerHosts, AutoCalibratesForItsTopologyAndExploresBothLevels) {
     EXPECT_EQ(r.output.find("calibration from") != std::string::npos, cached)
         << topology << "\n"
         << r.output;
-    EXPECT_EQ(r.output.find("measured on other hosts") != std::string::npos, topology == "4")
+    EXPECT_EQ(r.output.find("measured on other hosts") != std::string::npos,
+              topology != "2,2")
         << r.output;
     // Rank 0's log names both link classes where there are two levels.
-    EXPECT_EQ(r.output.find("links inside hosts") != std::string::npos, topology == "2,2")
+    EXPECT_EQ(r.output.find("links inside hosts") != std::string::npos,
+              topology.starts_with("2,2"))
         << r.output;
   }
   std::filesystem::remove_all(cache);

@@ -101,6 +101,8 @@ def test_allreduce_in_two_levels_over_hosts_is_identical_and_sends_less_across(t
         options = terse.EngineOptions(threads=2, topology="2,2")
         with terse.Engine(comm, options) as engine:
             assert engine.hosts == [[0, 1], [2, 3]]
+            assert engine.reads_directly_inside_host  # one machine: the host's ranks read
+            assert engine.options.intra_host == "auto"
             assert engine.plan(1 << 20).hierarchical  # hierarchy "auto" on two levels
             assert not engine.plan(1 << 20, hierarchy="flat").hierarchical
             out = {}

@@ -46,6 +46,7 @@ void hierarchical_allreduce(PartitionContext& ctx, const transport::Topology& to
   inside.group = host;
   inside.group_rank = local;
   inside.divisor = hosts == 1 ? ctx.divisor : 1;  // one host: its sum is the result
+  if (topology.reads_directly(h)) inside.direct_pids = topology.pid;
   std::span<float> shard = chunks.piece(ctx.output, local);
   if (ranks > 1) {
     raw_reduce_scatter(inside, chunks, shard);

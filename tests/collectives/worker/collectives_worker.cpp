@@ -1439,7 +1439,8 @@ std::string hosts_text(const Engine& engine) {
     if (!out.empty()) out += "|";
     out += h.size() == 1 ? std::to_string(h[0]) : fmt::format("{}-{}", h.front(), h.back());
   }
-  return out;
+  return out + (engine.reads_directly_inside_host() ? " (reads inside the host)"
+                                                     : " (messages inside the host)");
 }
 
 // Allreduces in two levels over the hosts the environment gives (TERSE_TOPOLOGY, or TERSE_HOST,
