@@ -1224,6 +1224,42 @@ TEST(PlanCommand, PricesDiLoCoAgainstCompressionEveryStep) {
   std::filesystem::remove_all(dir);
 }
 
+// With DiLoCo's steps to a target over synchronous training's, the methods are ranked by time
+// to the target: DiLoCo's step time times that ratio, every-step methods' as they are. A ratio
+// that DiLoCo's per-step advantage cannot pay for hands the choice to compression every step.
+TEST(PlanCommand, RanksByTimeToTheTargetWithDiLoCosStepRatio) {
+  const std::string dir = testing::temp_dir();
+  const MethodsRun cheap = plan_methods(dir, "--compute-ms 100 --diloco 20 --diloco-steps 1.25");
+  ASSERT_EQ(cheap.shell.code, 0) << cheap.shell.output;
+  EXPECT_NE(cheap.shell.output.find("fastest to the target:"), std::string::npos)
+      << cheap.shell.output;
+  double best_every = 1e300, best_diloco = 1e300;
+  for (const auto& m : cheap.report["methods"]) {
+    const double step = m["step_s"].get<double>(), target = m["target_step_s"].get<double>();
+    if (m["method"] == "diloco") {
+      EXPECT_NEAR(target, 1.25 * step, 1e-12) << m.dump();
+      best_diloco = std::min(best_diloco, target);
+    } else {
+      EXPECT_EQ(target, step) << m.dump();
+      best_every = std::min(best_every, target);
+    }
+  }
+  // The ratio that makes the best DiLoCo as slow to the target as the best every-step method,
+  // and a little more than it: then an every-step method is the fastest to the target.
+  const double tie = 1.25 * best_every / best_diloco;
+  const MethodsRun dear = plan_methods(
+      dir, fmt::format("--compute-ms 100 --diloco 20 --diloco-steps {}", tie * 1.01));
+  ASSERT_EQ(dear.shell.code, 0) << dear.shell.output;
+  EXPECT_NE(dear.report["fastest"].get<std::string>().find("every step"), std::string::npos)
+      << dear.shell.output;
+  const MethodsRun fair = plan_methods(
+      dir, fmt::format("--compute-ms 100 --diloco 20 --diloco-steps {}", tie * 0.99));
+  ASSERT_EQ(fair.shell.code, 0) << fair.shell.output;
+  EXPECT_NE(fair.report["fastest"].get<std::string>().find("diloco"), std::string::npos)
+      << fair.shell.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(PlanCommand, StreamingDiLoCoHidesWhatTheDelayCovers) {
   const std::string dir = testing::temp_dir();
   // 5 s of compute a step hides any fragment's exchange here (raw's whole E is about 1.5 s).
@@ -1257,6 +1293,8 @@ TEST(PlanCommand, RefusesImpossibleDiLoCoSettingsNamingTheOption) {
       {"--compute-ms 100 --diloco 4 --fragments 0", "--fragments 0:"},
       {"--compute-ms 100 --diloco 8,4 --fragments 5", "--fragments 5: P is 1 to H (--diloco 4)"},
       {"--diloco 4", "--diloco needs --compute-ms"},
+      {"--compute-ms 100 --diloco 4 --diloco-steps -1", "--diloco-steps -1:"},
+      {"--compute-ms 100 --diloco-steps 1.5", "--diloco-steps 1.5:"},
       {"--compute-ms -1", "--compute-ms -1:"},
       {"--compute-ms 100 --diloco 4 --diloco-codecs nosuch", "--diloco-codecs nosuch:"},
       {"--compute-ms 100 --diloco 4 --diloco-codecs onebit:ef=1",
