@@ -42,13 +42,16 @@
 // small K and slow at large K, and the model prefers K = 1 where it is not the best).
 // Two levels over hosts (predict_hosts, hosts_partition below) price one partition's three
 // phases with the same L, W, C terms, each at its class of links, and go through the same
-// pipeline and host bound.
+// pipeline and host bound, whose C is then the host's ranks' average (only a slot's owner
+// crosses with it).
 #include "planner/cost_model.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "collectives/collective.h"
 #include "terse/codec.h"
@@ -87,6 +90,10 @@ struct CostModel::PartitionCost {
   // latency and link seconds, priced per class. Negative: L * alpha and link_seconds(W).
   double latency = -1;
   double link = -1;
+  // The CPU seconds a rank of the busiest host does on average, where its ranks' work differs
+  // (two levels: only a slot's owner runs the strategy across hosts), for the host's CPU bound.
+  // Negative: cpu (every rank does the same).
+  double host_cpu = -1;
 };
 
 int planner::clamp_partitions(int k, std::size_t n) {
@@ -122,7 +129,8 @@ Prediction CostModel::pipeline(const PartitionCost& p, int parts, int threads) c
   // share the cores (loopback, or emulated links on one host), link and CPU do not overlap
   // and this bound is what decides.
   const double transport = c.transport_cpu(p.bytes);
-  out.host_cpu = K * (p.cpu + transport + p.messages * c.cpu_per_message);
+  out.host_cpu = K * ((p.host_cpu >= 0 ? p.host_cpu : p.cpu) + transport +
+                      p.messages * c.cpu_per_message);
   out.host_bound = c.host_share() * c.host_efficiency * out.host_cpu;
   // The wire's own time (the link beyond the transport's CPU for it: a shaped link's queue) of
   // the last partition does not overlap the host's CPU work: nothing is left to compute while
@@ -333,7 +341,10 @@ CostModel::PartitionCost CostModel::hosts_partition(const PartitionCost& slot, b
   const double H = static_cast<double>(hosts.ranks.size());
   double in_rounds = 0, in_messages = 0, in_bytes = 0, in_cpu = 0;
   int most = 0;  // slots of the busiest rank
+  // Per host: its ranks' CPU inside the host, and their slots (each a crossing's CPU).
+  std::vector<std::pair<double, int>> host_work;
   for (const int R : hosts.ranks) {
+    double host_in = 0;
     for (int i = 0; i < R; ++i) {
       const int k = collectives::first_slot(i + 1, R, slots) - collectives::first_slot(i, R, slots);
       most = std::max(most, k);
@@ -342,9 +353,12 @@ CostModel::PartitionCost CostModel::hosts_partition(const PartitionCost& slot, b
       in_rounds = 3;
       in_messages = std::max(in_messages, 3 * others);
       in_bytes = std::max(in_bytes, 4 * (m - own + others * own) + others * kStatusBytes);
-      in_cpu = std::max(in_cpu, others * piece_cost(c.add, own, whole) +
-                                    (H == 1 ? piece_cost(c.divide, own, whole) : 0.0));
+      const double cpu_i = others * piece_cost(c.add, own, whole) +
+                           (H == 1 ? piece_cost(c.divide, own, whole) : 0.0);
+      in_cpu = std::max(in_cpu, cpu_i);
+      host_in += cpu_i;
     }
+    host_work.push_back({host_in / R, slots});
   }
   PartitionCost across;
   if (H > 1) {
@@ -362,6 +376,14 @@ CostModel::PartitionCost CostModel::hosts_partition(const PartitionCost& slot, b
   p.messages = in_messages + across.messages;
   p.bytes = in_bytes + across.bytes;
   p.cpu = in_cpu + across.cpu;
+  // A host's L slots cross once each, whichever of its R ranks own them: with fewer slots than
+  // ranks (one, for a multi-round codec) the others idle while they cross.
+  p.host_cpu = 0;
+  for (std::size_t g = 0; g < host_work.size(); ++g) {
+    const double R = hosts.ranks[g];
+    const double crossing = H > 1 ? host_work[g].second * (slot.cpu) / R : 0.0;
+    p.host_cpu = std::max(p.host_cpu, host_work[g].first + crossing);
+  }
   p.latency = in_rounds * l.intra.alpha + across.rounds * l.cross.alpha;
   p.link = link(in_bytes, l.intra) + link(across.bytes, l.cross);
   return p;
