@@ -91,6 +91,18 @@ void correct_by_family(std::vector<PlanCandidate>& candidates) {
   }
 }
 
+// The hosts of a topology (empty: unknown) and, where a host's ranks read each other's memory,
+// their process ids (CalibrationOptions::direct_pid: such links are measured that way).
+std::vector<int> hosts_of(const transport::Topology* t) {
+  return t != nullptr ? t->host_of : std::vector<int>{};
+}
+std::vector<std::int64_t> direct_pids_of(const transport::Topology* t, int size) {
+  std::vector<std::int64_t> out;
+  if (t == nullptr || t->size() != size || static_cast<int>(t->pid.size()) != size) return out;
+  for (int r = 0; r < size; ++r) out.push_back(t->reads_directly(t->host_of[r]) ? t->pid[r] : 0);
+  return out;
+}
+
 }  // namespace
 
 std::string plan_key(const TensorPlan& p) {
@@ -203,7 +215,8 @@ const CostModel& PlannerAccess::model(const Planner& planner) {
 
 const Calibration& PlannerAccess::calibration(Planner& planner, Communicator& comm,
                                               const transport::Topology* topology) {
-  planner.impl_->ensure_calibrated(comm, topology);
+  planner.impl_->ensure_calibrated(comm, hosts_of(topology),
+                                   direct_pids_of(topology, comm.size()));
   return model(planner).calibration();
 }
 
@@ -228,16 +241,9 @@ void PlannerAccess::set_gather_bytes(Planner& planner, std::size_t bytes) {
   if (planner.impl_->model) planner.impl_->model->set_gather_bytes(bytes);
 }
 
-void Planner::Impl::ensure_calibrated(Communicator& comm, const transport::Topology* topology) {
-  const std::vector<int> host_of = topology != nullptr ? topology->host_of : std::vector<int>{};
-  // Where a host's ranks read each other's memory, its links are measured that way.
-  std::vector<std::int64_t> direct_pid;
-  if (topology != nullptr && topology->size() == comm.size() &&
-      static_cast<int>(topology->pid.size()) == comm.size()) {
-    for (int r = 0; r < comm.size(); ++r) {
-      direct_pid.push_back(topology->reads_directly(topology->host_of[r]) ? topology->pid[r] : 0);
-    }
-  }
+
+void Planner::Impl::ensure_calibrated(Communicator& comm, const std::vector<int>& host_of,
+                                      const std::vector<std::int64_t>& direct_pid) {
   const std::vector<int> direct_reads = direct_reads_of(direct_pid, comm.size());
   MakeAllreduceProbe probe_maker;
   {
@@ -483,7 +489,7 @@ TensorPlan planner::plan(Planner& self, Communicator& comm, const Use& use) {
   const Tier tier = use.tier;
   const Operation op = use.op;
   Planner::Impl& m = PlannerAccess::impl(self);
-  m.ensure_calibrated(comm, use.topology);
+  m.ensure_calibrated(comm, hosts_of(use.topology), direct_pids_of(use.topology, comm.size()));
   const Planner::Impl::Key key = Planner::Impl::key_of(use);
   {
     std::lock_guard lock(m.mu);

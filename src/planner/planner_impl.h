@@ -68,7 +68,9 @@ struct Planner::Impl {
 
   // Calibrates, or takes the cache every rank agrees on, for the job of `host_of` (its
   // topology's; empty: unknown).
-  void ensure_calibrated(Communicator& comm, const transport::Topology* topology);
+  // direct_pid: CalibrationOptions::direct_pid of that job.
+  void ensure_calibrated(Communicator& comm, const std::vector<int>& host_of,
+                         const std::vector<std::int64_t>& direct_pid);
   void log_decision(const PlanDecision& d, int rank, const char* why) const;
   // After an exchange (mu held): ends the rounds of explored sizes with the agreed runs, and
   // settles those that are done. Returns how many changed plan.
