@@ -176,7 +176,8 @@ void direct_exchange(PartitionContext& ctx, std::uint32_t index, std::uint64_t a
     std::uint64_t address, bytes;
   };
   std::vector<Where> theirs(n), ours(n);
-  std::vector<std::uint64_t> read_marks(n), sent_marks(n);
+  std::vector<std::uint64_t> read_marks(n);
+  static constexpr std::uint64_t kRead = 1;  // the "read" message's content
   std::vector<Request> where_rx(n), where_tx(n), read_rx(n), read_tx(n);
   for (int j = 0; j < n; ++j) {
     if (j == r) continue;
@@ -205,7 +206,7 @@ void direct_exchange(PartitionContext& ctx, std::uint32_t index, std::uint64_t a
       Stage s(ctx, "recv", i, dst.size());
       error = transport::read_process(ctx.direct_pids[ctx.comm_rank(i)], theirs[i].address, dst);
     }
-    read_tx[i] = post_send(ctx, i, index + 1, std::as_bytes(std::span(&sent_marks[i], 1)));
+    read_tx[i] = post_send(ctx, i, index + 1, std::as_bytes(std::span(&kRead, 1)));
     if (error.empty()) {
       arrived(i);
     } else if (!ctx.failure.any()) {

@@ -50,7 +50,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
 #include <vector>
 
 #include "collectives/collective.h"
@@ -341,8 +340,8 @@ CostModel::PartitionCost CostModel::hosts_partition(const PartitionCost& slot, b
   const double H = static_cast<double>(hosts.ranks.size());
   double in_rounds = 0, in_messages = 0, in_bytes = 0, in_cpu = 0;
   int most = 0;  // slots of the busiest rank
-  // Per host: its ranks' CPU inside the host, and their slots (each a crossing's CPU).
-  std::vector<std::pair<double, int>> host_work;
+  // Per host: its ranks' average CPU inside the host.
+  std::vector<double> host_in_average;
   for (const int R : hosts.ranks) {
     double host_in = 0;
     for (int i = 0; i < R; ++i) {
@@ -358,7 +357,7 @@ CostModel::PartitionCost CostModel::hosts_partition(const PartitionCost& slot, b
       in_cpu = std::max(in_cpu, cpu_i);
       host_in += cpu_i;
     }
-    host_work.push_back({host_in / R, slots});
+    host_in_average.push_back(host_in / R);
   }
   PartitionCost across;
   if (H > 1) {
@@ -379,10 +378,9 @@ CostModel::PartitionCost CostModel::hosts_partition(const PartitionCost& slot, b
   // A host's L slots cross once each, whichever of its R ranks own them: with fewer slots than
   // ranks (one, for a multi-round codec) the others idle while they cross.
   p.host_cpu = 0;
-  for (std::size_t g = 0; g < host_work.size(); ++g) {
-    const double R = hosts.ranks[g];
-    const double crossing = H > 1 ? host_work[g].second * (slot.cpu) / R : 0.0;
-    p.host_cpu = std::max(p.host_cpu, host_work[g].first + crossing);
+  for (std::size_t g = 0; g < host_in_average.size(); ++g) {
+    const double crossing = H > 1 ? slots * slot.cpu / hosts.ranks[g] : 0.0;
+    p.host_cpu = std::max(p.host_cpu, host_in_average[g] + crossing);
   }
   p.latency = in_rounds * l.intra.alpha + across.rounds * l.cross.alpha;
   p.link = link(in_bytes, l.intra) + link(across.bytes, l.cross);

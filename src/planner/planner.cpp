@@ -244,13 +244,13 @@ void PlannerAccess::set_gather_bytes(Planner& planner, std::size_t bytes) {
 
 void Planner::Impl::ensure_calibrated(Communicator& comm, const std::vector<int>& host_of,
                                       const std::vector<std::int64_t>& direct_pid) {
-  const std::vector<int> direct_reads = direct_reads_of(direct_pid, comm.size());
   MakeAllreduceProbe probe_maker;
   {
     std::lock_guard lock(mu);
     if (model) return;
     probe_maker = make_probe;
   }
+  const std::vector<int> direct_reads = direct_reads_of(direct_pid, comm.size());
   if (!probe_maker) {
     throw InvalidArgument(
         "planner: calibration times allreduces through an engine, and none gave the planner its "
