@@ -252,7 +252,13 @@ def run(args: argparse.Namespace) -> None:
                                    ("evals_per_epoch", args.evals_per_epoch),
                                    ("seed", args.seed),
                                    ("windows_per_epoch", args.windows_per_epoch),
-                                   ("optimizer", args.optimizer))
+                                   ("optimizer", args.optimizer),
+                                   ("outer_lr", args.outer_lr),
+                                   ("outer_momentum", args.outer_momentum),
+                                   ("diloco_warmup", args.diloco_warmup),
+                                   ("warmup_codec", args.warmup_codec),
+                                   ("sync_every", args.sync_every),
+                                   ("lr_scale", args.lr_scale))
                  if v is not None}
     if args.lr_drops:
         overrides["lr_drops"] = tuple(int(e) for e in args.lr_drops.split(","))
@@ -948,6 +954,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     r.add_argument("--optimizer", choices=("sgd", "adamw"),
                    help="override: the optimizer (default: the model's, adamw for gpt, sgd "
                         "for the others)")
+    r.add_argument("--outer-lr", type=float, help="override: DiLoCo's outer Nesterov lr (0.7)")
+    r.add_argument("--outer-momentum", type=float,
+                   help="override: DiLoCo's outer Nesterov momentum (0.9)")
+    r.add_argument("--diloco-warmup", type=float,
+                   help="override: DiLoCo's share of the steps trained synchronously first (0)")
+    r.add_argument("--warmup-codec", help="override: the codec of DiLoCo's warm-up (none)")
+    r.add_argument("--sync-every", type=int, help="override: DiLoCo's H")
+    r.add_argument("--lr-scale", type=float, help="override: AdamW's learning rate times this")
     r.add_argument("--seed", type=int,
                    help="initial weights and batch order (default 0); a run per seed, e.g. "
                         "--results results/train-seed1")

@@ -204,6 +204,12 @@ class RunConfig:
     mixing: float = 0.0
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    # The share of the run's steps trained synchronously before DiLoCo begins (DiLoCo's
+    # warmup): gradients averaged every step with ``warmup_codec``.
+    diloco_warmup: float = 0.0
+    # AdamW's learning rate times this (1: the model's).
+    lr_scale: float = 1.0
+    warmup_codec: str = "none"
     # terse.optim (COMMUNICATING_OPTIMIZERS): the share of the steps before the variance freezes
     # (1-bit Adam's freeze_step, 0/1 Adam's var_freeze_step) and the momentum exchange's codec.
     freeze_fraction: float = 0.2
@@ -701,8 +707,8 @@ def _optimizer(run: _Rank, model: Any, total: int) -> None:
     run.optimizer_name = run.config.optimizer_name()
     run.scheduler = None
     if run.optimizer_name == "adamw":
-        run.lr = spec.adamw_lr
-        run.optimizer, run.scheduler = lm.adamw(model.parameters(), spec.adamw_lr, spec.betas,
+        run.lr = spec.adamw_lr * run.config.lr_scale
+        run.optimizer, run.scheduler = lm.adamw(model.parameters(), run.lr, spec.betas,
                                                 spec.weight_decay, spec.eps, total)
     elif run.optimizer_name in COMMUNICATING_OPTIMIZERS:
         run.lr = spec.adamw_lr
@@ -752,6 +758,7 @@ def _diloco(run: _Rank, model: Any) -> Any:
     return terse.diloco.DiLoCo(
         model, run.optimizer, mixing=config.mixing, codec=config.codec,
         min_bytes=config.min_bytes, threads=config.threads,
+        warmup=round(config.diloco_warmup * config.steps), warmup_codec=config.warmup_codec,
         outer_optimizer=terse.diloco.nesterov(config.outer_lr, config.outer_momentum), **knobs)
 
 

@@ -58,7 +58,8 @@ def nesterov(lr: float = 0.7, momentum: float = 0.9) -> Callable[[List[torch.Ten
                                                                   torch.optim.Optimizer]:
     """The published outer optimizer: SGD with Nesterov momentum (DiLoCo's lr 0.7, momentum
     0.9), as a factory of one optimizer per fragment."""
-    return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=True)
+    return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum,
+                                         nesterov=momentum > 0)
 
 
 class _Fragment:
@@ -112,6 +113,12 @@ class DiLoCo:
     mixing
         alpha in [0, 1): the share of the local parameters kept when the global ones are merged
         in (0: replaced, as DiLoCo does; Streaming DiLoCo uses 0.5 with tau > 0).
+    warmup, warmup_codec
+        The first ``warmup`` inner steps are synchronous: :meth:`step` averages the gradients
+        over the workers (``warmup_codec``: tensors of at least ``min_bytes`` get it, the rest
+        travel raw; default "none", exact) before the inner step, so that every worker takes
+        the same steps; the global parameters are then the workers' (identical) parameters and
+        the outer steps follow every H steps from there. 0: DiLoCo from the first step.
     codec, min_bytes, strategy, partitions, auto_codecs, heavy_codecs
         The pseudo-gradients' :class:`terse.Policy`: tensors of at least ``min_bytes`` are
         compressed with ``codec`` (``":ef=1"`` for error feedback across outer steps), smaller
@@ -130,7 +137,8 @@ class DiLoCo:
                  outer_optimizer: Optional[Callable[[List[torch.Tensor]],
                                                     torch.optim.Optimizer]] = None,
                  fragments: Union[int, Sequence[Sequence[str]]] = 1, delay: int = 0,
-                 mixing: float = 0.0, codec: str = "none", min_bytes: int = 0,
+                 mixing: float = 0.0, warmup: int = 0, warmup_codec: str = "none",
+                 codec: str = "none", min_bytes: int = 0,
                  strategy: str = "auto", partitions: int = 0,
                  auto_codecs: Optional[Sequence[str]] = None,
                  heavy_codecs: Optional[Sequence[str]] = None,
@@ -144,6 +152,8 @@ class DiLoCo:
                f"delay (tau) must be an integer in [0, sync_every={sync_every}), not {delay!r}")
         _check(isinstance(mixing, (int, float)) and 0.0 <= mixing < 1.0,
                f"mixing (alpha) must be a number in [0, 1), not {mixing!r}")
+        _check(isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0,
+               f"warmup must be an integer >= 0, not {warmup!r}")
         _check(isinstance(inner, torch.optim.Optimizer),
                f"inner must be a torch.optim.Optimizer, not {type(inner).__name__}")
         _check(isinstance(threads, int) and threads >= 0,
@@ -154,11 +164,20 @@ class DiLoCo:
                                        heavy_codecs=heavy_codecs, door=DILOCO)
         except terse.SpecError as e:
             raise terse.InvalidArgument(f"terse.diloco: codec {codec!r}: {e}") from e
+        try:
+            self.warmup_policy = terse.Policy(warmup_codec, min_bytes=min_bytes,
+                                              strategy=strategy, partitions=partitions,
+                                              auto_codecs=auto_codecs,
+                                              heavy_codecs=heavy_codecs, door=DILOCO)
+        except terse.SpecError as e:
+            raise terse.InvalidArgument(
+                f"terse.diloco: warmup_codec {warmup_codec!r}: {e}") from e
         self.model = model
         self.inner = inner
         self.sync_every = sync_every
         self.delay = delay
         self.mixing = float(mixing)
+        self.warmup = warmup
         module = getattr(model, "module", model)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         _check(bool(named), "the model has no trainable parameters")
@@ -184,8 +203,11 @@ class DiLoCo:
                f"synchronizes once every H = {sync_every} steps on its own offset)")
         self.offsets = [((k + 1) * sync_every // len(self.fragments)) % sync_every
                         for k in range(len(self.fragments))]
+        for f in self.fragments:
+            f.started_at = warmup
         self.steps = 0
         self.outer_steps = 0
+        self._warmed = 0.0  # seconds the warm-up's gradient averages took
         self._waited = 0.0  # seconds step() spent waiting for exchanges
         self._exchanged = 0.0  # seconds from submission to completion, summed
         self._threads = threads
@@ -205,6 +227,8 @@ class DiLoCo:
         worker constructed alike. A collective over ``comm``."""
         self.engine = terse.Engine(comm, self.policy.engine_options(threads=self._threads))
         self.policy.calibrate(self.engine)
+        if not self.policy.planned:
+            self.warmup_policy.calibrate(self.engine)
         terse.torch.check_agreement(self.engine, self._settings(), who, "DiLoCo")
 
     # ---- construction ------------------------------------------------------------------------
@@ -257,8 +281,11 @@ class DiLoCo:
         """What every worker must share, in the order a mismatch names them."""
         settings: Dict[str, Any] = {
             "sync_every": self.sync_every, "delay": self.delay, "mixing": self.mixing,
+            "warmup": self.warmup,
             "codec": self.policy.codec if self.policy.planned
             else terse.canonical_spec(self.policy.codec),
+            "warmup_codec": self.warmup_policy.codec if self.warmup_policy.planned
+            else terse.canonical_spec(self.warmup_policy.codec),
             "min_bytes": self.policy.min_bytes, "strategy": self.policy.strategy,
             "partitions": self.policy.partitions, "fragments": len(self.fragments)}
         for f in self.fragments:
@@ -283,18 +310,49 @@ class DiLoCo:
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """The inner optimizer's step, then this worker's part of the outer steps due after it:
         merging the exchanges whose delay ran out, starting those of the fragments whose turn it
-        is. Every worker must call it alike."""
+        is. During the warm-up: the gradients averaged over the workers, then the inner step.
+        Every worker must call it alike."""
+        if self.steps < self.warmup:
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+                closure = None
+            self._average_gradients()
+            loss = self.inner.step()
+            self.steps += 1
+            if self.steps == self.warmup:
+                with torch.no_grad():
+                    for f in self.fragments:
+                        for g, p in zip(f.global_params, f.params):
+                            g.copy_(p)
+            return loss
         loss = self.inner.step(closure) if closure is not None else self.inner.step()
         self.steps += 1
         for f in self.fragments:
             if f.handle is not None and self.steps >= f.due:
                 self._merge(f)
+        t = self.steps - self.warmup
         for f, offset in zip(self.fragments, self.offsets):
-            if self.steps >= self.sync_every and self.steps % self.sync_every == offset:
+            if t >= self.sync_every and t % self.sync_every == offset:
                 self._start(f)
                 if self.delay == 0:
                     self._merge(f)
         return loss
+
+    @torch.no_grad()
+    def _average_gradients(self) -> None:
+        """The warm-up's synchronous step: every parameter's gradient (zeros where it has none)
+        averaged over the workers with the warm-up's codec."""
+        items = []
+        for f in self.fragments:
+            for name, p in zip(f.names, f.params):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                items.append((f"terse.diloco warm-up {name}", p.grad,
+                              self.warmup_policy.options_for(p.numel() * 4)))
+        t0 = time.perf_counter()
+        self.engine.allreduce_group(items).wait()
+        self._warmed += time.perf_counter() - t0
 
     @torch.no_grad()
     def _start(self, f: _Fragment) -> None:
@@ -401,6 +459,7 @@ class DiLoCo:
         during inner steps rather than waiting; None before the first exchange)."""
         return {"outer_steps": self.outer_steps, "bytes_sent": self.engine.bytes_sent,
                 "exchange_seconds": self._exchanged, "waited_seconds": self._waited,
+                "warmup_seconds": self._warmed,
                 "hidden": (max(0.0, 1.0 - self._waited / self._exchanged)
                            if self._exchanged > 0 else None)}
 
@@ -412,7 +471,7 @@ class DiLoCo:
 
     def _fixed_settings(self) -> Dict[str, Any]:
         return {"sync_every": self.sync_every, "delay": self.delay, "mixing": self.mixing,
-                "fragments": [list(f.names) for f in self.fragments]}
+                "warmup": self.warmup, "fragments": [list(f.names) for f in self.fragments]}
 
     def state_dict(self) -> Dict[str, Any]:
         """This worker's DiLoCo state: the global parameters, each fragment's outer optimizer,
@@ -444,7 +503,8 @@ class DiLoCo:
         setting that differs; then nothing changes."""
         what = "terse.diloco.DiLoCo state"
         self.policy.load_state_dict(state, rank=self.engine.rank, size=self.engine.size,
-                                    what=what, settings=self._fixed_settings())
+                                    what=what, settings=self._fixed_settings(),
+                                    absent={"warmup": 0})
         if state.get("diloco_version") != STATE_VERSION:
             raise terse.DecodeError(f"{what}: diloco_version {state.get('diloco_version')!r}, "
                                     f"expected {STATE_VERSION}")

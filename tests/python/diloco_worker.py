@@ -5,7 +5,7 @@ Scenarios:
   all       on a small MLP and Fashion-MNIST (each rank its own batches): per-step digests of
             the global and the local parameters of DiLoCo and Streaming DiLoCo configurations;
             H = 1 with plain SGD against synchronous data-parallel SGD; losses of DiLoCo against
-            synchronous AdamW; a save with an exchange in flight, more steps, and a fresh
+            synchronous AdamW; 5 synchronous steps first (warmup); a save with an exchange in flight, more steps, and a fresh
             DiLoCo loaded from the save; rank 1 constructs with another H; rank 1's parameters
             turn NaN before an outer step
   replicas  the per-step digests only, and (4 ranks) a worker of each host's 2 ranks: DDP
@@ -134,6 +134,32 @@ def synchronous_sgd(steps: int) -> Dict:
               for a, b in zip(model.parameters(), reference.parameters()))
     scale = max(p.abs().max().item() for p in reference.parameters())
     return {"max_difference": gap, "scale": scale, "rank": rank}
+
+
+def warmup(steps: int, warm: int = 5) -> Dict:
+    """The first ``warm`` steps synchronous (exact gradient averages) at H 4: per-step digests,
+    and the parameters after the warm-up against AdamW on every rank's gradients averaged
+    here."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, optimizer = setup(sync_every=4, warmup=warm)
+    record: Dict[str, Any] = {"global": [], "local": [], "outer_steps": []}
+    train(model, optimizer, 0, warm, record)
+    warmed = [p.detach().clone() for p in model.parameters()]
+    train(model, optimizer, warm, steps, record)
+    optimizer.finish()
+    record["stats"] = optimizer.stats()
+    optimizer.close()
+    reference = make_model()
+    adamw = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    for step in range(warm):
+        adamw.zero_grad()
+        for r in range(world):
+            x, y = batch(step, r, world)
+            (F.cross_entropy(reference(x), y) / world).backward()
+        adamw.step()
+    record["max_difference"] = max((a - b).abs().max().item()
+                                   for a, b in zip(warmed, reference.parameters()))
+    return record
 
 
 def converge(steps: int) -> Dict:
@@ -276,6 +302,7 @@ def run(args) -> None:
         result["hosts"] = hosts(args.steps)
     if args.scenario == "all":
         result["synchronous_sgd"] = synchronous_sgd(12)
+        result["warmup"] = warmup(args.steps)
         result["converge"] = converge(args.converge_steps)
         path = os.path.join(args.out, f"checkpoint-{dist.get_rank()}.pt")
         result["resume"] = resume(path, 14, 9)

@@ -88,6 +88,24 @@ def test_h1_with_plain_sgd_is_synchronous_sgd(run2):
         assert r["max_difference"] < 1e-5 * max(1.0, r["scale"]), r
 
 
+def test_a_warmup_trains_synchronously_then_diloco_begins(run2):
+    records = [r["warmup"] for r in run2]
+    first = records[0]
+    for step in range(5):  # every worker takes the same steps: AdamW on averaged gradients
+        assert len({r["local"][step] for r in records}) == 1, f"step {step + 1}"
+        assert first["outer_steps"][step] == 0
+    assert first["global"][4] == first["local"][4]  # the global parameters start from them
+    assert len({r["local"][5] for r in records}) == 2  # then each trains on its own data
+    # The outer steps follow every H = 4 steps after the warm-up: at steps 9, 13, 17, ...
+    assert first["outer_steps"][7] == 0 and first["outer_steps"][8] == 1
+    assert first["outer_steps"][12] == 2
+    for step in range(len(first["global"])):
+        assert len({r["global"][step] for r in records}) == 1, f"global, step {step + 1}"
+    for r in records:
+        assert r["max_difference"] < 1e-5, r["max_difference"]
+        assert r["stats"]["warmup_seconds"] > 0
+
+
 def test_diloco_trains_close_to_synchronous_adamw(run2):
     for result in run2:
         losses = result["converge"]
@@ -152,6 +170,8 @@ def _model():
      "parameter '1.weight' is in fragments 0 and 1"),
     (dict(sync_every=4, fragments=[["0.weight", "nope"]]), "names 'nope'"),
     (dict(sync_every=4, codec="nosuchcodec"), "nosuchcodec"),
+    (dict(sync_every=4, warmup=-1), "warmup must be an integer >= 0"),
+    (dict(sync_every=4, warmup_codec="nosuchcodec"), "warmup_codec 'nosuchcodec'"),
 ])
 def test_bad_settings_are_refused_by_name_before_connecting(knobs, message):
     model = _model()
@@ -170,3 +190,13 @@ def test_an_fp16_model_is_refused():
     model = _model().half()
     with pytest.raises(TypeError, match="keeps fp32 parameters"):
         terse.diloco.DiLoCo(model, torch.optim.AdamW(model.parameters()), sync_every=4)
+
+
+def test_nesterov_without_momentum_is_plain_sgd():
+    # Momentum 0 (an outer step of lr 1 is then the plain average of the workers' parameters).
+    param = torch.nn.Parameter(torch.ones(3))
+    outer = terse.diloco.nesterov(1.0, 0.0)([param])
+    param.grad = torch.full((3,), 0.25)
+    outer.step()
+    assert outer.param_groups[0]["nesterov"] is False
+    assert torch.equal(param.detach(), torch.full((3,), 0.75))
