@@ -182,6 +182,18 @@ METHODS: List[Tuple[str, Dict]] = [
     ("diloco-h100-int2", dict(method="diloco", codec="minmax8:bits=2,ef=1", sync_every=100)),
     ("streaming-diloco-h50-int4", dict(method="diloco", codec="minmax8:bits=4,ef=1",
                                        sync_every=50, fragments=4, delay=5, mixing=0.5)),
+    # Outer steps of lr 1 without momentum (the plain average of the workers' parameters), and
+    # the first 10 % of the steps synchronous (gradients averaged with minmax8:ef=1).
+    ("diloco-h50-int4-avg", dict(method="diloco", codec="minmax8:bits=4,ef=1", sync_every=50,
+                                 outer_lr=1.0, outer_momentum=0.0)),
+    ("diloco-h50-int4-avg-warm", dict(method="diloco", codec="minmax8:bits=4,ef=1",
+                                      sync_every=50, outer_lr=1.0, outer_momentum=0.0,
+                                      diloco_warmup=0.1, warmup_codec="minmax8:ef=1")),
+    ("diloco-h100-int2-avg", dict(method="diloco", codec="minmax8:bits=2,ef=1", sync_every=100,
+                                  outer_lr=1.0, outer_momentum=0.0)),
+    ("diloco-h100-int4-avg-warm", dict(method="diloco", codec="minmax8:bits=4,ef=1",
+                                       sync_every=100, outer_lr=1.0, outer_momentum=0.0,
+                                       diloco_warmup=0.1, warmup_codec="minmax8:ef=1")),
     ("torchft-diloco-h50", dict(method="torchft-diloco", sync_every=50)),
     ("compute-only", dict(method="local")),
     # Ranks in step bucket by bucket, next to no bytes: what any allreduce costs beyond its

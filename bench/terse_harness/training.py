@@ -442,6 +442,10 @@ def _method_label(config: RunConfig) -> str:
         extra += [] if config.fragments == 1 else [f"{config.fragments} fragments"]
         extra += [] if config.delay == 0 else [f"tau={config.delay}"]
         extra += [] if config.mixing == 0 else [f"alpha={config.mixing:g}"]
+        extra += [] if (config.outer_lr, config.outer_momentum) == (0.7, 0.9) else [
+            f"outer lr {config.outer_lr:g} momentum {config.outer_momentum:g}"]
+        extra += [] if config.diloco_warmup == 0 else [
+            f"{config.diloco_warmup:.0%} synchronous ({_codec_label(config.warmup_codec)})"]
         return f"{who} ({', '.join(extra)})"
     extra = [] if config.strategy == "auto" else [config.strategy]
     extra += [] if config.partitions == 0 else [f"K={config.partitions}"]
