@@ -81,6 +81,9 @@ struct Options {
   // DiLoCo's steps to a target loss over synchronous training's, measured by the user (0: not
   // given; time per step only).
   double diloco_steps = 0;
+  // DiLoCo's synchronous warm-up: its share of the steps and their gradients' codec.
+  double diloco_warmup = 0;
+  std::string warmup_codec = "none";
 };
 
 // ---- tensor sizes -----------------------------------------------------------------------------
@@ -318,10 +321,14 @@ std::vector<TensorSize> tensors_of(const Options& opt) {
 std::vector<std::string> diloco_codecs(const Options& opt) {
   std::vector<std::string> out;
   if (!opt.compute_given) return out;
-  for (const auto& spec : opt.diloco_codecs) {
+  std::vector<std::string> specs = opt.diloco_codecs;
+  if (!opt.diloco.empty() && opt.diloco_warmup > 0) specs.push_back(opt.warmup_codec);
+  for (const auto& spec : specs) {
     if (auto_tier(spec)) continue;
     const std::string canonical = make_codec(spec)->spec();
-    if (canonical != "none") out.push_back(canonical);
+    if (canonical != "none" && std::find(out.begin(), out.end(), canonical) == out.end()) {
+      out.push_back(canonical);
+    }
   }
   return out;
 }
@@ -337,6 +344,11 @@ void check_methods(const Options& opt) {
         "--diloco-steps {}: DiLoCo's steps to a target over synchronous training's, more than 0, "
         "with --diloco",
         opt.diloco_steps));
+  }
+  if (!(opt.diloco_warmup >= 0 && opt.diloco_warmup < 1)) {
+    throw InvalidArgument(fmt::format(
+        "--diloco-warmup {}: the share of the steps trained synchronously, 0 to less than 1",
+        opt.diloco_warmup));
   }
   if (opt.diloco.empty()) return;
   if (!opt.compute_given) {
@@ -360,6 +372,13 @@ void check_methods(const Options& opt) {
       make_codec(spec);
     } catch (const Error& e) {
       throw InvalidArgument(fmt::format("--diloco-codecs {}: {}", spec, e.what()));
+    }
+  }
+  if (!auto_tier(opt.warmup_codec)) {
+    try {
+      make_codec(opt.warmup_codec);
+    } catch (const Error& e) {
+      throw InvalidArgument(fmt::format("--warmup-codec {}: {}", opt.warmup_codec, e.what()));
     }
   }
 }
@@ -636,6 +655,8 @@ void report_methods(const Options& opt, const std::vector<TensorSize>& tensors,
   exchange("none");
   exchange(std::string(auto_codec(model.tier)));
   for (const auto& spec : opt.diloco_codecs) exchange(spec);
+  const bool warm = !opt.diloco.empty() && opt.diloco_warmup > 0;
+  if (warm) exchange(opt.warmup_codec);
   std::vector<Method> methods;
   for (const auto& p : exchanges) {
     methods.push_back({p.shown + ", every step",
@@ -643,9 +664,14 @@ void report_methods(const Options& opt, const std::vector<TensorSize>& tensors,
                        compute + p.e.seconds,
                        p.e.bytes});
   }
-  const std::string streaming = opt.fragments > 1 || opt.delay > 0
-                                    ? fmt::format(" P={} tau={}", opt.fragments, opt.delay)
-                                    : std::string();
+  const std::string streaming =
+      (opt.fragments > 1 || opt.delay > 0
+           ? fmt::format(" P={} tau={}", opt.fragments, opt.delay)
+           : std::string()) +
+      (warm ? fmt::format(" warm-up {:g}%", 100 * opt.diloco_warmup) : std::string());
+  // The warm-up's steps (a share W of them) exchange every step with its codec.
+  const double w = warm ? opt.diloco_warmup : 0.0;
+  const Exchange warm_e = warm ? exchange(opt.warmup_codec).e : Exchange{};
   for (const auto& spec : opt.diloco_codecs) {
     const Priced p = exchange(spec);
     const Exchange& e = p.e;
@@ -659,8 +685,8 @@ void report_methods(const Options& opt, const std::vector<TensorSize>& tensors,
                           {"fragments", opt.fragments},
                           {"delay", opt.delay},
                           {"exchange_s", e.seconds}},
-                         compute + exposed / h,
-                         e.bytes / h,
+                         compute + w * warm_e.seconds + (1 - w) * exposed / h,
+                         w * warm_e.bytes + (1 - w) * e.bytes / h,
                          to_target ? opt.diloco_steps : 1.0});
     }
   }
@@ -669,7 +695,8 @@ void report_methods(const Options& opt, const std::vector<TensorSize>& tensors,
   for (const auto& m : methods) width = std::max(width, m.name.size());
   fmt::print(
       "\nper step with {:.1f} ms of compute (every step: compute + exchange, not overlapped; "
-      "DiLoCo every H steps: compute + P * max(0, E/P - tau * compute) / H){}\n{:<{}} {:>10} "
+      "DiLoCo every H steps: compute + P * max(0, E/P - tau * compute) / H, a warm-up's share W "
+      "of the steps exchanging every step){}\n{:<{}} {:>10} "
       "{:>8} {:>11} {:>9}{}\n",
       opt.compute_ms,
       to_target ? fmt::format("; to target: ms/step times the steps to the target per "
@@ -838,6 +865,12 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--diloco-steps", opt->diloco_steps,
                   "DiLoCo's steps to a target loss over synchronous training's, measured on a "
                   "short run (e.g. 1.6): ranks the methods by time to the target");
+  cmd->add_option("--diloco-warmup", opt->diloco_warmup,
+                  "DiLoCo's share of the steps trained synchronously first (terse.diloco's "
+                  "warmup over the run's steps), their gradients exchanged with --warmup-codec");
+  cmd->add_option("--warmup-codec", opt->warmup_codec,
+                  "The codec of DiLoCo's warm-up steps (default none; auto for the planner's)")
+      ->capture_default_str();
   cmd->add_option("--fragments", opt->fragments, "Streaming DiLoCo's fragments P (1 to H)")
       ->capture_default_str();
   cmd->add_option("--delay", opt->delay,

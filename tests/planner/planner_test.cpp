@@ -1260,6 +1260,29 @@ TEST(PlanCommand, RanksByTimeToTheTargetWithDiLoCosStepRatio) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(PlanCommand, DiLoCosWarmupPaysItsShareOfEveryStepExchanges) {
+  const std::string dir = testing::temp_dir();
+  const MethodsRun cold = plan_methods(dir, "--compute-ms 100 --diloco 20");
+  const MethodsRun warm = plan_methods(
+      dir, "--compute-ms 100 --diloco 20 --diloco-warmup 0.25 --warmup-codec minmax8:ef=1");
+  ASSERT_EQ(cold.shell.code, 0) << cold.shell.output;
+  ASSERT_EQ(warm.shell.code, 0) << warm.shell.output;
+  // A quarter of the steps cost minmax8's every-step time, the rest DiLoCo's; bytes alike.
+  const auto& every = warm.row("minmax8:ef=1, every step");
+  for (const char* codec : {"raw", "minmax8:bits=4,ef=1"}) {
+    const auto& c = cold.row(fmt::format("diloco H=20 {}", codec));
+    const auto& w = warm.row(fmt::format("diloco H=20 warm-up 25% {}", codec));
+    EXPECT_NEAR(w["step_s"].get<double>(),
+                0.25 * every["step_s"].get<double>() + 0.75 * c["step_s"].get<double>(), 1e-12)
+        << warm.shell.output;
+    EXPECT_NEAR(w["bytes"].get<double>(),
+                0.25 * every["bytes"].get<double>() + 0.75 * c["bytes"].get<double>(), 1e-6)
+        << warm.shell.output;
+    EXPECT_GT(w["step_s"].get<double>(), c["step_s"].get<double>());
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(PlanCommand, StreamingDiLoCoHidesWhatTheDelayCovers) {
   const std::string dir = testing::temp_dir();
   // 5 s of compute a step hides any fragment's exchange here (raw's whole E is about 1.5 s).
@@ -1297,6 +1320,10 @@ TEST(PlanCommand, RefusesImpossibleDiLoCoSettingsNamingTheOption) {
       {"--compute-ms 100 --diloco-steps 1.5", "--diloco-steps 1.5:"},
       {"--compute-ms -1", "--compute-ms -1:"},
       {"--compute-ms 100 --diloco 4 --diloco-codecs nosuch", "--diloco-codecs nosuch:"},
+      {"--compute-ms 100 --diloco 4 --diloco-warmup 1", "--diloco-warmup 1:"},
+      {"--compute-ms 100 --diloco 4 --diloco-warmup -0.1", "--diloco-warmup -0.1:"},
+      {"--compute-ms 100 --diloco 4 --diloco-warmup 0.1 --warmup-codec nosuch",
+       "--warmup-codec nosuch:"},
       {"--compute-ms 100 --diloco 4 --diloco-codecs onebit:ef=1",
        "has no costs of it"}};  // not in the calibration file
   for (const auto& [args, message] : cases) {
