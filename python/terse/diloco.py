@@ -342,17 +342,31 @@ class DiLoCo:
     @torch.no_grad()
     def _average_gradients(self) -> None:
         """The warm-up's synchronous step: every parameter's gradient (zeros where it has none)
-        averaged over the workers with the warm-up's codec."""
+        averaged over the workers with the warm-up's codec. A non-finite gradient on any worker
+        fails every worker alike before the inner step (as an outer step's does)."""
+        nonfinite = torch.zeros(self.engine.size)
         items = []
         for f in self.fragments:
             for name, p in zip(f.names, f.params):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
+                finite = torch.isfinite(p.grad)
+                if not bool(finite.all()):
+                    nonfinite[self.engine.rank] = 1.0
+                    p.grad.masked_fill_(~finite, 0.0)
                 items.append((f"terse.diloco warm-up {name}", p.grad,
                               self.warmup_policy.options_for(p.numel() * 4)))
+        items.append(("terse.diloco warm-up non-finite", nonfinite,
+                      terse.Policy.raw_options(average=False)))
         t0 = time.perf_counter()
         self.engine.allreduce_group(items).wait()
         self._warmed += time.perf_counter() - t0
+        bad = [r for r, v in enumerate(nonfinite.tolist()) if v != 0.0]
+        if bad:
+            raise terse.InvalidArgument(
+                f"terse.diloco: rank {self.engine.rank}: warm-up step {self.steps + 1}: the "
+                f"gradient of worker(s) {', '.join(map(str, bad))} is not finite (NaN or Inf); "
+                "no inner step was taken")
 
     @torch.no_grad()
     def _start(self, f: _Fragment) -> None:

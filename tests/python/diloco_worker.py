@@ -266,6 +266,24 @@ def nonfinite() -> Dict:
     return result
 
 
+def nonfinite_warmup() -> Dict:
+    """Rank 1's gradient turns NaN at the third of 5 warm-up steps (8-bit averages)."""
+    model, optimizer = setup(sync_every=4, warmup=5, warmup_codec="minmax8:ef=1")
+    train(model, optimizer, 0, 2)
+    if dist.get_rank() == 1:
+        with torch.no_grad():
+            model[0].weight[0, 0] = float("nan")
+    before = digest(model.parameters())
+    try:
+        train(model, optimizer, 2, 3)
+        result = {"error": None}
+    except terse.Error as e:
+        result = {"error": str(e), "type": type(e).__name__}
+    result["unchanged"] = digest(model.parameters()) == before
+    optimizer.close()
+    return result
+
+
 def dead(out: str) -> None:
     rank = int(os.environ["RANK"])
     model = make_model()
@@ -308,6 +326,7 @@ def run(args) -> None:
         result["resume"] = resume(path, 14, 9)
         result["mismatch"] = mismatch()
         result["nonfinite"] = nonfinite()
+        result["nonfinite_warmup"] = nonfinite_warmup()
     result["rank"] = dist.get_rank()
     tmp = os.path.join(args.out, f"rank-{dist.get_rank()}.json.tmp")
     with open(tmp, "w") as f:

@@ -144,6 +144,14 @@ def test_a_nonfinite_pseudo_gradient_fails_every_worker_naming_it(run2):
         assert r["global_finite"]
 
 
+def test_a_nonfinite_gradient_in_the_warmup_fails_every_worker_naming_it(run2):
+    for result in run2:
+        r = result["nonfinite_warmup"]
+        assert r["type"] == "InvalidArgument", r
+        assert "warm-up step 3" in r["error"] and "worker(s) 1" in r["error"], r
+        assert r["unchanged"], "no inner step may be taken"
+
+
 def test_a_dead_worker_is_a_bounded_error(tmp_path):
     procs = start_ranks(2, ["dead"], tmp_path, worker=WORKER)
     for p in procs:
