@@ -9,11 +9,25 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <thread>
 #include <utility>
 
 namespace terse::python {
 
 namespace py = pybind11;
+
+// Python code running on one of terse's own threads (a completion callback, a reference being
+// dropped there) may release the last reference to an engine, whose destructor joins that very
+// thread: such a deletion is handed to a thread of its own. Counted by PythonOnOwnThread.
+inline thread_local int python_on_own_thread = 0;
+
+class PythonOnOwnThread {
+ public:
+  PythonOnOwnThread() { ++python_on_own_thread; }
+  ~PythonOnOwnThread() { --python_on_own_thread; }
+  PythonOnOwnThread(const PythonOnOwnThread&) = delete;
+  PythonOnOwnThread& operator=(const PythonOnOwnThread&) = delete;
+};
 
 // A strong reference to a Python object that may be released on any thread.
 class PythonRef {
@@ -25,6 +39,7 @@ class PythonRef {
       object_.release();
       return;
     }
+    PythonOnOwnThread own;
     py::gil_scoped_acquire gil;
     object_ = py::object();
   }
@@ -38,10 +53,13 @@ class PythonRef {
   py::object object_;
 };
 
-// Deletes a T with the GIL released if the calling thread holds it.
+// Deletes a T with the GIL released if the calling thread holds it; on one of terse's own
+// threads running Python, on a new thread (the destructor may join the calling thread).
 template <typename T>
 void release_gil_and_delete(T* p) {
-  if (Py_IsInitialized() && PyGILState_Check()) {
+  if (python_on_own_thread > 0) {
+    std::thread([p] { delete p; }).detach();
+  } else if (Py_IsInitialized() && PyGILState_Check()) {
     py::gil_scoped_release release;
     delete p;
   } else {

@@ -31,6 +31,7 @@ class PyHandle {
   void on_complete(py::function f) const {
     auto callback = std::make_shared<PythonRef>(std::move(f));
     handle_.on_complete([callback](std::exception_ptr error) {
+      PythonOnOwnThread own;
       py::gil_scoped_acquire gil;
       try {
         callback->get()(error ? to_python_error(error) : py::none());

@@ -373,3 +373,37 @@ def test_a_missing_rank_times_out_naming_it(tmp_path):
 def test_an_object_without_store_methods_is_refused():
     with pytest.raises(terse.InvalidArgument, match="wait"):
         terse.python_store(object())
+
+
+RELEASED_BY_ITS_CALLBACK = """
+import sys, threading, time
+import numpy as np
+import terse
+
+comm = terse.Communicator(0, 1, terse.file_store(sys.argv[1]), timeout=30)
+box = [terse.Engine(comm, terse.EngineOptions(threads=1))]
+seen = []
+
+def release(error):
+    seen.append(threading.current_thread() is not threading.main_thread())
+    box.clear()  # the engine's last reference, dropped on its own completion thread
+
+handle = box[0].allreduce("x", np.ones(1 << 22, dtype=np.float32), codec="fp16")
+handle.on_complete(release)
+del handle
+deadline = time.monotonic() + 20
+while not seen and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.5)  # the engine's deletion, handed to a thread of its own
+print("seen", seen)
+"""
+
+
+def test_an_engine_released_by_its_own_callback_is_closed_without_a_crash(tmp_path):
+    # The engine's destructor joins its threads: run on one of them (the last reference dropped
+    # inside a completion callback, or by the garbage collector there) it must not join itself.
+    proc = subprocess.run([sys.executable, "-c", RELEASED_BY_ITS_CALLBACK, str(tmp_path)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120, env=os.environ)
+    assert proc.returncode == 0, proc.stdout
+    assert "seen [True]" in proc.stdout, proc.stdout
