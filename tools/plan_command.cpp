@@ -366,21 +366,16 @@ void check_methods(const Options& opt) {
           fmt::format("--delay {}: tau is 0 to H - 1 (--diloco {})", opt.delay, h));
     }
   }
-  for (const auto& spec : opt.diloco_codecs) {
-    if (auto_tier(spec)) continue;
+  auto check_spec = [](const char* flag, const std::string& spec) {
+    if (auto_tier(spec)) return;
     try {
       make_codec(spec);
     } catch (const Error& e) {
-      throw InvalidArgument(fmt::format("--diloco-codecs {}: {}", spec, e.what()));
+      throw InvalidArgument(fmt::format("{} {}: {}", flag, spec, e.what()));
     }
-  }
-  if (!auto_tier(opt.warmup_codec)) {
-    try {
-      make_codec(opt.warmup_codec);
-    } catch (const Error& e) {
-      throw InvalidArgument(fmt::format("--warmup-codec {}: {}", opt.warmup_codec, e.what()));
-    }
-  }
+  };
+  for (const auto& spec : opt.diloco_codecs) check_spec("--diloco-codecs", spec);
+  check_spec("--warmup-codec", opt.warmup_codec);
 }
 
 // CPU costs: a calibration file (from `terse calibrate`), else measured here and now. source:
@@ -655,8 +650,10 @@ void report_methods(const Options& opt, const std::vector<TensorSize>& tensors,
   exchange("none");
   exchange(std::string(auto_codec(model.tier)));
   for (const auto& spec : opt.diloco_codecs) exchange(spec);
+  // The warm-up's steps (a share W of them) exchange every step with its codec.
   const bool warm = !opt.diloco.empty() && opt.diloco_warmup > 0;
-  if (warm) exchange(opt.warmup_codec);
+  const double w = warm ? opt.diloco_warmup : 0.0;
+  const Exchange warm_e = warm ? exchange(opt.warmup_codec).e : Exchange{};
   std::vector<Method> methods;
   for (const auto& p : exchanges) {
     methods.push_back({p.shown + ", every step",
@@ -664,21 +661,18 @@ void report_methods(const Options& opt, const std::vector<TensorSize>& tensors,
                        compute + p.e.seconds,
                        p.e.bytes});
   }
-  const std::string streaming =
+  const std::string settings =
       (opt.fragments > 1 || opt.delay > 0
            ? fmt::format(" P={} tau={}", opt.fragments, opt.delay)
            : std::string()) +
       (warm ? fmt::format(" warm-up {:g}%", 100 * opt.diloco_warmup) : std::string());
-  // The warm-up's steps (a share W of them) exchange every step with its codec.
-  const double w = warm ? opt.diloco_warmup : 0.0;
-  const Exchange warm_e = warm ? exchange(opt.warmup_codec).e : Exchange{};
   for (const auto& spec : opt.diloco_codecs) {
     const Priced p = exchange(spec);
     const Exchange& e = p.e;
     for (int h : opt.diloco) {
       const double exposed =
           opt.fragments * std::max(0.0, e.seconds / opt.fragments - opt.delay * compute);
-      methods.push_back({fmt::format("diloco H={}{} {}", h, streaming, p.shown),
+      methods.push_back({fmt::format("diloco H={}{} {}", h, settings, p.shown),
                          {{"method", "diloco"},
                           {"codec", p.codec},
                           {"H", h},

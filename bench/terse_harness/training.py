@@ -207,9 +207,9 @@ class RunConfig:
     # The share of the run's steps trained synchronously before DiLoCo begins (DiLoCo's
     # warmup): gradients averaged every step with ``warmup_codec``.
     diloco_warmup: float = 0.0
+    warmup_codec: str = "none"
     # AdamW's learning rate times this (1: the model's).
     lr_scale: float = 1.0
-    warmup_codec: str = "none"
     # terse.optim (COMMUNICATING_OPTIMIZERS): the share of the steps before the variance freezes
     # (1-bit Adam's freeze_step, 0/1 Adam's var_freeze_step) and the momentum exchange's codec.
     freeze_fraction: float = 0.2

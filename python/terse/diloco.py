@@ -227,7 +227,7 @@ class DiLoCo:
         worker constructed alike. A collective over ``comm``."""
         self.engine = terse.Engine(comm, self.policy.engine_options(threads=self._threads))
         self.policy.calibrate(self.engine)
-        if not self.policy.planned:
+        if not self.policy.planned:  # one calibration of the engine serves both policies
             self.warmup_policy.calibrate(self.engine)
         terse.torch.check_agreement(self.engine, self._settings(), who, "DiLoCo")
 
@@ -344,43 +344,44 @@ class DiLoCo:
         """The warm-up's synchronous step: every parameter's gradient (zeros where it has none)
         averaged over the workers with the warm-up's codec. A non-finite gradient on any worker
         fails every worker alike before the inner step (as an outer step's does)."""
-        nonfinite = torch.zeros(self.engine.size)
         items = []
         for f in self.fragments:
             for name, p in zip(f.names, f.params):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                finite = torch.isfinite(p.grad)
-                if not bool(finite.all()):
-                    nonfinite[self.engine.rank] = 1.0
-                    p.grad.masked_fill_(~finite, 0.0)
                 items.append((f"terse.diloco warm-up {name}", p.grad,
                               self.warmup_policy.options_for(p.numel() * 4)))
+        nonfinite = self._flag_nonfinite([grad for _, grad, _ in items])
         items.append(("terse.diloco warm-up non-finite", nonfinite,
                       terse.Policy.raw_options(average=False)))
         t0 = time.perf_counter()
         self.engine.allreduce_group(items).wait()
         self._warmed += time.perf_counter() - t0
-        bad = [r for r, v in enumerate(nonfinite.tolist()) if v != 0.0]
+        bad = _flagged(nonfinite)
         if bad:
             raise terse.InvalidArgument(
                 f"terse.diloco: rank {self.engine.rank}: warm-up step {self.steps + 1}: the "
                 f"gradient of worker(s) {', '.join(map(str, bad))} is not finite (NaN or Inf); "
                 "no inner step was taken")
 
+    def _flag_nonfinite(self, tensors: List[torch.Tensor]) -> torch.Tensor:
+        """A non-finite value fails every worker alike, naming the ones it came from: each
+        worker sends a 1 in its own slot of this flag (exactly, raw) and zeros in place of its
+        non-finite values in ``tensors``, which no codec would encode."""
+        flag = torch.zeros(self.engine.size)
+        for t in tensors:
+            finite = torch.isfinite(t)
+            if not bool(finite.all()):
+                flag[self.engine.rank] = 1.0
+                t.masked_fill_(~finite, 0.0)
+        return flag
+
     @torch.no_grad()
     def _start(self, f: _Fragment) -> None:
         """Submits fragment ``f``'s pseudo-gradient, global - local, averaged over workers."""
         for view, g, p in zip(f.views, f.global_params, f.params):
             torch.sub(g, p, out=view)
-        # A non-finite pseudo-gradient fails every worker alike, naming the ones it came from:
-        # each worker sends a 1 in its own slot (exactly, raw) and zeros in place of its
-        # non-finite values, which no codec would encode.
-        f.nonfinite = torch.zeros(self.engine.size)
-        finite = torch.isfinite(f.flat)
-        if not bool(finite.all()):
-            f.nonfinite[self.engine.rank] = 1.0
-            f.flat.masked_fill_(~finite, 0.0)
+        f.nonfinite = self._flag_nonfinite([f.flat])
         items = [(f"terse.diloco {name}", view,
                   self.policy.options_for(view.numel() * 4))
                  for name, view in zip(f.names, f.views)]
@@ -415,7 +416,7 @@ class DiLoCo:
     def _apply(self, f: _Fragment, mixing: Optional[float] = None) -> None:
         """Applies fragment ``f``'s outer step (its exchange completed) to the global parameters
         and merges them into the local ones."""
-        bad = [r for r, v in enumerate(f.nonfinite.tolist()) if v != 0.0]
+        bad = _flagged(f.nonfinite)
         if bad:
             raise terse.InvalidArgument(
                 f"terse.diloco: rank {self.engine.rank}: outer step of fragment {f.index} at "
@@ -551,6 +552,11 @@ class DiLoCo:
     def close(self) -> None:
         """Waits for outstanding exchanges and releases the engine's threads and connections."""
         self.engine.close()
+
+
+def _flagged(flag: torch.Tensor) -> List[int]:
+    """The workers whose slot of a summed non-finite flag is set."""
+    return [r for r, v in enumerate(flag.tolist()) if v != 0.0]
 
 
 class _Done:
